@@ -1,0 +1,72 @@
+"""The CPU assignment state: the shared (default) pool and each container's CPUs, keyed like kubelet's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cpuset import CPUSet
+
+__all__ = ["CPUState"]
+
+
+@dataclass
+class CPUState:
+    """Mutable state the static policy works on (kubelet's ``state.State``).
+
+    ``assignments[pod_uid][container_name]`` is the container's CPUs; ``default_cpuset`` the shared pool
+    as kubelet defines it (CPUs assigned to nobody). ``modes`` keeps numapin's per-container mode
+    (``exclusive`` or ``share``) for assigned containers; a container missing from it is ``exclusive``.
+    """
+
+    default_cpuset: CPUSet = field(default_factory=CPUSet)
+    assignments: dict[str, dict[str, CPUSet]] = field(default_factory=dict)
+    modes: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def get(self, pod_uid: str, container: str) -> CPUSet | None:
+        return self.assignments.get(pod_uid, {}).get(container)
+
+    def set(self, pod_uid: str, container: str, cpus: CPUSet, mode: str = "exclusive") -> None:
+        self.assignments.setdefault(pod_uid, {})[container] = cpus
+        self.modes.setdefault(pod_uid, {})[container] = mode
+
+    def delete(self, pod_uid: str, container: str) -> None:
+        pod = self.assignments.get(pod_uid)
+        if pod is not None:
+            pod.pop(container, None)
+            if not pod:
+                del self.assignments[pod_uid]
+        modes = self.modes.get(pod_uid)
+        if modes is not None:
+            modes.pop(container, None)
+            if not modes:
+                del self.modes[pod_uid]
+
+    def mode(self, pod_uid: str, container: str) -> str:
+        return self.modes.get(pod_uid, {}).get(container, "exclusive")
+
+    def assigned_cpus(self) -> CPUSet:
+        m = 0
+        for pod in self.assignments.values():
+            for cpus in pod.values():
+                m |= cpus.mask
+        return CPUSet.from_mask(m)
+
+    def share_cpus(self) -> CPUSet:
+        """CPUs pinned to ``share``-mode containers: they stay usable by shared-pool containers."""
+        m = 0
+        for uid, pod in self.assignments.items():
+            for name, cpus in pod.items():
+                if self.mode(uid, name) == "share":
+                    m |= cpus.mask
+        return CPUSet.from_mask(m)
+
+    def shared_pool(self) -> CPUSet:
+        """Where containers without their own CPUs run: the default set plus ``share``-mode CPUs."""
+        return self.default_cpuset | self.share_cpus()
+
+    def copy(self) -> CPUState:
+        return CPUState(
+            default_cpuset=self.default_cpuset,
+            assignments={u: dict(p) for u, p in self.assignments.items()},
+            modes={u: dict(p) for u, p in self.modes.items()},
+        )

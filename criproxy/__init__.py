@@ -1,0 +1,1 @@
+"""numapin's CRI proxy: relays kubelet's CRI calls to containerd and pins containers' cpusets."""

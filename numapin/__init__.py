@@ -1,0 +1,1 @@
+"""The ``numapin`` command line: one entry point with a subcommand per job."""

@@ -1,0 +1,3 @@
+from numapin.cli import main
+
+raise SystemExit(main())
