@@ -56,6 +56,7 @@ class MemoryRuntime:
         self.sandbox_state: dict[str, int] = {}
         self.containers: dict[str, _Container] = {}
         self.fail_next: dict[str, tuple[grpc.StatusCode, str]] = {}
+        self.hooks: dict[str, Callable[[bytes], None]] = {}  # called with the raw request before handling
         self.record = True
         self._ids = itertools.count(1)
         self._events: list[asyncio.Queue[pb.ContainerEventResponse]] = []
@@ -89,7 +90,7 @@ class MemoryRuntime:
             self.containers[cid] = _Container(cid, sandbox_id, cfg, pb.CONTAINER_RUNNING, created_at=time.time_ns())
 
     def requests(self, method: str) -> list[bytes]:
-        return [c.request for c in self.calls if c.method.endswith("/" + method)]
+        return [c.request for c in self.calls if c.method == method]
 
     # -- plumbing ---------------------------------------------------------------------------------------
     def _unary(self, name: str, req_type, fn: Callable):
@@ -97,6 +98,9 @@ class MemoryRuntime:
             if self.record:
                 md = tuple((m.key, m.value) for m in (context.invocation_metadata() or ()))
                 self.calls.append(RecordedCall(name, raw, md, context.time_remaining()))
+            hook = self.hooks.get(name)
+            if hook is not None:
+                hook(raw)
             fail = self.fail_next.pop(name, None)
             if fail is not None:
                 await context.abort(fail[0], fail[1])
@@ -245,7 +249,7 @@ class MemoryRuntime:
         c = self._container(req.container_id)
         # like containerd: only the fields that are set replace the current ones
         for fd, value in req.linux.ListFields():
-            if fd.label == fd.LABEL_REPEATED or fd.message_type is not None:
+            if not isinstance(value, (int, str, bytes)):
                 c.resources.ClearField(fd.name)
                 getattr(c.resources, fd.name).MergeFrom(value)
             else:
