@@ -67,8 +67,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides)
         config.metrics_endpoint()
+        from allocator.node import NodeAllocator
+
         from .app import node_config_of
-        node_config_of(config)  # topology and policy problems surface here, before anything starts
+        NodeAllocator(node_config_of(config))  # topology and policy problems surface here, before anything starts
     except (AllocatorError, ValueError) as e:
         print(f"numapin criproxy: {e}", file=sys.stderr)
         return 2

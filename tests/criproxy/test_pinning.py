@@ -320,3 +320,45 @@ async def test_nrt_document_and_metrics(proxy: CriProxy, kubelet: CRIClient) -> 
         lambda: urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/metrics", timeout=10).read().decode())
     assert 'numapin_criproxy_allocations_total{mode="exclusive"} 1.0' in text
     assert 'numapin_criproxy_relay_seconds_count{code="OK",method="CreateContainer"} 1.0' in text
+
+
+async def test_v1alpha2_create_is_pinned_too(proxy: CriProxy, runtime: MemoryRuntime) -> None:
+    async with CRIClient(proxy.config.listen, api="runtime.v1alpha2") as old_kubelet:
+        _, ids, _ = await run_pod(old_kubelet, "db", 1000, 1000)
+    assert created_resources(runtime, ids["app"]).cpuset_cpus == "1"
+
+
+async def test_events_stream_through_the_full_proxy(proxy: CriProxy, kubelet: CRIClient,
+                                                    runtime: MemoryRuntime) -> None:
+    stream = kubelet.container_events()
+    while not runtime._events:
+        await asyncio.sleep(0.01)
+    _, ids, _ = await run_pod(kubelet, "db", 1000, 1000)
+    ev = await asyncio.wait_for(stream.read(), 10)
+    assert (ev.container_id, ev.container_event_type) == (ids["app"], pb.CONTAINER_CREATED_EVENT)
+    stream.cancel()
+
+
+async def test_kubelet_state_is_imported_once(short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    from allocator.checkpoint import CheckpointStore
+    from allocator.state import CPUState
+
+    kubelet_file = short_tmp / "kubelet_cpu_manager_state"
+    CheckpointStore(kubelet_file, "static").save(CPUState(default_cpuset=CPUSet.parse("0-2,5-7"),
+                                                          assignments={"uid-old": {"app": CPUSet.parse("3-4")}}))
+    async with CRIClient(runtime.socket_path) as direct:  # the pod kubelet pinned is running
+        sb = direct.sandbox_config("old", "uid-old")
+        sid = await direct.run_pod_sandbox(sb)
+        cid = await direct.create_container(sid, direct.container_config("app", cpuset_cpus="3-4"), sb)
+        await direct.start_container(cid)
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs, import_kubelet_state=str(kubelet_file))
+    p = await CriProxy(cfg).start()
+    try:
+        await asyncio.wait_for(p.reconciled.wait(), 30)
+        assert state_file(p)["entries"] == {"uid-old": {"app": "3-4"}}
+        assert state_file(p)["policyName"] == "numapin"
+        async with CRIClient(cfg.listen) as k:
+            _, ids, _ = await run_pod(k, "new", 2000, 2000)
+        assert CPUSet.parse(created_resources(runtime, ids["app"]).cpuset_cpus).isdisjoint(CPUSet.parse("3-4"))
+    finally:
+        await p.stop()
