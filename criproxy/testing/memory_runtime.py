@@ -262,3 +262,32 @@ class MemoryRuntime:
 
 class _NotFound(Exception):
     pass
+
+
+async def _main(argv: list[str] | None = None) -> None:
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(description="serve the in-memory CRI runtime on a unix socket")
+    ap.add_argument("socket")
+    ap.add_argument("--bulk", type=int, default=0, help="pre-create this many running containers")
+    args = ap.parse_args(argv)
+    rt = MemoryRuntime(args.socket)
+    rt.record = False
+    await rt.start()
+    if args.bulk:
+        req = pb.RunPodSandboxRequest(config=pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(
+            name="bulk", uid="bulk-uid", namespace="default")))
+        sid = (await rt.run_pod_sandbox(req, None)).pod_sandbox_id
+        rt.add_containers(sid, args.bulk)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print("ready", flush=True)
+    await stop.wait()
+    await rt.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(_main())
