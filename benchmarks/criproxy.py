@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from criproxy.testing.client import CRIClient, pb  # noqa: E402
+from criproxy.testing.client import CRIClient  # noqa: E402
 from criproxy.testing.lab import ContainerdLab  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
