@@ -122,10 +122,13 @@ class StaticPolicy:
         default = state.default_cpuset
         expected = self.initial_default_cpuset()
         if not default:
-            if len(assignments) != 0:
+            if len(assignments) == 0:
+                state.default_cpuset = expected
+                return
+            # kubelet refuses any empty default set with assignments; with strict-cpu-reservation every
+            # CPU can legitimately be assigned, so numapin checks that state like any other instead.
+            if not self.options.strict_cpu_reservation:
                 raise CheckpointError("default cpuset cannot be empty")
-            state.default_cpuset = expected
-            return
         if self.options.strict_cpu_reservation:
             leaked = self.reserved & default
             if leaked:

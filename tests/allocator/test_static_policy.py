@@ -384,3 +384,18 @@ def test_xeon_gold_6258r_write_up_scenarios():
     assert policy.allocate(st, make_pod("b", "c", "1500m", "1500m"), "c") == CPUSet()
     # a 56-CPU pod takes one socket's threads
     assert policy.allocate(st, make_pod("c", "c", "56", "56"), "c") == S("28-55,84-111")
+
+
+def test_strict_reservation_accepts_a_fully_assigned_node():
+    # numapin departs from kubelet here: with strict-cpu-reservation every CPU but the reserved ones can be
+    # assigned, leaving an empty default set; kubelet's validateState would refuse to restart on it.
+    policy = StaticPolicy(T.dual_socket_ht(), reserved_cpus=S("0"), options={"strict-cpu-reservation": "true"})
+    st = CPUState()
+    policy.start(st)
+    policy.allocate(st, make_pod("p", "c", "11", "11"), "c")
+    assert st.default_cpuset == CPUSet()
+    policy.start(st)
+    st.delete("p", "c")
+    st.set("p", "c", S("1-10"))
+    with pytest.raises(CheckpointError, match="doesn't match with CPUs in state"):
+        policy.start(st)
