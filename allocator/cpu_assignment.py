@@ -373,7 +373,7 @@ class _Accumulator:
 
     def free_sockets(self) -> list[int]:
         t = self.t
-        return [s for s in self.sort_sockets() if self.count(t.socket_mask[s]) == t.cpus_per_socket]
+        return [s for s in self.sort_sockets() if self._whole(t.socket_mask[s], t.cpus_per_socket)]
 
     def free_uncore_caches(self) -> list[int]:
         t = self.t
@@ -381,7 +381,13 @@ class _Accumulator:
 
     def free_cores(self) -> list[int]:
         t = self.t
-        return [c for c in self.sort_cores() if self.count(t.core_mask[c]) == t.cpus_per_core]
+        return [c for c in self.sort_cores() if self._whole(t.core_mask[c], t.cpus_per_core)]
+
+    def _whole(self, mask: int, average: int) -> bool:
+        """kubelet's isSocketFree / isCoreFree: the element's free CPUs number the machine-wide average. On
+        machines with offline CPUs that can hold for a partly used element, and kubelet would then hand out
+        its busy CPUs too; numapin also requires every CPU of the element to be free."""
+        return self.count(mask) == average and self.free & mask == mask
 
     def free_cpus(self, spread: bool = False) -> list[int]:
         """Single CPUs in take order: core by core (packed) or socket by socket in id order (spread)."""
