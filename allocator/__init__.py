@@ -27,6 +27,8 @@ _EXPORTS: dict[str, str] = {
     # static policy
     "take_by_topology": "cpu_assignment",
     "StaticPolicy": "static_policy",
+    "StaticPolicyOptions": "policy_options",
+    "generate_cpu_hints": "cpu_hints",
     # topology manager
     "merge_hints": "merge",
     # pods, intent, state file
