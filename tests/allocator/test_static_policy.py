@@ -399,3 +399,96 @@ def test_strict_reservation_accepts_a_fully_assigned_node():
     st.set("p", "c", S("1-10"))
     with pytest.raises(CheckpointError, match="doesn't match with CPUs in state"):
         policy.start(st)
+
+
+# -- TestStaticPolicyRemove ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "cname", "assign", "default", "expect"),
+    [
+        ("SingleSocketHT, DeAllocOneContainer", "fakeContainer1", {"fakeContainer1": "1-3"}, "4-7", "1-7"),
+        ("SingleSocketHT, DeAllocOneContainer, BeginEmpty", "fakeContainer1",
+         {"fakeContainer1": "1-3", "fakeContainer2": "4-7"}, "", "1-3"),
+        ("SingleSocketHT, DeAllocTwoContainer", "fakeContainer1", {"fakeContainer1": "1,3,5", "fakeContainer2": "2,4"},
+         "6-7", "1,3,5-7"),
+        ("SingleSocketHT, NoDeAlloc", "fakeContainer2", {"fakeContainer1": "1,3,5"}, "2,4,6-7", "2,4,6-7"),
+    ],
+)
+def test_remove(name, cname, assign, default, expect):
+    policy = StaticPolicy(T.single_socket_ht(), reserved_cpus=S("0"))
+    st = state(default, {"fakePod": assign})
+    policy.remove(st, "fakePod", cname)
+    assert st.default_cpuset == S(expect)
+    assert st.get("fakePod", cname) is None
+
+
+# -- TestTopologyAwareAllocateCPUs --------------------------------------------------------------------------------
+# kubelet runs these with no reserved CPU; the reserved CPU chosen per case keeps kubelet's expected result
+# (it sits where it changes no ordering decision of that case).
+@pytest.mark.parametrize(
+    ("name", "n", "numa", "reserved", "expect"),
+    [
+        ("Request 2 CPUs, No BitMask", 2, None, "10", "0,6"),
+        ("Request 2 CPUs, BitMask on Socket 0", 2, {0}, "10", "0,6"),
+        ("Request 2 CPUs, BitMask on Socket 1", 2, {1}, "10", "1,7"),
+        ("Request 8 CPUs, BitMask on Socket 0", 8, {0}, "11", "0,6,2,8,4,10,1,7"),
+        ("Request 8 CPUs, BitMask on Socket 1", 8, {1}, "10", "1,7,3,9,5,11,0,6"),
+    ],
+)
+def test_topology_aware_allocate_cpus(name, n, numa, reserved, expect):
+    policy = StaticPolicy(T.dual_socket_ht(), reserved_cpus=S(reserved))
+    st = CPUState()
+    policy.start(st)
+    hint = TopologyHint(frozenset(numa), True) if numa is not None else None
+    assert policy.allocate(st, make_pod("p", "c", str(n), str(n)), "c", hint) == S(expect)
+
+
+# -- TestStaticPolicyStartWithResvList / TestStaticPolicyAddWithResvList --------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "opts", "default", "expect", "err"),
+    [
+        ("empty cpuset", {}, "", "0-11", None),
+        ("empty cpuset with StrictCPUReservationOption enabled", {"strict-cpu-reservation": "true"}, "", "2-11", None),
+        ("reserved cores 0 & 1 are not present in available cpuset", {}, "2-5", None,
+         'not all reserved cpus: "0-1" are present in defaultCpuSet: "2-5"'),
+        ("reserved cores 0 & 1 are present in available cpuset with StrictCPUReservationOption enabled",
+         {"strict-cpu-reservation": "true"}, "0-5", None,
+         'some of strictly reserved cpus: "0-1" are present in defaultCpuSet: "0-5"'),
+    ],
+)
+def test_start_with_reserved_list(name, opts, default, expect, err):
+    policy = StaticPolicy(T.dual_socket_ht(), reserved_cpus=S("0-1"), num_reserved_cpus=2, options=opts)
+    st = state(default)
+    if err:
+        with pytest.raises(CheckpointError) as exc:
+            policy.start(st)
+        assert str(exc.value) == err
+    else:
+        policy.start(st)
+        assert st.default_cpuset == S(expect)
+
+
+def test_inconsistency_between_num_reserved_cpus_and_reserved():
+    with pytest.raises(ConfigError) as exc:
+        StaticPolicy(T.dual_socket_ht(), reserved_cpus=S("0-1"), num_reserved_cpus=1)
+    assert str(exc.value) == "[cpumanager] unable to reserve the required amount of CPUs (size of 0-1 did not equal 1)"
+
+
+@pytest.mark.parametrize(
+    ("name", "reserved", "assign", "default", "req", "expect", "err"),
+    [
+        ("GuPodSingleCore, SingleSocketHT, ExpectError", "0", {}, "0-7", "8000m", None,
+         "not enough cpus available to satisfy request: requested=8, available=7"),
+        ("GuPodSingleCore, SingleSocketHT, ExpectAllocOneCPU", "0-1", {}, "0-7", "1000m", "4", None),
+        ("GuPodMultipleCores, SingleSocketHT, ExpectAllocOneCore", "0-1", {"fakeContainer100": "2-3,6-7"}, "0-1,4-5",
+         "2000m", "4-5", None),
+    ],
+)
+def test_add_with_reserved_list(name, reserved, assign, default, req, expect, err):
+    policy = StaticPolicy(T.single_socket_ht(), reserved_cpus=S(reserved))
+    st = state(default, {"fakePod": assign} if assign else None)
+    p = make_pod("fakePod", "fakeContainer2", req, req)
+    if err:
+        with pytest.raises(AllocationError, match=err):
+            policy.allocate(st, p, "fakeContainer2")
+    else:
+        assert policy.allocate(st, p, "fakeContainer2") == S(expect)
