@@ -127,6 +127,12 @@ def uncore_single_socket_smt() -> Topology:
     return build((c, c % 8, 0, 0, (c % 8) // 4) for c in range(16))
 
 
+def dual_socket_single_numa_per_socket_smt_uncore() -> Topology:
+    """topoDualSocketSingleNumaPerSocketSMTUncore: 384 CPUs, 2 sockets = 2 NUMA nodes, SMT2 (n and n+192),
+    24 L3 groups of 8 cores (16 CPUs)."""
+    return regular(2, 1, 96, 2, cores_per_uncore=8)
+
+
 def epyc_4_numa_per_socket() -> Topology:
     """An AMD EPYC with 2 sockets, 4 NUMA nodes per socket (NPS4), 8-core L3 groups, SMT2: 256 CPUs."""
     return regular(2, 4, 16, 2, cores_per_uncore=8)
@@ -156,6 +162,7 @@ MACHINES: dict[str, Callable[[], Topology]] = {
     "uncore_dual_socket_no_smt": uncore_dual_socket_no_smt,
     "uncore_single_socket_multi_numa": uncore_single_socket_multi_numa,
     "uncore_single_socket_smt": uncore_single_socket_smt,
+    "dual_socket_single_numa_per_socket_smt_uncore": dual_socket_single_numa_per_socket_smt_uncore,
     "epyc_4_numa_per_socket": epyc_4_numa_per_socket,
     "sixteen_numa": sixteen_numa,
     "large_384": large_384,

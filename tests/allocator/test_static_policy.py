@@ -492,3 +492,25 @@ def test_add_with_reserved_list(name, reserved, assign, default, req, expect, er
             policy.allocate(st, p, "fakeContainer2")
     else:
         assert policy.allocate(st, p, "fakeContainer2") == S(expect)
+
+
+# -- TestStaticPolicyAddWithUncoreAlignment -----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "apps"),
+    [
+        ("GuPodSingleContainerSaturating, DualSocketHTUncore, ExpectAllocOneUncore, FullUncoreAvail", ["16"]),
+        ("GuPodMainAndSidecarContainer, DualSocketHTUncore, ExpectAllocOneUncore, FullUncoreAvail", ["12", "2"]),
+        ("GuPodSidecarAndMainContainer, DualSocketHTUncore, ExpectAllocOneUncore, FullUncoreAvail", ["2", "12"]),
+    ],
+)
+def test_add_with_uncore_alignment(name, apps):
+    t = T.dual_socket_single_numa_per_socket_smt_uncore()
+    policy = StaticPolicy(t, reserved_cpus=S("0-1,96-97,192-193,288-289"),
+                          options={"full-pcpus-only": "true", "prefer-align-cpus-by-uncorecache": "true"})
+    # partly reserved L3 groups 0 and 12 are taken out of the available CPUs, as in kubelet's case
+    st = CPUState(default_cpuset=t.all_cpus - t.cpus_in_uncore(0) - t.cpus_in_uncore(12))
+    p = make_multi_container_pod([], [(n, n) for n in apps], uid="uncore-pod")
+    got = CPUSet()
+    for i in range(len(apps)):
+        got = got | policy.allocate(st, p, f"appContainer-{i}")
+    assert {t.cpu(c).uncore for c in got} == {1}
