@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from hypothesis import strategies as st
+
 from allocator.topology import CPUInfo, Topology
 
 
@@ -167,3 +169,35 @@ MACHINES: dict[str, Callable[[], Topology]] = {
     "sixteen_numa": sixteen_numa,
     "large_384": large_384,
 }
+
+
+# -- random machines for property tests ---------------------------------------------------------------------
+
+
+@st.composite
+def random_topologies(draw: st.DrawFn, *, offline: bool = True) -> Topology:
+    """Hierarchical machines: sockets above NUMA nodes or NUMA nodes above sockets, SMT 1-2, L3 groups,
+    CPU numbering either Linux-like (siblings far apart) or core-major, some CPUs possibly offline."""
+    numa_above = draw(st.booleans())
+    outer = draw(st.integers(1, 3))
+    inner = draw(st.integers(1, 3))
+    cores_per_unit = draw(st.integers(1, 4))
+    threads = draw(st.integers(1, 2))
+    cores_per_uncore = draw(st.integers(1, 4))
+    units = outer * inner
+    cores = units * cores_per_unit
+    rows = []
+    linux = draw(st.booleans())
+    for core in range(cores):
+        unit = core // cores_per_unit
+        if numa_above:
+            numa, socket = unit // inner, unit
+        else:
+            socket, numa = unit // inner, unit
+        for t in range(threads):
+            cpu = t * cores + core if linux else core * threads + t
+            rows.append((cpu, core, socket, numa, core // cores_per_uncore))
+    if offline and len(rows) > 2 and draw(st.booleans()):
+        dropped = draw(st.sets(st.sampled_from([r[0] for r in rows]), max_size=len(rows) // 4))
+        rows = [r for r in rows if r[0] not in dropped] or rows
+    return build(rows)

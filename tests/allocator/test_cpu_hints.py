@@ -3,13 +3,18 @@ TestGetPodTopologyHints, TestGetPodTopologyHintsWithPolicyOptions), plus numapin
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from allocator import CPUSet, CPUState, TopologyHint
 from allocator.cpu_hints import generate_cpu_hints
 from allocator.static_policy import StaticPolicy
 from tests import topologies as T
 from tests.allocator.podspec import make_multi_container_pod, make_pod
+from tests.topologies import random_topologies
 
 S = CPUSet.parse
 
@@ -151,3 +156,47 @@ def test_available_and_reusable_are_counted_separately_like_kubelet():
     t = hints_machine()
     # CPU 0 is both available and reusable: kubelet counts it twice, so two CPUs "fit" on NUMA 0.
     assert as_tuples(generate_cpu_hints(t, S("0"), S("0"), 2)) == [((0,), True), ((0, 1), False)]
+
+
+def _reference_hints(topo, available, reusable, request, align_by_socket):
+    """kubelet's generateCPUTopologyHints written the slow, literal way: CPU by CPU for every mask."""
+    nodes = topo.cpu_numa_nodes
+    min_affinity = len(nodes)
+    found = []
+    for k in range(1, len(nodes) + 1):
+        for combo in itertools.combinations(nodes, k):
+            if len(topo.cpus_in_numas(combo)) >= request and k < min_affinity:
+                min_affinity = k
+            matching = 0
+            ok = True
+            for c in reusable:
+                if topo.cpu(c).numa not in combo:
+                    ok = False
+                    break
+                matching += 1
+            if not ok:
+                continue
+            matching += sum(1 for c in available if topo.cpu(c).numa in combo)
+            if matching >= request:
+                found.append(combo)
+    per_socket = len(nodes) // topo.num_sockets
+    out = []
+    for combo in found:
+        preferred = len(combo) == min_affinity
+        if align_by_socket and per_socket:
+            min_sockets = (min_affinity + per_socket - 1) // per_socket
+            if len({topo.cpu(c).socket for c in topo.cpus_in_numas(combo)}) == min_sockets:
+                preferred = True
+        out.append((combo, preferred))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), topo=random_topologies(offline=False), align=st.booleans())
+def test_hints_match_a_literal_transcription(data, topo, align):
+    cpus = topo.all_cpus.sorted()
+    available = CPUSet(data.draw(st.sets(st.sampled_from(cpus))))
+    reusable = CPUSet(data.draw(st.sets(st.sampled_from(cpus), max_size=3))) - available
+    request = data.draw(st.integers(1, topo.num_cpus))
+    got = generate_cpu_hints(topo, available, reusable, request, align)
+    assert as_tuples(got) == _reference_hints(topo, available, reusable, request, align)

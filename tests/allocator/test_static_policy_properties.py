@@ -13,40 +13,10 @@ from allocator.cpu_assignment import CPUTaker, take_by_topology
 from allocator.pod import PodInfo
 from allocator.policy_options import OPTION_NAMES, StaticPolicyOptions
 from allocator.static_policy import StaticPolicy
-from allocator.topology import Topology
-from tests import topologies as T
 from tests.allocator.podspec import container, make_multi_container_pod, pod
+from tests.topologies import random_topologies as topologies
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@st.composite
-def topologies(draw: st.DrawFn, *, offline: bool = True) -> Topology:
-    """Hierarchical machines: sockets above NUMA nodes or NUMA nodes above sockets, SMT 1-2, L3 groups,
-    CPU numbering either Linux-like (siblings far apart) or core-major, some CPUs possibly offline."""
-    numa_above = draw(st.booleans())
-    outer = draw(st.integers(1, 3))
-    inner = draw(st.integers(1, 3))
-    cores_per_unit = draw(st.integers(1, 4))
-    threads = draw(st.integers(1, 2))
-    cores_per_uncore = draw(st.integers(1, 4))
-    units = outer * inner
-    cores = units * cores_per_unit
-    rows = []
-    linux = draw(st.booleans())
-    for core in range(cores):
-        unit = core // cores_per_unit
-        if numa_above:
-            numa, socket = unit // inner, unit
-        else:
-            socket, numa = unit // inner, unit
-        for t in range(threads):
-            cpu = t * cores + core if linux else core * threads + t
-            rows.append((cpu, core, socket, numa, core // cores_per_uncore))
-    if offline and len(rows) > 2 and draw(st.booleans()):
-        dropped = draw(st.sets(st.sampled_from([r[0] for r in rows]), max_size=len(rows) // 4))
-        rows = [r for r in rows if r[0] not in dropped] or rows
-    return T.build(rows)
 
 
 VALID_OPTION_SETS = [
