@@ -286,8 +286,12 @@ class StaticPolicy:
 
     @property
     def reusable_cpus(self) -> tuple[str | None, CPUSet]:
-        """(pod uid, CPUs) of the init-container reuse bookkeeping, for inspection."""
+        """(pod uid, CPUs) of the init-container reuse bookkeeping: save it before a dry run or an
+        admission that may be rolled back, and put it back with ``restore_reusable``."""
         return self._reuse_pod, self._reuse
+
+    def restore_reusable(self, saved: tuple[str | None, CPUSet]) -> None:
+        self._reuse_pod, self._reuse = saved
 
 
 def _pod_info(pod: PodInfo | Mapping[str, Any]) -> PodInfo:

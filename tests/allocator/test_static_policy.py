@@ -514,3 +514,18 @@ def test_add_with_uncore_alignment(name, apps):
     for i in range(len(apps)):
         got = got | policy.allocate(st, p, f"appContainer-{i}")
     assert {t.cpu(c).uncore for c in got} == {1}
+
+
+def test_reuse_bookkeeping_can_be_rolled_back_with_the_state():
+    policy = StaticPolicy(T.single_socket_ht(), reserved_cpus=S("3"))
+    st = state("0-7")
+    p = make_multi_container_pod([("4000m", "4000m")], [("2000m", "2000m")])
+    saved_state, saved_reuse = st.copy(), policy.reusable_cpus
+    policy.allocate(st, p, "initContainer-0")
+    assert policy.reusable_cpus == ("fakePod", S("0-1,4-5"))
+    st = saved_state
+    policy.restore_reusable(saved_reuse)
+    assert policy.reusable_cpus == (None, CPUSet())
+    # replaying the admission gives the same answer as the first time
+    assert policy.allocate(st, p, "initContainer-0") == S("0-1,4-5")
+    assert policy.allocate(st, p, "appContainer-0") == S("0,4")
