@@ -29,6 +29,11 @@ _EXPORTS: dict[str, str] = {
     "StaticPolicy": "static_policy",
     # topology manager
     "merge_hints": "merge",
+    "HintFamily": "compact_hints",
+    "cpu_hint_family": "compact_hints",
+    "TopologyManager": "topology_manager",
+    "MemoryHintProvider": "memory_hints",
+    "DeviceHintProvider": "device_hints",
     # pods, intent, state file
     "parse_quantity": "quantity",
     "INTENT_ANNOTATION": "intent",

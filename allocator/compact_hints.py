@@ -137,7 +137,7 @@ def cpu_hint_family(
     socket_of: tuple[tuple[int, int], ...] = ()
     preferred_sockets: int | None = None
     if align_by_socket:
-        per_socket = topology.num_numa_nodes // topology.num_sockets if topology.num_sockets else 0
+        per_socket = len(topology.cpu_numa_nodes) // topology.num_sockets if topology.num_sockets else 0
         if per_socket:
             preferred_sockets = (min_affinity + per_socket - 1) // per_socket
             socket_of = tuple((n, topology.cpu(topology.cpus_in_numa(n).min()).socket) for n in nodes)
