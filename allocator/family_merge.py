@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .bitmask import bits_of
 from .compact_hints import HintFamily
@@ -88,75 +88,145 @@ def _best_member_of_size(families: list[HintFamily], universe: int, required: in
                 ws.append(wm.get(free[j], 0))
         top.append(rows)
 
-    best: list[int | None] = [None]
-    best_d: list[int] = [0]
-
-    def bound_ok(weights: list[int], j: int, r: int) -> bool:
-        return all(weights[i] + top[i][j][r] >= thresholds[i] for i in range(len(families)))
-
-    def visit(r: int, hi: int, chosen: int, weights: list[int]) -> bool:
-        """Choose r more nodes among free[:hi]; colex order = ascending masks. True = stop (first found)."""
-        if r == 0:
-            mask = required | chosen
-            if leaf is not None and not leaf(mask):
+    def ok(chosen: int, j: int, r: int) -> bool:
+        # can r more nodes of free[:j] lift every family's weight to its threshold?
+        for i, wm in enumerate(wmaps):
+            w = base[i] + sum(wm.get(n, 0) for n in bits_of(chosen))
+            if w + top[i][j][r] < thresholds[i]:
                 return False
-            if not order.closest:
-                best[0] = mask
-                return True
-            d = order.dsum(mask)
-            if best[0] is None or d < best_d[0]:
-                best[0], best_d[0] = mask, d
+        return True
+
+    return _colex_search(free, k, required, ok, leaf, order)
+
+
+def _colex_search(cands: list[int], k: int, fixed: int, ok: Callable[[int, int, int], bool],
+                  leaf: Callable[[int], bool] | None, order: _Order) -> int | None:
+    """Best ``fixed ∪ S`` over k-subsets S of ``cands`` (ascending ids) under kubelet's mask order.
+
+    Subsets are visited in colex order (the highest node as low as possible, recursively), which is
+    ascending mask order. ``ok(chosen, j, r)`` must say exactly whether ``chosen`` can be completed with r
+    more nodes of ``cands[:j]``. Without distances the first complete subset wins. With
+    prefer-closest-numa-nodes: branch and bound on the distance sum; since masks come in ascending order
+    the first subset met at a given sum is the one kubelet keeps on a tie."""
+    if k < 0 or k > len(cands) or not ok(0, len(cands), k):
+        return None
+    if not order.closest:
+
+        def first(r: int, hi: int, chosen: int) -> int | None:
+            if r == 0:
+                mask = fixed | chosen
+                return mask if leaf is None or leaf(mask) else None
+            for j in range(r - 1, hi):
+                c = chosen | 1 << cands[j]
+                if ok(c, j, r - 1):
+                    found = first(r - 1, j, c)
+                    if found is not None:
+                        return found
+            return None
+
+        return first(k, len(cands), 0)
+
+    dist = order.dist
+    fixed_nodes = bits_of(fixed)
+    # link[u]: distances both ways between u and the nodes chosen so far; pair_min[u]: u's cheapest pair
+    link = {u: sum(dist[u][y] + dist[y][u] for y in fixed_nodes) for u in cands}
+    pair_min = {u: min((dist[u][x] + dist[x][u] for x in cands if x != u), default=0) for u in cands}
+    self_d = {u: dist[u][u] for u in cands}
+    # best = [mask, distance sum, found, found by the ordered search]. A greedy guess seeds the bound; a
+    # subset of the ordered search then replaces it on a smaller sum, or on an equal sum and smaller mask.
+    best: list[Any] = [0, 0, False, False]
+    _greedy_seed(cands, k, fixed, ok, leaf, order, link, self_d, pair_min, best)
+
+    def lower_bound(cur_d: int, j: int, r: int) -> int:
+        # each further node adds its self distance and its links to the chosen nodes, and shares the r - 1
+        # pairs it forms with the other new nodes: at least half its cheapest pair each
+        if r == 0:
+            return cur_d
+        marg = sorted(2 * (self_d[u] + link[u]) + (r - 1) * pair_min[u] for u in cands[:j])
+        return cur_d + (sum(marg[:r]) + 1) // 2
+
+    def hopeless(bound: int) -> bool:
+        if not best[2]:
             return False
+        return bound > best[1] or (bound == best[1] and best[3])
+
+    def visit(r: int, hi: int, chosen: int, cur_d: int) -> None:
+        if r == 0:
+            mask = fixed | chosen
+            if leaf is not None and not leaf(mask):
+                return
+            if not best[2] or cur_d < best[1] or (cur_d == best[1] and mask < best[0]):
+                best[0], best[1], best[2], best[3] = mask, cur_d, True, True
+            return
         for j in range(r - 1, hi):
-            v = free[j]
-            nw = [weights[i] + wmaps[i].get(v, 0) for i in range(len(families))]
-            if not bound_ok(nw, j, r - 1):
+            v = cands[j]
+            nd = cur_d + self_d[v] + link[v]
+            if hopeless(nd):
                 continue
-            if order.closest and best[0] is not None and _member_lb(order, required | chosen | 1 << v,
-                                                                    free[:j], r - 1) >= best_d[0]:
+            c = chosen | 1 << v
+            if not ok(c, j, r - 1):
                 continue
-            if visit(r - 1, j, chosen | 1 << v, nw):
-                return True
-        return False
+            lower = cands[:j]
+            for u in lower:
+                link[u] += dist[u][v] + dist[v][u]
+            if not hopeless(lower_bound(nd, j, r - 1)):
+                visit(r - 1, j, c, nd)
+            for u in lower:
+                link[u] -= dist[u][v] + dist[v][u]
 
-    if bound_ok(base, len(free), k):
-        visit(k, len(free), 0, base)
-    return best[0]
+    visit(k, len(cands), 0, order.dsum(fixed))
+    return best[0] if best[2] else None
 
 
-def _member_lb(order: _Order, current: int, allowed: list[int], r: int) -> int:
-    """Lower bound of the distance sum of ``current`` plus ``r`` nodes of ``allowed``."""
-    cur = bits_of(current)
-    total = order.dsum(current)
-    if r == 0:
-        return total
-    marg = sorted(order.dist[v][v] + sum(order.dist[v][y] + order.dist[y][v] for y in cur) for v in allowed)
-    total += sum(marg[:r])
-    if r > 1 and allowed:
-        dmin = min(order.dist[a][b] for a in allowed for b in allowed if a != b) if len(allowed) > 1 else 0
-        total += r * (r - 1) * dmin
-    return total
+def _greedy_seed(cands: list[int], k: int, fixed: int, ok: Callable[[int, int, int], bool],
+                 leaf: Callable[[int], bool] | None, order: _Order, link: dict[int, int], self_d: dict[int, int],
+                 pair_min: dict[int, int], best: list[Any]) -> None:
+    """A quick valid subset with a small distance sum (nearest-neighbour growth from a few starts)."""
+    if k == 0:
+        return
+    dist = order.dist
+    starts = sorted(cands, key=lambda u: (pair_min[u], u))[:6]
+    for start in starts:
+        chosen = 1 << start
+        total = order.dsum(fixed) + self_d[start] + link[start]
+        extra = {u: link[u] + dist[u][start] + dist[start][u] for u in cands}
+        for _ in range(k - 1):
+            u = min((x for x in cands if not chosen >> x & 1), key=lambda x: (self_d[x] + extra[x], x),
+                    default=None)
+            if u is None:
+                break
+            total += self_d[u] + extra[u]
+            chosen |= 1 << u
+            for x in cands:
+                extra[x] += dist[x][u] + dist[u][x]
+        if chosen.bit_count() != k or not ok(chosen, 0, 0):
+            continue
+        mask = fixed | chosen
+        if leaf is not None and not leaf(mask):
+            continue
+        if not best[2] or total < best[1] or (total == best[1] and mask < best[0]):
+            best[0], best[1], best[2], best[3] = mask, total, True, False
 
 
 # -- non-preferred: the best reachable AND -----------------------------------------------------------
 def best_nonpreferred_with_families(explicit_ands: set[int], families: list[HintFamily], default: int,
                                     order: _Order) -> int | None:
-    fams = _fams(families)
     universe = reduce(lambda a, f: a & f.universe, families, default)
+    dropper = _Dropper(_fams(families), universe)
     best: int | None = None
     for x in explicit_ands:
         v = x & universe
         if not v:
             continue
-        m = _best_reachable_in(v, fams, order)
+        m = _best_reachable_in(v, dropper, order)
         if m is not None and (best is None or order.nonpreferred_key(m) < order.nonpreferred_key(best)):
             best = m
     return best
 
 
-def _best_reachable_in(v: int, fams: list[_Fam], order: _Order) -> int | None:
+def _best_reachable_in(v: int, dropper: _Dropper, order: _Order) -> int | None:
     n = v.bit_count()
-    most = _maxcover(0, v, fams)  # nodes the families can drop at most
+    most = dropper.maxcover(0, v)  # nodes the families can drop at most
     narrowest = max(n - most, 1)
     target = min(order.best_count, n)
     width = target if narrowest <= target else narrowest
@@ -165,7 +235,7 @@ def _best_reachable_in(v: int, fams: list[_Fam], order: _Order) -> int | None:
     def feasible(forced: int, optional: int) -> bool:
         if forced.bit_count() > drop:
             return False
-        return _maxcover(forced, optional, fams) >= drop
+        return dropper.maxcover(forced, optional) >= drop
 
     nodes = sorted(bits_of(v), reverse=True)
     if not order.closest:
@@ -178,50 +248,30 @@ def _best_reachable_in(v: int, fams: list[_Fam], order: _Order) -> int | None:
                 dropped |= 1 << node
         return v & ~dropped
 
-    best: list[int | None] = [None]
-    best_d = [0]
-    dmin = 0
-    if n > 1:
-        dmin = min(order.dist[a][b] for a in nodes for b in nodes if a != b)
+    cands = sorted(nodes)
+    prefix = [0]
+    for node in cands:
+        prefix.append(prefix[-1] | 1 << node)
 
-    def lb(kept: int, undecided: int, r: int) -> int:
-        total = order.dsum(kept)
-        if r <= 0:
-            return total
-        cur = bits_of(kept)
-        marg = sorted(order.dist[u][u] + sum(order.dist[u][y] + order.dist[y][u] for y in cur)
-                      for u in bits_of(undecided))
-        return total + sum(marg[:r]) + r * (r - 1) * dmin
+    def ok(chosen: int, j: int, r: int) -> bool:
+        # the nodes above cands[j] that were not chosen are dropped; cands[:j] may still be either
+        return feasible(v & ~chosen & ~prefix[j], prefix[j])
 
-    def visit(i: int, kept: int, dropped: int) -> None:
-        undecided = v & ~kept & ~dropped
-        r = width - kept.bit_count()
-        if r < 0 or r > undecided.bit_count():
-            return
-        if not feasible(dropped, undecided):
-            return
-        if best[0] is not None and lb(kept, undecided, r) >= best_d[0]:
-            return
-        if i == len(nodes):
-            best[0], best_d[0] = kept, order.dsum(kept)
-            return
-        bit = 1 << nodes[i]
-        visit(i + 1, kept, dropped | bit)  # dropping high nodes first visits smaller masks first
-        visit(i + 1, kept | bit, dropped)
-
-    visit(0, 0, 0)
-    return best[0]
+    return _colex_search(cands, width, 0, ok, None, order)
 
 
-def _maxcover(forced: int, optional: int, fams: list[_Fam]) -> int:
-    """Largest set E with forced ⊆ E ⊆ forced ∪ optional that the families can drop together
-    (each node to one family that does not require it, within that family's weight slack); -1 if the
-    forced nodes cannot all be dropped."""
-    total = 0
-    need: list[list[tuple[int, int]]] = []
-    opt: list[list[tuple[int, int]]] = []
-    for is_forced, mask in ((True, forced), (False, optional)):
-        for node in bits_of(mask):
+class _Dropper:
+    """Answers "can the families drop these nodes, and how many more?" (exact). Which family may drop
+    which node, and at what weight, is worked out once per merge."""
+
+    def __init__(self, fams: list[_Fam], nodes: int) -> None:
+        self.fams = fams
+        self.free = 0  # droppable at no cost (a family that does not require it and gives it weight 0)
+        self.bad = 0  # droppable by no family
+        self.constrained = 0
+        self.ways: dict[int, list[tuple[int, int]]] = {}
+        involved: set[int] = set()
+        for node in bits_of(nodes):
             ways = []
             free = False
             for i, f in enumerate(fams):
@@ -234,32 +284,45 @@ def _maxcover(forced: int, optional: int, fams: list[_Fam]) -> int:
                 if w <= f.slack:
                     ways.append((i, w))
             if free:
-                total += 1
+                self.free |= 1 << node
             elif ways:
-                (need if is_forced else opt).append(ways)
-            elif is_forced:
-                return -1
-    if not need and not opt:
-        return total
-    involved = {i for ways in need + opt for i, _ in ways}
-    if len(involved) == 1:
-        (i,) = involved
-        slack = fams[i].slack - sum(ways[0][1] for ways in need)
-        if slack < 0:
+                self.constrained |= 1 << node
+                self.ways[node] = ways
+                involved.update(i for i, _ in ways)
+            else:
+                self.bad |= 1 << node
+        self.single: int | None = next(iter(involved)) if len(involved) == 1 else None
+        self.by_weight: list[tuple[int, int]] = []
+        if self.single is not None:
+            self.by_weight = sorted((ways[0][1], node) for node, ways in self.ways.items())
+
+    def maxcover(self, forced: int, optional: int) -> int:
+        """Largest E with forced ⊆ E ⊆ forced ∪ optional the families can drop together (each node by one
+        family that does not require it, within that family's weight slack); -1 if forced cannot be."""
+        if forced & self.bad:
             return -1
-        return total + len(need) + _count_fitting(sorted(ways[0][1] for ways in opt), slack)
-    got = _assign(need, opt, [f.slack for f in fams])
-    return -1 if got < 0 else total + len(need) + got
-
-
-def _count_fitting(weights_sorted: list[int], slack: int) -> int:
-    n = 0
-    for w in weights_sorted:
-        if w > slack:
-            break
-        slack -= w
-        n += 1
-    return n
+        total = ((forced | optional) & self.free).bit_count()
+        need = forced & self.constrained
+        opt = optional & self.constrained & ~forced
+        if not need and not opt:
+            return total
+        if self.single is not None:
+            slack = self.fams[self.single].slack
+            for node in bits_of(need):
+                slack -= self.ways[node][0][1]
+            if slack < 0:
+                return -1
+            extra = 0
+            for w, node in self.by_weight:
+                if opt >> node & 1:
+                    if w > slack:
+                        break
+                    slack -= w
+                    extra += 1
+            return total + need.bit_count() + extra
+        got = _assign([self.ways[n] for n in bits_of(need)], [self.ways[n] for n in bits_of(opt)],
+                      [f.slack for f in self.fams])
+        return -1 if got < 0 else total + need.bit_count() + got
 
 
 def _assign(need: list[list[tuple[int, int]]], opt: list[list[tuple[int, int]]], slack: list[int]) -> int:

@@ -45,6 +45,10 @@ POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 Hints = Sequence[TopologyHint] | HintFamily
 ProviderHints = Mapping[str, Hints | None] | None
 
+# kubelet parses boolean options with Go's strconv.ParseBool.
+_TRUE = ("1", "t", "T", "TRUE", "true", "True")
+_FALSE = ("0", "f", "F", "FALSE", "false", "False")
+
 # Largest machine on which the all-explicit merge uses the 2^N subset transform.
 _ZETA_MAX_NODES = 12
 
@@ -178,7 +182,7 @@ def merge_hints(
     the machine's NUMA node ids (the default mask). ``distances[n]``: distances from node n to every node
     of ``numa_nodes`` in that order (needed with ``prefer-closest-numa-nodes``).
     """
-    options = options or {}
+    options = options or {}  # other options (max-allowable-numa-nodes) do not change the merge
     if policy not in POLICIES:
         raise ConfigError(f"unknown topology manager policy {policy!r}: expected one of {', '.join(POLICIES)}")
     default = 0
@@ -190,11 +194,11 @@ def merge_hints(
         raise ConfigError("numa_nodes must list at least one NUMA node")
     if policy == "none":
         return TopologyHint(None, False), True
-    closest_opt = options.get("prefer-closest-numa-nodes", "false")
-    if closest_opt not in ("true", "false"):
+    closest_opt = str(options.get("prefer-closest-numa-nodes", "false")).strip()
+    if closest_opt not in _TRUE and closest_opt not in _FALSE:
         raise ConfigError(f"prefer-closest-numa-nodes must be true or false, got {closest_opt!r}")
     single = policy == "single-numa-node"
-    closest = closest_opt == "true" and not single
+    closest = closest_opt in _TRUE and not single
     if closest:
         _check_distances(numa_nodes, distances)
 
