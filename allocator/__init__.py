@@ -31,6 +31,11 @@ _EXPORTS: dict[str, str] = {
     "generate_cpu_hints": "cpu_hints",
     # topology manager
     "merge_hints": "merge",
+    "HintFamily": "compact_hints",
+    "cpu_hint_family": "compact_hints",
+    "TopologyManager": "topology_manager",
+    "MemoryHintProvider": "memory_hints",
+    "DeviceHintProvider": "device_hints",
     # pods, intent, state file
     "parse_quantity": "quantity",
     "INTENT_ANNOTATION": "intent",
