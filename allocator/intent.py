@@ -1,0 +1,99 @@
+"""The CPU intent annotation: what the webhook stamps on a pod and the CRI proxy reads on CreateContainer.
+
+CRI carries no resource requests and no init/sidecar roles, so the webhook records them on the pod as
+``numapin.io/cpu-intent``, a compact JSON document::
+
+    {"v": 1, "qosClass": "Guaranteed", "cpuManager": "exclusive",
+     "containers": [{"name": "app", "role": "app", "cpu": [2000, 2000], "memory": [1073741824, 1073741824]}]}
+
+``cpu`` is ``[request, limit]`` in milli-CPUs, ``memory`` ``[request, limit]`` in bytes, ``null`` where not set;
+``cpuManager`` is the normalised ``qos.gocrane.io/cpu-manager`` value or ``null``. Containers are listed
+init containers first (``role`` ``init`` or ``sidecar``), in spec order, then app containers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import PodSpecError
+from .pod import BYPASS_ANNOTATION, CPU_MANAGER_VALUES, ContainerInfo, PodInfo
+
+__all__ = ["INTENT_ANNOTATION", "INTENT_VERSION", "decode_intent", "encode_intent"]
+
+INTENT_ANNOTATION = "numapin.io/cpu-intent"
+INTENT_VERSION = 1
+_ROLES = ("init", "sidecar", "app")
+_QOS = ("Guaranteed", "Burstable", "BestEffort")
+
+
+def encode_intent(pod: PodInfo) -> str:
+    doc = {
+        "v": INTENT_VERSION,
+        "qosClass": pod.qos_class,
+        "cpuManager": pod.cpu_manager,
+        "containers": [
+            {
+                "name": c.name,
+                "role": c.role,
+                "cpu": [c.cpu_request_milli, c.cpu_limit_milli],
+                "memory": [c.memory_request, c.memory_limit],
+            }
+            for c in pod.containers
+        ],
+    }
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def decode_intent(
+    text: str, *, uid: str, namespace: str, name: str, annotations: Mapping[str, str] | None = None
+) -> PodInfo:
+    """Rebuild the pod model from the annotation. Raises PodSpecError saying what is wrong with it."""
+    where = f"annotation {INTENT_ANNOTATION} of pod {namespace}/{name}"
+    try:
+        doc = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise PodSpecError(f"{where} is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise PodSpecError(f"{where} must be a JSON object")
+    if doc.get("v") != INTENT_VERSION:
+        raise PodSpecError(f"{where} has version {doc.get('v')!r}; this numapin reads version {INTENT_VERSION}")
+    qos = doc.get("qosClass")
+    if qos not in _QOS:
+        raise PodSpecError(f"{where}: qosClass must be one of {', '.join(_QOS)}, got {qos!r}")
+    mode = doc.get("cpuManager")
+    if mode is not None and mode not in CPU_MANAGER_VALUES:
+        raise PodSpecError(f"{where}: cpuManager must be null or one of {', '.join(CPU_MANAGER_VALUES)}, got {mode!r}")
+    raw = doc.get("containers")
+    if not isinstance(raw, list) or not raw:
+        raise PodSpecError(f"{where}: containers must be a non-empty list")
+    containers = tuple(_container(c, f"{where}: containers[{i}]") for i, c in enumerate(raw))
+    if len({c.name for c in containers}) != len(containers):
+        raise PodSpecError(f"{where}: container names must be unique")
+    bypass = (annotations or {}).get(BYPASS_ANNOTATION, "").strip().lower() == "true"
+    return PodInfo(uid=uid, namespace=namespace, name=name, qos_class=qos, cpu_manager=mode, bypass=bypass,
+                   containers=containers)
+
+
+def _pair(value: Any, field: str) -> tuple[int | None, int | None]:
+    if not isinstance(value, list) or len(value) != 2 or not all(
+        v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0) for v in value
+    ):
+        raise PodSpecError(f"{field} must be [request, limit] with non-negative integers or null")
+    return value[0], value[1]
+
+
+def _container(c: Any, field: str) -> ContainerInfo:
+    if not isinstance(c, dict):
+        raise PodSpecError(f"{field} must be an object")
+    name = c.get("name")
+    if not isinstance(name, str) or not name:
+        raise PodSpecError(f"{field}.name must be a non-empty string")
+    role = c.get("role")
+    if role not in _ROLES:
+        raise PodSpecError(f"{field}.role must be one of {', '.join(_ROLES)}, got {role!r}")
+    cpu = _pair(c.get("cpu"), f"{field}.cpu")
+    mem = _pair(c.get("memory"), f"{field}.memory")
+    return ContainerInfo(name=name, role=role, cpu_request_milli=cpu[0], cpu_limit_milli=cpu[1],
+                         memory_request=mem[0], memory_limit=mem[1])

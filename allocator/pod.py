@@ -1,0 +1,258 @@
+"""The pod model the allocator decides on: containers with their CPU and memory requests, QoS class, and
+who gets CPUs of its own.
+
+Eligibility follows kubelet by default (Guaranteed pod, integer CPU request). The pod annotation
+``qos.gocrane.io/cpu-manager`` (Crane's advanced CPU manager) overrides it: ``none`` never pins;
+``exclusive`` and ``share`` pin a container whose own CPU limit is an integer >= 1 equal to its request,
+whatever the pod's QoS class. ``share`` CPUs stay usable by the shared pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import PodSpecError
+from .quantity import cpu_milli, memory_bytes
+
+__all__ = [
+    "BYPASS_ANNOTATION",
+    "CPU_MANAGER_ANNOTATION",
+    "CPU_MANAGER_VALUES",
+    "ContainerInfo",
+    "PodInfo",
+    "container_mode",
+    "guaranteed_cpus",
+    "normalize_cpu_manager",
+    "pod_guaranteed_cpus",
+    "qos_class",
+]
+
+CPU_MANAGER_ANNOTATION = "qos.gocrane.io/cpu-manager"
+CPU_MANAGER_VALUES = ("none", "exclusive", "share")
+BYPASS_ANNOTATION = "numapin.io/bypass"
+
+Role = Literal["init", "sidecar", "app"]
+QOSClass = Literal["Guaranteed", "Burstable", "BestEffort"]
+CPUManagerMode = Literal["none", "exclusive", "share"]
+ContainerMode = Literal["exclusive", "share", "shared"]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerInfo:
+    """One container's resources. ``None`` means the request or limit is not set."""
+
+    name: str
+    role: Role = "app"
+    cpu_request_milli: int | None = None
+    cpu_limit_milli: int | None = None
+    memory_request: int | None = None
+    memory_limit: int | None = None
+
+    @property
+    def is_init(self) -> bool:
+        return self.role != "app"
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    uid: str
+    namespace: str
+    name: str
+    qos_class: QOSClass
+    cpu_manager: CPUManagerMode | None
+    bypass: bool
+    containers: tuple[ContainerInfo, ...]
+
+    @property
+    def init_containers(self) -> tuple[ContainerInfo, ...]:
+        return tuple(c for c in self.containers if c.role != "app")
+
+    @property
+    def app_containers(self) -> tuple[ContainerInfo, ...]:
+        return tuple(c for c in self.containers if c.role == "app")
+
+    def container(self, name: str) -> ContainerInfo:
+        for c in self.containers:
+            if c.name == name:
+                return c
+        raise PodSpecError(f"pod {self.namespace}/{self.name} has no container {name!r}")
+
+    def has_container(self, name: str) -> bool:
+        return any(c.name == name for c in self.containers)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> PodInfo:
+        """Read a Kubernetes v1 Pod (as a dict). Raises PodSpecError naming the bad field."""
+        if not isinstance(pod, Mapping):
+            raise PodSpecError("pod must be a mapping (a v1 Pod object)")
+        meta = _mapping(pod.get("metadata"), "metadata")
+        spec = _mapping(pod.get("spec"), "spec")
+        annotations = _mapping(meta.get("annotations"), "metadata.annotations")
+        for k, v in annotations.items():
+            if not isinstance(v, str):
+                raise PodSpecError(f"metadata.annotations[{k!r}] must be a string")
+        containers: list[ContainerInfo] = []
+        names: set[str] = set()
+        for key, default_role in (("initContainers", "init"), ("containers", "app")):
+            items = spec.get(key) or []
+            if not isinstance(items, list):
+                raise PodSpecError(f"spec.{key} must be a list")
+            for i, item in enumerate(items):
+                c = _container(item, f"spec.{key}[{i}]", default_role)
+                if c.name in names:
+                    raise PodSpecError(f"spec.{key}[{i}].name: duplicate container name {c.name!r}")
+                names.add(c.name)
+                containers.append(c)
+        if not any(c.role == "app" for c in containers):
+            raise PodSpecError("spec.containers must list at least one container")
+        status = pod.get("status")
+        status_qos = status.get("qosClass") if isinstance(status, Mapping) else None
+        qos = status_qos if status_qos in ("Guaranteed", "Burstable", "BestEffort") else qos_class(containers)
+        raw_mode = annotations.get(CPU_MANAGER_ANNOTATION)
+        mode = None if raw_mode is None else normalize_cpu_manager(raw_mode)
+        uid, namespace, name = (_string(meta.get(k), f"metadata.{k}") for k in ("uid", "namespace", "name"))
+        if not name:
+            name = _string(meta.get("generateName"), "metadata.generateName")
+        return cls(
+            uid=uid,
+            namespace=namespace,
+            name=name,
+            qos_class=qos,
+            cpu_manager=mode,
+            bypass=annotations.get(BYPASS_ANNOTATION, "").strip().lower() == "true",
+            containers=tuple(containers),
+        )
+
+
+def normalize_cpu_manager(value: str) -> CPUManagerMode:
+    """Trim and lowercase a ``qos.gocrane.io/cpu-manager`` value; PodSpecError for anything but the three values."""
+    v = value.strip().lower() if isinstance(value, str) else value
+    if v not in CPU_MANAGER_VALUES:
+        raise PodSpecError(
+            f"annotation {CPU_MANAGER_ANNOTATION}={value!r} is not valid: allowed values are "
+            + ", ".join(CPU_MANAGER_VALUES)
+        )
+    return v  # type: ignore[return-value]
+
+
+def qos_class(containers: tuple[ContainerInfo, ...] | list[ContainerInfo]) -> QOSClass:
+    """kubelet's QoS class from CPU and memory requests and limits of every container (init ones included)."""
+    requests: dict[str, int] = {}
+    limits: dict[str, int] = {}
+    guaranteed = True
+    for c in containers:
+        for res, req, lim in (
+            ("cpu", c.cpu_request_milli, c.cpu_limit_milli),
+            ("memory", c.memory_request, c.memory_limit),
+        ):
+            if req:
+                requests[res] = requests.get(res, 0) + req
+            if lim:
+                limits[res] = limits.get(res, 0) + lim
+        if not (c.cpu_limit_milli and c.memory_limit):
+            guaranteed = False
+    if not requests and not limits:
+        return "BestEffort"
+    if guaranteed and all(limits.get(r) == v for r, v in requests.items()) and len(requests) == len(limits):
+        return "Guaranteed"
+    return "Burstable"
+
+
+def guaranteed_cpus(pod: PodInfo, c: ContainerInfo) -> int:
+    """How many CPUs of its own the container gets (0: it runs on the shared pool)."""
+    if pod.cpu_manager == "none":
+        return 0
+    req = c.cpu_request_milli
+    if pod.cpu_manager in ("exclusive", "share"):
+        lim = c.cpu_limit_milli
+        if req is None or lim is None or req != lim or req < 1000 or req % 1000:
+            return 0
+        return req // 1000
+    if pod.qos_class != "Guaranteed" or not req or req % 1000:
+        return 0
+    return req // 1000
+
+
+def container_mode(pod: PodInfo, c: ContainerInfo) -> ContainerMode:
+    if guaranteed_cpus(pod, c) == 0:
+        return "shared"
+    return "share" if pod.cpu_manager == "share" else "exclusive"
+
+
+def pod_guaranteed_cpus(pod: PodInfo) -> int:
+    """kubelet's pod-level count: max(largest init container + sidecars before it, app containers + all sidecars)."""
+    by_init = 0
+    by_sidecars = 0
+    for c in pod.init_containers:
+        if c.cpu_request_milli is None:
+            continue
+        n = guaranteed_cpus(pod, c)
+        if c.role == "sidecar":
+            by_sidecars += n
+        elif by_sidecars + n > by_init:
+            by_init = by_sidecars + n
+    by_apps = sum(guaranteed_cpus(pod, c) for c in pod.app_containers if c.cpu_request_milli is not None)
+    return max(by_init, by_apps + by_sidecars)
+
+
+# -- parsing helpers ------------------------------------------------------------------
+
+
+def _mapping(value: object, field: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise PodSpecError(f"{field} must be a mapping")
+    return value
+
+
+def _string(value: object, field: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise PodSpecError(f"{field} must be a string")
+    return value
+
+
+def _container(item: object, field: str, default_role: str) -> ContainerInfo:
+    c = _mapping(item, field)
+    name = c.get("name")
+    if not isinstance(name, str) or not name:
+        raise PodSpecError(f"{field}.name must be a non-empty string")
+    role: Role = "app"
+    if default_role == "init":
+        policy = c.get("restartPolicy")
+        if policy not in (None, "Always"):
+            raise PodSpecError(f"{field}.restartPolicy: only 'Always' is allowed, got {policy!r}")
+        role = "sidecar" if policy == "Always" else "init"
+    resources = _mapping(c.get("resources"), f"{field}.resources")
+    requests = _mapping(resources.get("requests"), f"{field}.resources.requests")
+    limits = _mapping(resources.get("limits"), f"{field}.resources.limits")
+
+    def get(kind: Mapping[str, Any], key: str, res: str) -> int | None:
+        if res not in kind or kind[res] is None:
+            return None
+        f = f"{field}.resources.{key}.{res}"
+        return cpu_milli(kind[res], field=f) if res == "cpu" else memory_bytes(kind[res], field=f)
+
+    cpu_lim, mem_lim = get(limits, "limits", "cpu"), get(limits, "limits", "memory")
+    cpu_req, mem_req = get(requests, "requests", "cpu"), get(requests, "requests", "memory")
+    # API defaulting: a request that is not set defaults to the limit.
+    if cpu_req is None:
+        cpu_req = cpu_lim
+    if mem_req is None:
+        mem_req = mem_lim
+    return ContainerInfo(
+        name=name,
+        role=role,
+        cpu_request_milli=cpu_req,
+        cpu_limit_milli=cpu_lim,
+        memory_request=mem_req,
+        memory_limit=mem_lim,
+    )
