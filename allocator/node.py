@@ -111,11 +111,11 @@ class NodeConfig:
         if self.reserved_cpus is not None:
             outside = self.reserved_cpus - self.topology.all_cpus
             if outside:
-                raise ConfigError(f"reservedSystemCPUs: CPUs {outside} are not on this machine "
+                raise ConfigError(f"reservedCPUs: CPUs {outside} are not on this machine "
                                   f"(it has {self.topology.all_cpus})")
             if self.num_reserved_cpus and self.num_reserved_cpus != len(self.reserved_cpus):
                 raise ConfigError(
-                    f"reservedSystemCPUs ({self.reserved_cpus}, {len(self.reserved_cpus)} CPUs) and "
+                    f"reservedCPUs ({self.reserved_cpus}, {len(self.reserved_cpus)} CPUs) and "
                     f"numReservedCPUs ({self.num_reserved_cpus}) disagree; give one of them"
                 )
 
