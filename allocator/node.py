@@ -203,6 +203,17 @@ def _hint_dict(h: TopologyHint) -> dict[str, Any]:
     return {"numa": None if h.numa is None else sorted(h.numa), "preferred": h.preferred}
 
 
+def _cpu_hints(raw: Any) -> tuple[TopologyHint, ...] | None:
+    """The CPU provider's answer as one resource's hint list: None = no preference, () = impossible."""
+    if raw is None:
+        return None
+    if isinstance(raw, Mapping):  # a provider's {resource: hints} map
+        raw = raw.get("cpu")
+        if raw is None:
+            return None
+    return tuple(raw)
+
+
 class _Rejected(Exception):
     def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
@@ -224,6 +235,7 @@ class NodeAllocator:
             reserved_cpus=config.reserved_cpus,
             num_reserved_cpus=config.num_reserved_cpus,
             options=dict(config.cpu_manager_policy_options),
+            topology_manager_policy=config.topology_manager_policy,
         )
         work = state.copy() if state is not None else CPUState()
         self.policy.start(work)
@@ -233,7 +245,7 @@ class NodeAllocator:
     # -- queries ----------------------------------------------------------------------
     @property
     def reserved_cpus(self) -> CPUSet:
-        return CPUSet(self.policy.reserved_cpus)
+        return CPUSet(self.policy.reserved)
 
     def container_cpus(self, pod_uid: str, name: str) -> CPUSet | None:
         return self.state.get(pod_uid, name)
@@ -243,7 +255,10 @@ class NodeAllocator:
 
     def free_cpus_per_numa(self) -> dict[int, int]:
         """Allocatable CPUs (not reserved, not assigned) per NUMA node, CPU-less nodes included (0)."""
-        free = self.state.default_cpuset - self.reserved_cpus
+        return self._free_per_numa(self.state)
+
+    def _free_per_numa(self, state: CPUState) -> dict[int, int]:
+        free = state.default_cpuset - self.reserved_cpus
         return {n: len(free & self.topology.cpus_in_numa(n)) for n in self.topology.numa_nodes}
 
     def pod(self, pod_uid: str) -> PodInfo | None:
@@ -261,7 +276,9 @@ class NodeAllocator:
         info = pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod)
         devices = devices or {}
         work = self.state.copy()
-        policy = copy.deepcopy(self.policy)  # the policy's own bookkeeping (init-container CPU reuse) too
+        # The policy keeps one piece of state of its own, the init-container CPU reuse of the pod being admitted;
+        # it holds immutable values, so a shallow copy keeps a rejected admission from touching it.
+        policy = copy.copy(self.policy)
         if info.bypass:
             return self._decision(info, work, {}, {}, True, None, "bypassed (numapin.io/bypass)")
         hints: dict[str, dict[str, tuple[TopologyHint, ...] | None]] = {}
@@ -273,17 +290,19 @@ class NodeAllocator:
                     affinity[c.name] = None
                     self._allocate(policy, work, info, c, None)
             elif self.config.topology_manager_scope == "pod":
-                merged, per_resource = self._merge_pod(policy, work, info, devices)
+                per_resource = self._pod_resources(policy, work, info, devices)
                 for c in info.containers:
                     hints[c.name] = per_resource
+                merged = self._merge(per_resource, "pod", info, None, work)
+                for c in info.containers:
                     affinity[c.name] = merged
                 for c in info.containers:
                     self._allocate(policy, work, info, c, merged)
             else:
                 for c in info.containers:
-                    merged, per_resource = self._merge_container(policy, work, info, c, devices)
+                    per_resource = self._container_resources(policy, work, info, c, devices)
                     hints[c.name] = per_resource
-                    affinity[c.name] = merged
+                    affinity[c.name] = merged = self._merge(per_resource, f"container {c.name!r}", info, c, work)
                     self._allocate(policy, work, info, c, merged)
         except _Rejected as r:
             return self._decision(info, self.state, hints, affinity, False, r.reason, r.message)
@@ -294,25 +313,21 @@ class NodeAllocator:
             self._pods[info.uid] = info
         return decision
 
-    def _merge_container(
+    def _container_resources(
         self, policy: Any, work: CPUState, pod: PodInfo, c: ContainerInfo, devices: DeviceMap
-    ) -> tuple[TopologyHint, dict[str, tuple[TopologyHint, ...] | None]]:
-        cpu = policy.topology_hints(work, pod, c.name)
-        per_resource = self._resources(cpu, devices.get(c.name, {}))
-        merged = self._merge(per_resource, f"container {c.name!r}", pod, c)
-        return merged, per_resource
+    ) -> dict[str, tuple[TopologyHint, ...] | None]:
+        cpu = _cpu_hints(policy.topology_hints(work, pod, c.name))
+        return self._resources(cpu, devices.get(c.name, {}))
 
-    def _merge_pod(
+    def _pod_resources(
         self, policy: Any, work: CPUState, pod: PodInfo, devices: DeviceMap
-    ) -> tuple[TopologyHint, dict[str, tuple[TopologyHint, ...] | None]]:
-        cpu = policy.pod_topology_hints(work, pod)
+    ) -> dict[str, tuple[TopologyHint, ...] | None]:
+        cpu = _cpu_hints(policy.pod_topology_hints(work, pod))
         union: dict[str, set[int]] = {}
         for c in pod.containers:
             for resource, nodes in devices.get(c.name, {}).items():
                 union.setdefault(resource, set()).update(nodes)
-        per_resource = self._resources(cpu, union)
-        merged = self._merge(per_resource, "pod", pod, None)
-        return merged, per_resource
+        return self._resources(cpu, union)
 
     def _resources(
         self, cpu: Iterable[TopologyHint] | None, devices: Mapping[str, Iterable[int]]
@@ -347,6 +362,7 @@ class NodeAllocator:
         what: str,
         pod: PodInfo,
         c: ContainerInfo | None,
+        work: CPUState,
     ) -> TopologyHint:
         from .merge import merge_hints
 
@@ -367,7 +383,7 @@ class NodeAllocator:
             options=options,
         )
         if not admit:
-            raise _Rejected("TopologyAffinityError", self._affinity_message(per_resource, what, pod, c, hint))
+            raise _Rejected("TopologyAffinityError", self._affinity_message(per_resource, what, pod, c, hint, work))
         return hint
 
     def _affinity_message(
@@ -377,11 +393,12 @@ class NodeAllocator:
         pod: PodInfo,
         c: ContainerInfo | None,
         hint: TopologyHint,
+        work: CPUState,
     ) -> str:
         from .pod import guaranteed_cpus, pod_guaranteed_cpus
 
         cpus = pod_guaranteed_cpus(pod) if c is None else guaranteed_cpus(pod, c)
-        free = ", ".join(f"{n}: {k}" for n, k in self.free_cpus_per_numa().items())
+        free = ", ".join(f"{n}: {k}" for n, k in self._free_per_numa(work).items())
         cpu_hints = per_resource.get("cpu")
         preferred = [h for h in cpu_hints or () if h.preferred]
         detail = (
@@ -448,14 +465,12 @@ class NodeAllocator:
     # -- release ----------------------------------------------------------------------
     def release_container(self, pod_uid: str, name: str) -> CPUSet:
         """Give back a container's CPUs (those no sibling still holds); returns the CPUs returned to the pool."""
-        before = self.state.default_cpuset
-        self.policy.remove(self.state, pod_uid, name)
-        return self.state.default_cpuset - before
+        return CPUSet(self.policy.remove(self.state, pod_uid, name))
 
     def release_pod(self, pod_uid: str) -> CPUSet:
-        names = set(self.state.assignments.get(pod_uid, {}))
+        names = sorted(self.state.assignments.get(pod_uid, {}))
         before = self.state.default_cpuset
-        for name in sorted(names):
+        for name in names:
             self.policy.remove(self.state, pod_uid, name)
         self._pods.pop(pod_uid, None)
         return self.state.default_cpuset - before

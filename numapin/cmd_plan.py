@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -55,7 +56,7 @@ def _summary(scenario: Scenario, node: NodeAllocator, decisions: Sequence[PodDec
     cfg = scenario.config
     out: list[str] = []
     if scenario.description:
-        out.append(scenario.description.strip())
+        out.extend(textwrap.wrap(" ".join(scenario.description.split()), 110))
     out.append(f"Node: {summary_line(cfg.topology)}")
     opts = ", ".join(f"{k}={v}" for k, v in sorted(cfg.cpu_manager_policy_options.items())) or "none"
     tm_opts = ", ".join(f"{k}={v}" for k, v in sorted(cfg.topology_manager_policy_options.items())) or "none"
