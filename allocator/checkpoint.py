@@ -342,13 +342,10 @@ def serialize_checkpoint(state: CPUState, policy_name: str) -> bytes:
 
 def _state_from(cp: CheckpointFile) -> CPUState:
     state = CPUState(default_cpuset=cp.default_cpuset)
+    # (kubelet may keep a pod with an empty container map: it holds nothing and is dropped here)
     for uid, containers in cp.entries.items():
         for name, cpus in containers.items():
             state.set(uid, name, cpus, cp.modes.get(uid, {}).get(name, "exclusive"))
-        if not containers:
-            state.assignments.setdefault(uid, {})
-    # kubelet keeps pods with an empty container map; they hold nothing, drop them.
-    state.assignments = {u: c for u, c in state.assignments.items() if c}
     return state
 
 

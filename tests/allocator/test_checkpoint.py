@@ -278,3 +278,24 @@ def test_import_kubelet_state(tmp_path):
     _write(path, {"policyName": "none", "defaultCpuSet": "", "checksum": 0})
     with pytest.raises(CheckpointError, match="differs from state checkpoint policy 'none'"):
         import_kubelet_state(path)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 2**65) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["policyName", "defaultCpuSet", "entries", "checksum", "numapin", "modes", "data",
+                         "dataChecksum", "pod", "c", "x"]), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(json_values)
+def test_any_json_is_a_state_or_a_checkpoint_error(doc):
+    """Whatever the file holds, loading gives a state or a CheckpointError, never another exception."""
+    try:
+        cp = parse_checkpoint(json.dumps(doc), "f")
+    except CheckpointError as e:
+        assert str(e).startswith("f")
+    else:
+        assert isinstance(cp.default_cpuset, CPUSet)
