@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "INTENT_ANNOTATION": "intent",
     "CheckpointStore": "checkpoint",
     "checkpoint_checksum": "checkpoint",
+    "import_kubelet_state": "checkpoint",
     # the node facade used by the proxy, the webhook and the CLI
     "NodeConfig": "node",
     "NodeAllocator": "node",
