@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import grpc
 import grpc.aio
-from allocator.checkpoint import CheckpointStore
-from allocator.node import NodeAllocator, NodeConfig, PodDecision
 
+from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
 from allocator.devices import devices_numa_nodes
 from allocator.errors import AllocatorError, PodSpecError
+from allocator.node import NodeAllocator, NodeConfig, PodDecision
 from protos import cri_pb2
 
 from . import wire
@@ -75,6 +75,7 @@ class Pinning:
         return {
             "CreateContainer": self.create_container,
             "UpdateContainerResources": self.update_container_resources,
+            "StopContainer": self.stop_container,
             "RemoveContainer": self.remove_container,
             "StopPodSandbox": self.stop_pod_sandbox,
             "RemovePodSandbox": self.remove_pod_sandbox,
@@ -199,6 +200,15 @@ class Pinning:
         return await forward(wire.set_fields(request, _UPDATE_RESOURCES, updates))
 
     # -- removal --------------------------------------------------------------------------------------------
+    async def stop_container(self, request: bytes, forward: Forward) -> bytes:
+        """A stopped container never runs again (kubelet creates a new one): it leaves the shared pool's
+        narrowing set; its CPUs stay with the pod until RemoveContainer."""
+        response = await forward(request)
+        t = self.registry.containers.get(cri_pb2.StopContainerRequest.FromString(request).container_id)
+        if t is not None:
+            t.exited = True
+        return response
+
     async def remove_container(self, request: bytes, forward: Forward) -> bytes:
         cid = cri_pb2.RemoveContainerRequest.FromString(request).container_id
         response = await forward(request)

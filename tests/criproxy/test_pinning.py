@@ -341,7 +341,6 @@ async def test_events_stream_through_the_full_proxy(proxy: CriProxy, kubelet: CR
 
 async def test_kubelet_state_is_imported_once(short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
     from allocator.checkpoint import CheckpointStore
-
     from allocator.state import CPUState
 
     kubelet_file = short_tmp / "kubelet_cpu_manager_state"
@@ -363,3 +362,14 @@ async def test_kubelet_state_is_imported_once(short_tmp: Path, runtime: MemoryRu
         assert CPUSet.parse(created_resources(runtime, ids["app"]).cpuset_cpus).isdisjoint(CPUSet.parse("3-4"))
     finally:
         await p.stop()
+
+
+async def test_stopped_shared_containers_are_not_narrowed(proxy: CriProxy, kubelet: CRIClient,
+                                                          runtime: MemoryRuntime) -> None:
+    _, done, _ = await run_pod(kubelet, "job", 100, qos="besteffort")
+    _, live, _ = await run_pod(kubelet, "web", 100, qos="besteffort")
+    await kubelet.stop_container(done["app"])
+    await run_pod(kubelet, "db", 1000, 1000)
+    narrowed = {pb.UpdateContainerResourcesRequest.FromString(r).container_id
+                for r in runtime.requests("UpdateContainerResources")}
+    assert narrowed == {live["app"]}
