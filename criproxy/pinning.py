@@ -189,14 +189,16 @@ class Pinning:
         t = self.registry.containers.get(req.container_id)
         if t is None or t.mode == "bypass" or t.cpus is None:
             return await forward(request)
-        updates = {_CPUS: wire.encode_string(_CPUS, str(t.cpus))}
-        if t.mems is not None:
-            updates[_MEMS] = wire.encode_string(_MEMS, str(t.mems))
+        # the cpuset numapin wants now (for a shared container: the current pool, even mid-narrowing)
+        cpus, mems = (t.cpus, t.mems) if t.pinned else self.shared_pool()
+        updates = {_CPUS: wire.encode_string(_CPUS, str(cpus))}
+        if mems is not None:
+            updates[_MEMS] = wire.encode_string(_MEMS, str(mems))
         if t.pinned and self.options.lift_cfs_quota and req.linux.cpu_quota:
             updates[_QUOTA] = wire.encode_int64(_QUOTA, UNLIMITED_QUOTA)
-        if (req.linux.cpuset_cpus, req.linux.cpuset_mems) != (str(t.cpus), str(t.mems or "")):
+        if (req.linux.cpuset_cpus, req.linux.cpuset_mems) != (str(cpus), str(mems or "")):
             log.info("update pod=%s container=%s: cpuset %r kept as %s (numapin owns cpusets)", t.pod_ref, t.name,
-                     req.linux.cpuset_cpus, t.cpus)
+                     req.linux.cpuset_cpus, cpus)
         return await forward(wire.set_fields(request, _UPDATE_RESOURCES, updates))
 
     # -- removal --------------------------------------------------------------------------------------------

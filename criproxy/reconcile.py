@@ -7,12 +7,15 @@ containers are adopted into the registry, and cpusets that drifted from the stat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
-from allocator.node import NodeAllocator
+import grpc
+import grpc.aio
 
 from allocator.cpuset import CPUSet
+from allocator.node import NodeAllocator
 from allocator.topology import Topology
 from protos import cri_pb2
 
@@ -77,6 +80,7 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
     pool = allocator.shared_pool()
     pool_mems = topology.numa_of(pool)
     push: list[tuple[Tracked, CPUSet, CPUSet | None, int | None]] = []
+    live: list[tuple[Tracked, CPUSet | None]] = []
     adopted = 0
     for c in containers:
         sb = sandboxes.get(c.pod_sandbox_id)
@@ -97,11 +101,26 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
         t = Tracked(c.id, c.pod_sandbox_id, uid, ref, c.metadata.name, mode, exited=exited)  # type: ignore[arg-type]
         registry.add(t)
         adopted += 1
-        if exited or bypass:
+        if not (exited or bypass):
+            live.append((t, cpus))
+    sem = asyncio.Semaphore(16)
+
+    async def status(cid: str) -> cri_pb2.LinuxContainerResources | None:
+        async with sem:
+            try:
+                raw = await upstream.call(_RT + "ContainerStatus", cri_pb2.ContainerStatusRequest(
+                    container_id=cid).SerializeToString(), timeout=timeout)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    return None  # removed while we looked
+                raise
+        return cri_pb2.ContainerStatusResponse.FromString(raw).status.resources.linux
+
+    statuses = await asyncio.gather(*(status(t.id) for t, _ in live))
+    for (t, cpus), res in zip(live, statuses, strict=True):
+        if res is None:
+            registry.remove(t.id)
             continue
-        st_raw = await upstream.call(_RT + "ContainerStatus", cri_pb2.ContainerStatusRequest(
-            container_id=c.id).SerializeToString(), timeout=timeout)
-        res = cri_pb2.ContainerStatusResponse.FromString(st_raw).status.resources.linux
         t.cpus = _parse_cpus(res.cpuset_cpus) if res.cpuset_cpus else None
         t.mems = _parse_cpus(res.cpuset_mems) if res.cpuset_mems else None
         if cpus is not None:
