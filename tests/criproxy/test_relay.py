@@ -69,6 +69,12 @@ async def test_error_status_and_details_come_back_unchanged(runtime: MemoryRunti
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await client.version()
     assert (err.value.code(), err.value.details()) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "busy: try later")
+    details = (("grpc-status-details-bin", b"\x08\x09\x12\x04nope"), ("x-reason", "because"))
+    runtime.fail_next["Version"] = (grpc.StatusCode.FAILED_PRECONDITION, "nope", details)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await client.version()
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert tuple(err.value.trailing_metadata()) == details  # rich status details pass unchanged
 
 
 async def test_server_streaming_events(runtime: MemoryRuntime, client: CRIClient) -> None:
