@@ -373,3 +373,12 @@ async def test_stopped_shared_containers_are_not_narrowed(proxy: CriProxy, kubel
     narrowed = {pb.UpdateContainerResourcesRequest.FromString(r).container_id
                 for r in runtime.requests("UpdateContainerResources")}
     assert narrowed == {live["app"]}
+
+
+async def test_garbage_request_is_invalid_argument(proxy: CriProxy, runtime: MemoryRuntime) -> None:
+    async with grpc.aio.insecure_channel("unix:" + proxy.config.listen) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ch.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(b"\x12\x05ab", timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "CreateContainer" in err.value.details()
+    assert runtime.requests("CreateContainer") == []
