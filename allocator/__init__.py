@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     # pods, intent, state file
     "parse_quantity": "quantity",
     "INTENT_ANNOTATION": "intent",
+    "build_nrt": "nrt",
     "CheckpointStore": "checkpoint",
     "checkpoint_checksum": "checkpoint",
     # the node facade used by the proxy, the webhook and the CLI
