@@ -5,13 +5,24 @@ NodeResourceTopology. The node is simulated with its current free CPUs (``Simula
 reject is denied, so the pod stays Pending and the scheduler tries again (with back-off, or at once when a node is
 added) instead of kubelet failing the pod after binding. Whatever cannot be judged (pod not cached, node without
 topology, node configuration numapin cannot emulate) is allowed and logged: the node proxy remains the backstop.
+
+The published free CPUs lag behind bindings (the node proxy publishes once the containers exist), and the
+scheduler, which does not see NUMA nodes, may bind several pods to a node in quick succession. So the validator
+remembers the pinned pods whose binding it allowed to each node, and admits them on the simulated node before the
+pod being judged, until the node publishes a new topology or ``pending_seconds`` pass. This is per replica (each
+replica sees the bindings routed to it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from allocator.pod import PodInfo
 
 from .nodes import NodeStore
 from .pods_cache import PodCache
@@ -24,11 +35,47 @@ __all__ = ["BindingValidator"]
 log = logging.getLogger("numapin.webhook.binding")
 
 
+@dataclass(frozen=True)
+class _Pending:
+    at: float
+    pod: tuple[str, str]
+    info: PodInfo
+    node_state: Any
+
+
 class BindingValidator:
-    def __init__(self, nodes: NodeStore, pods: PodCache, simulator: Simulator) -> None:
+    def __init__(self, nodes: NodeStore, pods: PodCache, simulator: Simulator, *, pending_seconds: float = 60.0
+                 ) -> None:
         self.nodes = nodes
         self.pods = pods
         self.simulator = simulator
+        self.pending_seconds = pending_seconds
+        self._pending: dict[str, list[_Pending]] = {}
+        self._calls = 0
+
+    def pending(self, node: str) -> list[_Pending]:
+        return list(self._pending.get(node, ()))
+
+    def _expire(self, now: float) -> None:
+        for node in list(self._pending):
+            live = [p for p in self._pending[node] if now - p.at < self.pending_seconds]
+            if live:
+                self._pending[node] = live
+            else:
+                del self._pending[node]
+
+    def _prior(self, node_name: str, node_state: Any, key: tuple[str, str]) -> tuple[PodInfo, ...]:
+        now = time.monotonic()
+        self._calls += 1
+        if self._calls % 1024 == 0:
+            self._expire(now)
+        live = [p for p in self._pending.get(node_name, ())
+                if now - p.at < self.pending_seconds and p.node_state == node_state and p.pod != key]
+        if live:
+            self._pending[node_name] = live
+        else:
+            self._pending.pop(node_name, None)
+        return tuple(p.info for p in live)
 
     async def validate(self, req: AdmissionRequest) -> Verdict:
         obj = req.object
@@ -64,14 +111,21 @@ class BindingValidator:
                      namespace, name, node_name)
             return Verdict.allow()
 
-        answer = self.simulator.cached(node, info, occupied=True)
+        key = (namespace or "", name or "")
+        prior = self._prior(node_name, node.state_key, key)
+        answer = self.simulator.cached(node, info, occupied=True, prior=prior)
         if answer is None:
-            answer = await asyncio.to_thread(self.simulator.admit, node, info, occupied=True)
+            answer = await asyncio.to_thread(self.simulator.admit, node, info, occupied=True, prior=prior)
         if answer.admitted:
+            if not req.dry_run and answer.known:
+                self._pending.setdefault(node_name, []).append(
+                    _Pending(time.monotonic(), key, info, node.state_key))
             return Verdict.allow()
         free = ", ".join(f"node-{z.numa}={z.available}" for z in node.zones)
+        also = f"; counting {len(prior)} pod(s) just bound to it" if prior else ""
         why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
         return Verdict.deny(
             f"node {node_name} would reject pod {namespace}/{name} ({why}); topology manager policy "
-            f"{node.topology_manager_policy}, scope {node.topology_manager_scope}, free CPUs per NUMA node: {free}",
+            f"{node.topology_manager_policy}, scope {node.topology_manager_scope}, free CPUs per NUMA node: "
+            f"{free}{also}",
             reason="Forbidden")

@@ -9,6 +9,7 @@ they were).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -66,22 +67,26 @@ class Simulator:
         self.simulations = 0
 
     @staticmethod
-    def _key(node: NodeTopology, pod: PodInfo, occupied: bool) -> tuple[Any, ...]:
-        return (node.state_key if occupied else node.shape_key, occupied, pod_key(pod))
+    def _key(node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]) -> tuple[Any, ...]:
+        return (node.state_key if occupied else node.shape_key, occupied, pod_key(pod),
+                tuple(pod_key(p) for p in prior))
 
-    def cached(self, node: NodeTopology, pod: PodInfo, *, occupied: bool) -> Simulation | None:
+    def cached(self, node: NodeTopology, pod: PodInfo, *, occupied: bool, prior: tuple[PodInfo, ...] = ()
+               ) -> Simulation | None:
         """The cached answer, if any (cheap: no simulation)."""
-        result: Simulation | None = self._answers.get(self._key(node, pod, occupied))
+        result: Simulation | None = self._answers.get(self._key(node, pod, occupied, prior))
         return result
 
-    def admit(self, node: NodeTopology, pod: PodInfo, *, occupied: bool = True) -> Simulation:
-        """Would ``node`` admit ``pod`` (``occupied``: with its current free CPUs; else empty)? CPU-bound: call it
-        from a worker thread when it may not be cached."""
-        key = self._key(node, pod, occupied)
+    def admit(self, node: NodeTopology, pod: PodInfo, *, occupied: bool = True, prior: tuple[PodInfo, ...] = ()
+              ) -> Simulation:
+        """Would ``node`` admit ``pod`` (``occupied``: with its current free CPUs; else empty)? ``prior``: pods to
+        admit on the node first (bound to it but not yet in its published topology). CPU-bound: call it from a
+        worker thread when it may not be cached."""
+        key = self._key(node, pod, occupied, prior)
         result: Simulation | None = self._answers.get(key)
         if result is not None:
             return result
-        result = self._simulate(node, pod_key(pod), occupied)
+        result = self._simulate(node, pod_key(pod), occupied, prior)
         self._answers.put(key, result)
         return result
 
@@ -105,10 +110,16 @@ class Simulator:
             self._allocators.put(akey, alloc)
         return alloc
 
-    def _simulate(self, node: NodeTopology, pod: PodInfo, occupied: bool) -> Simulation:
+    def _simulate(self, node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]
+                  ) -> Simulation:
         self.simulations += 1
         try:
             alloc = self._allocator(node, occupied)
+            if prior:
+                alloc = type(alloc)(alloc.config, alloc.state.copy())
+                for i, p in enumerate(prior):
+                    with contextlib.suppress(AllocatorError):
+                        alloc.admit_pod(replace(pod_key(p), uid=f"numapin.io/prior-{i}"))
         except AllocatorError as e:
             log.warning("node %s cannot be simulated (its topology document says something numapin cannot "
                         "emulate): %s", node.name, e)
