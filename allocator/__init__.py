@@ -27,14 +27,22 @@ _EXPORTS: dict[str, str] = {
     # static policy
     "take_by_topology": "cpu_assignment",
     "StaticPolicy": "static_policy",
+    "StaticPolicyOptions": "policy_options",
+    "generate_cpu_hints": "cpu_hints",
     # topology manager
     "merge_hints": "merge",
+    "HintFamily": "compact_hints",
+    "cpu_hint_family": "compact_hints",
+    "TopologyManager": "topology_manager",
+    "MemoryHintProvider": "memory_hints",
+    "DeviceHintProvider": "device_hints",
     # pods, intent, state file
     "parse_quantity": "quantity",
     "INTENT_ANNOTATION": "intent",
     "build_nrt": "nrt",
     "CheckpointStore": "checkpoint",
     "checkpoint_checksum": "checkpoint",
+    "import_kubelet_state": "checkpoint",
     # the node facade used by the proxy, the webhook and the CLI
     "NodeConfig": "node",
     "NodeAllocator": "node",

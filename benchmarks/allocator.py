@@ -1,0 +1,260 @@
+"""Allocator benchmarks: prints one JSON document on stdout.
+
+    python benchmarks/allocator.py [--quick]
+
+Sections:
+- ``static_policy``: allocate + hints on a 2-socket, 8-NUMA, 384-CPU node (owned by the static-policy
+  engineer: fill in ``section_static_policy``).
+- ``merge_8numa_4x255``: one topology-manager merge at 8 NUMA nodes with 4 providers each offering every
+  NUMA subset (255 hints, kubelet's 4.2 billion permutations), fast merge per policy; the exhaustive
+  reference merge only where it can finish (3 and 4 NUMA nodes), with its per-permutation cost
+  extrapolated to 8.
+- ``scale``: 16, 34 (GB200-like: 2 CPU nodes + 32 GPU-memory nodes, and all-CPU) and 64 NUMA nodes, CPU +
+  memory + device providers, requests that fit 1 to 4 NUMA nodes: p50/p99 of a whole pod admission through
+  StaticPolicy + topology manager when StaticPolicy is available, else of hints + merge.
+- ``growth``: how the time grows with the NUMA count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from allocator.bitmask import bits_of, iterate_masks
+from allocator.compact_hints import cpu_hint_family
+from allocator.cpuset import CPUSet
+from allocator.device_hints import device_hints
+from allocator.hints import TopologyHint
+from allocator.merge import merge_hints
+from allocator.topology import Topology
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    ms = sorted(s * 1000 for s in samples)
+    p99 = ms[min(len(ms) - 1, max(0, round(0.99 * len(ms)) - 1))]
+    return {"p50_ms": round(statistics.median(ms), 3), "p99_ms": round(p99, 3), "max_ms": round(ms[-1], 3),
+            "runs": len(ms)}
+
+
+def _time(fn: Callable[[], Any], runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def topology(cpu_nodes: int, cores_per_node: int, threads: int = 2, sockets: int = 2, cpu_less: int = 0) -> Topology:
+    ncores = cpu_nodes * cores_per_node
+    per_socket = max(cpu_nodes // sockets, 1)
+    cpus = []
+    for core in range(ncores):
+        numa = core // cores_per_node
+        for t in range(threads):
+            cpus.append({"cpu": t * ncores + core, "core": core, "socket": min(numa // per_socket, sockets - 1),
+                         "numa": numa, "uncore": numa})
+    n = cpu_nodes + cpu_less
+
+    def dist(a: int, b: int) -> int:
+        if a == b:
+            return 10
+        if a >= cpu_nodes or b >= cpu_nodes:
+            return 80
+        return 12 if a // per_socket == b // per_socket else 32
+
+    return Topology.from_dict({"cpus": cpus, "numaNodes": list(range(n)),
+                               "numaDistances": {str(a): [dist(a, b) for b in range(n)] for a in range(n)}})
+
+
+# -- static policy (owned by the static-policy engineer) ------------------------------------------------
+def section_static_policy(quick: bool) -> dict[str, Any]:
+    """Allocate + hints on a 2-socket, 8-NUMA, 384-CPU topology: filled in by the static-policy owner."""
+    return {"status": "not implemented here: section owned by the static-policy engineer"}
+
+
+# -- one merge at 8 NUMA nodes, 4 providers x 255 hints ----------------------------------------------
+def _all_subsets(n: int, preferred: Callable[[int], bool]) -> list[TopologyHint]:
+    return [TopologyHint(frozenset(bits_of(m)), preferred(m)) for m in iterate_masks(range(n))]
+
+
+def _providers_8(n: int, variant: str) -> list[Any]:
+    if variant == "cpu-like (narrowest preferred)":
+        return [{f"r{i}": _all_subsets(n, lambda m: m.bit_count() == 1)} for i in range(4)]
+    if variant == "no common preferred (widths 1,2,3,1)":
+        widths = (1, 2, 3, 1)
+        return [{f"r{i}": _all_subsets(n, lambda m, w=w: m.bit_count() == w)} for i, w in enumerate(widths)]
+    return [{f"r{i}": _all_subsets(n, lambda m: False)} for i in range(4)]
+
+
+VARIANTS = ("cpu-like (narrowest preferred)", "no common preferred (widths 1,2,3,1)", "none preferred")
+
+
+def section_merge_8(quick: bool) -> dict[str, Any]:
+    n = 8
+    runs = 5 if quick else 30
+    dist = {a: [10 if a == b else (12 if a // 4 == b // 4 else 32) for b in range(n)] for a in range(n)}
+    out: dict[str, Any] = {"numa_nodes": n, "providers": 4, "hints_per_provider": 255,
+                           "kubelet_permutations": 255 ** 4, "fast": {}}
+    for variant in VARIANTS:
+        providers = _providers_8(n, variant)
+        rows = {}
+        for policy in ("best-effort", "restricted", "single-numa-node"):
+            for closest in ("false", "true"):
+                if policy == "single-numa-node" and closest == "true":
+                    continue
+                opts = {"prefer-closest-numa-nodes": closest}
+                hint, admit = merge_hints(providers, policy=policy, numa_nodes=list(range(n)), distances=dist,
+                                          options=opts)
+                key = policy + (" +prefer-closest" if closest == "true" else "")
+                rows[key] = {**_stats(_time(lambda p=policy, o=opts, pr=providers: merge_hints(
+                    pr, policy=p, numa_nodes=list(range(n)), distances=dist, options=o), runs)),
+                    "result": str(hint), "admit": admit}
+        out["fast"][variant] = rows
+    out["reference"] = _reference_costs(quick)
+    return out
+
+
+def _reference_costs(quick: bool) -> dict[str, Any]:
+    from tests.allocator.merge_reference import reference_merge
+
+    res: dict[str, Any] = {}
+    per_perm = 0.0
+    for n in (3, 4):
+        providers = _providers_8(n, "none preferred")
+        perms = (2 ** n - 1) ** 4
+        samples = _time(lambda pr=providers, k=n: reference_merge(pr, policy="best-effort",
+                                                                  numa_nodes=list(range(k))), 1 if quick else 2)
+        fast = _time(lambda pr=providers, k=n: merge_hints(pr, policy="best-effort", numa_nodes=list(range(k))),
+                     10)
+        per_perm = min(samples) / perms
+        res[f"{n}_numa"] = {"permutations": perms, "reference_ms": round(min(samples) * 1000, 2),
+                            "fast_ms": round(min(fast) * 1000, 3),
+                            "same_result": reference_merge(providers, policy="best-effort",
+                                                           numa_nodes=list(range(n)))
+                            == merge_hints(providers, policy="best-effort", numa_nodes=list(range(n)))}
+    res["8_numa"] = {"status": "not run: 255^4 = 4,228,250,625 permutations",
+                     "extrapolated_s": round(per_perm * 255 ** 4, 1)}
+    return res
+
+
+# -- large machines ----------------------------------------------------------------------------------
+SHAPES = {
+    "16 NUMA (2 sockets x 8, 8 cores x 2 threads each)": dict(cpu_nodes=16, cores_per_node=8),
+    "34 NUMA GB200-like (2 Grace nodes x 72 cores + 32 GPU-memory nodes)": dict(
+        cpu_nodes=2, cores_per_node=72, threads=1, cpu_less=32),
+    "34 NUMA (all with CPUs, 8 cores x 2 threads)": dict(cpu_nodes=34, cores_per_node=8),
+    "64 NUMA (2 sockets x 32, 8 cores x 2 threads)": dict(cpu_nodes=64, cores_per_node=8),
+}
+
+
+def _static_policy_available() -> bool:
+    try:
+        import allocator.static_policy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _one_admission(topo: Topology, rng: random.Random, fits: int, policy: str,
+                   closest: bool) -> Callable[[], tuple[TopologyHint, bool]]:
+    """hints (CPU family over the free CPUs, device hints for one GPU, memory None) + merge."""
+    cpu_nodes = topo.cpu_numa_nodes
+    per_node = len(topo.cpus_in_numa(cpu_nodes[0]))
+    taken = CPUSet(c for c in topo.all_cpus if rng.random() < 0.25)
+    available = topo.all_cpus - taken
+    request = max(1, min(fits, len(cpu_nodes)) * per_node - per_node // 2)
+    gpu_node = rng.choice(cpu_nodes)
+    options = {"prefer-closest-numa-nodes": "true" if closest else "false"}
+
+    def run() -> tuple[TopologyHint, bool]:
+        cpu = cpu_hint_family(topo, available, CPUSet(), request)
+        gpu = device_hints("nvidia.com/gpu", {gpu_node}, topo.numa_nodes)
+        return merge_hints([{"cpu": cpu}, None, {"nvidia.com/gpu": gpu}], policy=policy,
+                           numa_nodes=topo.numa_nodes, distances=topo.numa_distances, options=options)
+
+    return run
+
+
+def section_scale(quick: bool) -> dict[str, Any]:
+    rng = random.Random(7)
+    runs = 10 if quick else 60
+    out: dict[str, Any] = {"measured": "CPU hint family + device hints + merge (StaticPolicy admission: "
+                                       + ("available, not yet wired" if _static_policy_available()
+                                          else "not on main yet") + ")", "shapes": {}}
+    for name, shape in SHAPES.items():
+        topo = topology(**shape)
+        rows: dict[str, Any] = {}
+        for policy in ("best-effort", "restricted", "single-numa-node"):
+            for closest in (False, True):
+                if closest and policy == "single-numa-node":
+                    continue
+                samples: list[float] = []
+                results: dict[int, str] = {}
+                for fits in (1, 2, 3, 4):
+                    for _ in range(runs // 4 or 1):
+                        fn = _one_admission(topo, rng, fits, policy, closest)
+                        t = time.perf_counter()
+                        hint, admit = fn()
+                        samples.append(time.perf_counter() - t)
+                        results[fits] = f"{hint} admit={admit}"
+                key = policy + (" +prefer-closest" if closest else "")
+                rows[key] = {**_stats(samples), "example_results_by_nodes_needed": results}
+        out["shapes"][name] = rows
+    return out
+
+
+def section_growth(quick: bool) -> dict[str, Any]:
+    rng = random.Random(3)
+    runs = 8 if quick else 40
+    out: dict[str, Any] = {"measured": "p50 of CPU hint family + device hints + merge, request fitting 2 NUMA nodes"}
+    for n in (2, 4, 8, 16, 24, 32, 48, 64):
+        topo = topology(cpu_nodes=n, cores_per_node=8)
+        row = {}
+        for policy, closest in (("best-effort", False), ("best-effort", True), ("single-numa-node", False)):
+            samples = []
+            for _ in range(runs):
+                fn = _one_admission(topo, rng, 2, policy, closest)
+                samples.extend(_time(fn, 1))
+            row[policy + (" +prefer-closest" if closest else "")] = _stats(samples)["p50_ms"]
+        out[f"{n}_numa_p50_ms"] = row
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer runs (CI smoke)")
+    parser.add_argument("--section", action="append", choices=("static_policy", "merge", "scale", "growth"),
+                        help="run only these sections")
+    args = parser.parse_args(argv)
+    sections: dict[str, Callable[[bool], dict[str, Any]]] = {
+        "static_policy": section_static_policy,
+        "merge": section_merge_8,
+        "scale": section_scale,
+        "growth": section_growth,
+    }
+    report: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine(),
+                              "cpus": os.cpu_count()}
+    for name, fn in sections.items():
+        if args.section and name not in args.section:
+            continue
+        t = time.perf_counter()
+        report[name] = fn(args.quick)
+        report[name]["section_seconds"] = round(time.perf_counter() - t, 2)
+    json.dump(report, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
