@@ -46,9 +46,9 @@ def write_docs(path: Path, docs: list[dict[str, Any]]) -> None:
 
 
 def write_cluster(directory: Path) -> None:
-    """w-0: 2 NUMA x 14 cores x 2 threads (28 CPUs per NUMA node, CPUs 0 and 28 reserved: 27 allocatable on
-    NUMA 0, 28 on NUMA 1), single-numa-node; w-1: same machine, best-effort, pod scope; w-2: 4 NUMA x 4 cores
-    x 2, restricted with full-pcpus-only, CPUs 0-3 busy."""
+    """w-0: 2 NUMA x 14 cores x 2 threads (28 CPUs per NUMA node; CPUs 0 and 28, both threads of core 0, reserved:
+    26 allocatable on NUMA 0, 28 on NUMA 1), single-numa-node; w-1: same machine, best-effort, pod scope; w-2:
+    4 NUMA x 4 cores x 2 threads, restricted with full-pcpus-only, CPUs 0 and 16 reserved, 1-3 busy."""
     big = machine(2, 14)
     small = machine(4, 4)
     write_docs(directory / "w-0.yaml", [nrt("w-0", big, reserved="0,28"), node_doc("w-0", {"pool": "big"})])
