@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import grpc
 import grpc.aio
-from allocator.checkpoint import CheckpointStore
-from allocator.node import NodeAllocator, NodeConfig, PodDecision
 
+from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
 from allocator.devices import devices_numa_nodes
 from allocator.errors import AllocatorError, PodSpecError
+from allocator.node import NodeAllocator, NodeConfig, PodDecision
 from protos import cri_pb2
 
 from . import wire

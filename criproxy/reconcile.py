@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from allocator.node import NodeAllocator
-
 from allocator.cpuset import CPUSet
+from allocator.node import NodeAllocator
 from allocator.topology import Topology
 from protos import cri_pb2
 

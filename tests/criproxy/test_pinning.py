@@ -341,7 +341,6 @@ async def test_events_stream_through_the_full_proxy(proxy: CriProxy, kubelet: CR
 
 async def test_kubelet_state_is_imported_once(short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
     from allocator.checkpoint import CheckpointStore
-
     from allocator.state import CPUState
 
     kubelet_file = short_tmp / "kubelet_cpu_manager_state"
