@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     # pods, intent, state file
     "parse_quantity": "quantity",
     "INTENT_ANNOTATION": "intent",
+    "build_nrt": "nrt",
     "CheckpointStore": "checkpoint",
     "checkpoint_checksum": "checkpoint",
     "import_kubelet_state": "checkpoint",

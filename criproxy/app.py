@@ -7,9 +7,9 @@ import contextlib
 import logging
 
 import grpc.aio
+
 from allocator.checkpoint import CheckpointStore, import_kubelet_state
 from allocator.node import NodeAllocator, NodeConfig
-
 from allocator.topology import Topology
 
 from .config import ProxyConfig
