@@ -67,7 +67,9 @@ class ProxyConfig:
 
     @property
     def nrt_path(self) -> Path:
-        return Path(self.nrt_file) if self.nrt_file else Path(self.state_dir) / "noderesourcetopology.json"
+        if self.nrt_file:
+            return Path(self.nrt_file)
+        return Path(self.state_dir) / "nrt" / f"{self.node_name or 'node'}.json"  # a directory the webhook can read
 
     @property
     def self_pod(self) -> tuple[str, str] | None:

@@ -309,13 +309,19 @@ async def test_nrt_document_and_metrics(proxy: CriProxy, kubelet: CRIClient) -> 
             break
         await asyncio.sleep(0.02)
     assert doc["apiVersion"] == "topology.node.k8s.io/v1alpha2" and doc["metadata"]["name"] == "node-a"
-    assert {a["name"]: a["value"] for a in doc["attributes"]} == {"topologyManagerPolicy": "none",
-                                                                  "topologyManagerScope": "container"}
+    attrs = {a["name"]: a["value"] for a in doc["attributes"]}
+    assert (attrs["topologyManagerPolicy"], attrs["topologyManagerScope"]) == ("none", "container")
     z0, z1 = doc["zones"]
     assert (z0["name"], z0["type"]) == ("node-0", "Node")
     assert z0["resources"] == [{"name": "cpu", "capacity": "4", "allocatable": "3", "available": "1"}]
     assert z1["resources"] == [{"name": "cpu", "capacity": "4", "allocatable": "4", "available": "4"}]
     assert z0["costs"] == [{"name": "node-0", "value": 10}, {"name": "node-1", "value": 20}]
+    # the webhook reads it back
+    from allocator.nrt import parse_nrt
+
+    node = parse_nrt(doc)
+    assert node.total_available == 5
+    assert proxy.config.nrt_path.parent.name == "nrt"
     text = await asyncio.to_thread(
         lambda: urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/metrics", timeout=10).read().decode())
     assert 'numapin_criproxy_allocations_total{mode="exclusive"} 1.0' in text
