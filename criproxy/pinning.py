@@ -142,14 +142,18 @@ class Pinning:
                                 f"numapin: pod {ident.ref}: the allocator made no decision for container {name}")
             if pod.has_container(name) and ident.annotations.get("numapin.io/cpu-intent") is None:
                 self.registry.pod_containers.setdefault(ident.uid, {})[name] = pod.container(name)
-            pinned = cd.mode in ("exclusive", "share")
+            # what the state says wins: a container holding CPUs runs on them (kubelet keeps an existing
+            # assignment even if the container's request changed), anything else on the shared pool
+            own = self.allocator.container_cpus(ident.uid, name)
+            pinned = own is not None
+            mode = self.allocator.state.mode(ident.uid, name) if pinned else "shared"
             if pinned:
-                cpus, mems = cd.cpus, cd.mems
+                cpus, mems = own, self._mems_of(own)
             else:
                 cpus, mems = self.shared_pool()
             await self.save()  # the allocation is on disk before the runtime hears of the container
             self.on_change()
-            if cd.mode == "exclusive":
+            if mode == "exclusive":
                 await self._resize_shared()
             updates = {_CPUS: wire.encode_string(_CPUS, str(cpus)), _MEMS: wire.encode_string(_MEMS, str(mems))}
             if pinned and self.options.lift_cfs_quota:
@@ -167,10 +171,10 @@ class Pinning:
                          ident.ref, name, e.code().name)
                 raise
             cid = cri_pb2.CreateContainerResponse.FromString(response).container_id
-            self.registry.add(Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, cd.mode, cpus, mems))
-            self.on_decision(cd.mode, "admitted")
+            self.registry.add(Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, mode, cpus, mems))
+            self.on_decision(mode, "admitted")
             log.info("decision pod=%s container=%s id=%s mode=%s cpus=%s mems=%s reason=%s", ident.ref, name,
-                     cid[:13], cd.mode, cpus, mems, "reused" if had_cpus else "allocated")
+                     cid[:13], mode, cpus, mems, "reused" if had_cpus else "allocated" if pinned else "shared pool")
             return response
 
     def _reject(self, decision: PodDecision, ident: PodIdentity, name: str) -> None:
