@@ -90,23 +90,35 @@ class CriProxy:
         self._tasks.append(loop.create_task(self._nrt_loop()))
         return self
 
+    async def reconcile_once(self) -> ReconcileReport:
+        async with self.pinning.lock:
+            report = await reconcile(
+                self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
+                lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
+            await self.pinning.save()
+        self.last_reconcile = report
+        self._nrt_dirty.set()
+        return report
+
     async def _reconcile_loop(self) -> None:
         backoff = 0.2
-        while True:
+        while not self.reconciled.is_set():
             try:
-                async with self.pinning.lock:
-                    self.last_reconcile = await reconcile(
-                        self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
-                        lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
-                    await self.pinning.save()
-                self._nrt_dirty.set()
+                await self.reconcile_once()
                 self.reconciled.set()
-                return
+                break
             except grpc.aio.AioRpcError as e:
                 log.warning("reconcile: runtime not reachable (%s: %s); retrying in %.1f s", e.code().name,
                             e.details(), backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+        period = self.config.reconcile_period
+        while period > 0:
+            await asyncio.sleep(period)
+            try:
+                await self.reconcile_once()
+            except grpc.aio.AioRpcError as e:
+                log.warning("reconcile: runtime not reachable (%s: %s)", e.code().name, e.details())
 
     def nrt_document(self) -> dict:
         nc = self.node_config

@@ -388,3 +388,18 @@ async def test_garbage_request_is_invalid_argument(proxy: CriProxy, runtime: Mem
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "CreateContainer" in err.value.details()
     assert runtime.requests("CreateContainer") == []
+
+
+@pytest.mark.parametrize("proxy", [{"reconcile_period": "0.1"}], indirect=True)
+async def test_periodic_reconcile_repairs_drift(proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, ids, _ = await run_pod(kubelet, "db", 2000, 2000)
+    _, web, _ = await run_pod(kubelet, "web", 100, qos="besteffort")
+    runtime.containers[ids["app"]].resources.cpuset_cpus = "0-7"  # someone else wrote the cpusets
+    runtime.containers[web["app"]].resources.cpuset_cpus = "1"
+    for _ in range(300):
+        if (runtime.containers[ids["app"]].resources.cpuset_cpus, runtime.containers[web["app"]].resources.cpuset_cpus
+                ) == ("1-2", "0,3-7"):
+            break
+        await asyncio.sleep(0.02)
+    assert runtime.containers[ids["app"]].resources.cpuset_cpus == "1-2"
+    assert runtime.containers[web["app"]].resources.cpuset_cpus == "0,3-7"
