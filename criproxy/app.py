@@ -96,6 +96,7 @@ class CriProxy:
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
                 lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
             await self.pinning.save()
+        log.info("reconcile: %s", report)  # after the state is on disk
         self.last_reconcile = report
         self._nrt_dirty.set()
         return report

@@ -38,6 +38,12 @@ class ReconcileReport:
     dropped: tuple[tuple[str, str], ...]   # (pod uid, container) assignments released
     adopted: int
     repaired: int
+    failed: int = 0
+
+    def __str__(self) -> str:
+        return (f"{self.sandboxes} sandboxes, {self.containers} containers, dropped "
+                f"{list(self.dropped) or 'nothing'}, adopted {self.adopted}, repaired {self.repaired} cpusets "
+                f"({self.failed} failed)")
 
 
 def _parse_cpus(text: str) -> CPUSet | None:
@@ -132,7 +138,4 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
         else:
             push.append((t, pool, pool_mems, None))
     result = await pusher.push(push)
-    report = ReconcileReport(len(sandboxes), len(containers), tuple(dropped), adopted, result.changed)
-    log.info("reconcile: %d sandboxes, %d containers, dropped %s, adopted %d, repaired %d cpusets (%d failed)",
-             report.sandboxes, report.containers, list(dropped) or "nothing", adopted, result.changed, result.failed)
-    return report
+    return ReconcileReport(len(sandboxes), len(containers), tuple(dropped), adopted, result.changed, result.failed)
