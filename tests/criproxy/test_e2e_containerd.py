@@ -236,7 +236,7 @@ async def test_containerd_restarted_under_the_proxy(
         assert proxy.state() == state_before  # nothing allocated, nothing leaked
     finally:
         await asyncio.to_thread(lab.start_containerd)
-    for _ in range(100):  # the proxy reconnects by itself (back-off at most 2 s)
+    for _ in range(300):  # the proxy reconnects by itself (back-off at most 2 s)
         try:
             await kubelet.version()
             break

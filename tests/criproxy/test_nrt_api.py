@@ -91,7 +91,7 @@ async def test_nrt_is_created_then_replaced_on_change(api, short_tmp: Path, runt
             obj = srv.objects.get("node-a")
             return [z["resources"][0]["available"] for z in obj["zones"]] if obj else []
 
-        for _ in range(500):
+        for _ in range(1500):
             if available() == ["0", "4"]:
                 break
             await asyncio.sleep(0.02)

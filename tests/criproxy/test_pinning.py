@@ -303,7 +303,7 @@ async def test_restart_reconciles_dropped_adopted_and_drifted(
 
 async def test_nrt_document_and_metrics(proxy: CriProxy, kubelet: CRIClient) -> None:
     await run_pod(kubelet, "db", 2000, 2000)
-    for _ in range(200):
+    for _ in range(1500):
         doc = json.loads(proxy.config.nrt_path.read_text()) if proxy.config.nrt_path.exists() else {}
         if doc and doc["zones"][0]["resources"][0]["available"] == "1":
             break
@@ -396,7 +396,7 @@ async def test_periodic_reconcile_repairs_drift(proxy: CriProxy, kubelet: CRICli
     _, web, _ = await run_pod(kubelet, "web", 100, qos="besteffort")
     runtime.containers[ids["app"]].resources.cpuset_cpus = "0-7"  # someone else wrote the cpusets
     runtime.containers[web["app"]].resources.cpuset_cpus = "1"
-    for _ in range(300):
+    for _ in range(1500):
         if (runtime.containers[ids["app"]].resources.cpuset_cpus, runtime.containers[web["app"]].resources.cpuset_cpus
                 ) == ("1-2", "0,3-7"):
             break
