@@ -121,7 +121,7 @@ class Pinning:
         try:
             pod = pod_from_cri(req, self.registry.pod_containers.get(ident.uid, {}))
         except PodSpecError as e:
-            self.on_decision("invalid", "rejected")
+            self.on_decision("InvalidIntent", "rejected")
             raise Rejection(grpc.StatusCode.INVALID_ARGUMENT,
                             f"numapin: pod {ident.ref} container {name}: {e}") from None
         devices = devices_numa_nodes([d.host_path for d in req.config.devices], self.options.sysfs)
@@ -131,7 +131,7 @@ class Pinning:
                 decision = await asyncio.to_thread(self.allocator.admit_pod, pod,
                                                    devices={name: devices} if devices else None)
             except AllocatorError as e:
-                self.on_decision("unknown", "rejected")
+                self.on_decision(getattr(e, "reason", type(e).__name__), "rejected")
                 raise Rejection(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"numapin: pod {ident.ref} container {name}: {e}") from None
             if not decision.admitted:
@@ -178,7 +178,7 @@ class Pinning:
             return response
 
     def _reject(self, decision: PodDecision, ident: PodIdentity, name: str) -> None:
-        self.on_decision("rejected", "rejected")
+        self.on_decision(decision.reason or "Rejected", "rejected")
         code = (grpc.StatusCode.RESOURCE_EXHAUSTED if decision.reason == "UnexpectedAdmissionError"
                 else grpc.StatusCode.FAILED_PRECONDITION)
         msg = (f"numapin: pod {ident.ref} container {name} rejected ({decision.reason}) by topology manager "

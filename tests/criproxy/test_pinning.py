@@ -403,3 +403,25 @@ async def test_periodic_reconcile_repairs_drift(proxy: CriProxy, kubelet: CRICli
         await asyncio.sleep(0.02)
     assert runtime.containers[ids["app"]].resources.cpuset_cpus == "1-2"
     assert runtime.containers[web["app"]].resources.cpuset_cpus == "0,3-7"
+
+
+async def test_relay_never_waits_on_the_allocation_lock(proxy: CriProxy, kubelet: CRIClient,
+                                                        runtime: MemoryRuntime) -> None:
+    _, ids, _ = await run_pod(kubelet, "web", 100, qos="besteffort")
+    async with proxy.pinning.lock:  # an allocation in progress (e.g. a slow narrowing)
+        assert (await kubelet.version()).runtime_name == "memory"
+        assert [c.id for c in await kubelet.list_containers()] == [ids["app"]]
+        await kubelet.container_status(ids["app"])
+        await kubelet.update_container_resources(ids["app"], pb.LinuxContainerResources(cpu_shares=4))
+        await kubelet.stop_container(ids["app"])
+
+
+@pytest.mark.parametrize("proxy", [{"topology_manager_policy": "single-numa-node"}], indirect=True)
+async def test_rejections_are_counted_by_reason(proxy: CriProxy, kubelet: CRIClient) -> None:
+    cfg = kubelet.sandbox_config("big", "uid-big")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await kubelet.create_container(sid, kubelet.container_config("app", cpu_milli=5000, limit_milli=5000), cfg)
+    text = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/metrics", timeout=10).read().decode())
+    assert 'numapin_criproxy_rejections_total{reason="TopologyAffinityError"} 1.0' in text
