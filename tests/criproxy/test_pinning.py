@@ -425,3 +425,22 @@ async def test_rejections_are_counted_by_reason(proxy: CriProxy, kubelet: CRICli
     text = await asyncio.to_thread(
         lambda: urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/metrics", timeout=10).read().decode())
     assert 'numapin_criproxy_rejections_total{reason="TopologyAffinityError"} 1.0' in text
+
+
+@pytest.mark.parametrize("proxy", [{"topology_manager_policy": "single-numa-node"}], indirect=True)
+async def test_device_numa_node_steers_the_cpus(proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime,
+                                                two_numa_sysfs: Path) -> None:
+    import os
+
+    st = os.stat("/dev/null")
+    dev = two_numa_sysfs / f"dev/char/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/device"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text("1\n")
+    cfg = kubelet.sandbox_config("gpu", "uid-gpu")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    cc = kubelet.container_config("app", cpu_milli=2000, limit_milli=2000,
+                                  devices=[pb.Device(container_path="/dev/accel0", host_path="/dev/null",
+                                                     permissions="rw")])
+    cid = await kubelet.create_container(sid, cc, cfg)
+    res = created_resources(runtime, cid)
+    assert CPUSet.parse(res.cpuset_cpus).issubset(CPUSet.parse("4-7")) and res.cpuset_mems == "1"
