@@ -24,6 +24,7 @@ __all__ = ["Simulation", "Simulator", "pod_key"]
 log = logging.getLogger("numapin.webhook.simulate")
 
 SIMULATED_UID = "numapin.io/simulated-pod"
+_NAME = "<pod>"  # stands for the pod's name in cached messages
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,13 @@ class Simulation:
 
 def pod_key(pod: PodInfo) -> PodInfo:
     """The pod without its identity: what the decision depends on."""
-    return replace(pod, uid=SIMULATED_UID, namespace="", name="")
+    return replace(pod, uid=SIMULATED_UID, namespace="", name=_NAME)
+
+
+def _named(result: Simulation, pod: PodInfo) -> Simulation:
+    if _NAME not in result.message:
+        return result
+    return replace(result, message=result.message.replace(_NAME, pod.ref or "(new pod)"))
 
 
 class _LRU:
@@ -75,7 +82,7 @@ class Simulator:
                ) -> Simulation | None:
         """The cached answer, if any (cheap: no simulation)."""
         result: Simulation | None = self._answers.get(self._key(node, pod, occupied, prior))
-        return result
+        return None if result is None else _named(result, pod)
 
     def admit(self, node: NodeTopology, pod: PodInfo, *, occupied: bool = True, prior: tuple[PodInfo, ...] = ()
               ) -> Simulation:
@@ -84,11 +91,10 @@ class Simulator:
         worker thread when it may not be cached."""
         key = self._key(node, pod, occupied, prior)
         result: Simulation | None = self._answers.get(key)
-        if result is not None:
-            return result
-        result = self._simulate(node, pod_key(pod), occupied, prior)
-        self._answers.put(key, result)
-        return result
+        if result is None:
+            result = self._simulate(node, pod_key(pod), occupied, prior)
+            self._answers.put(key, result)
+        return _named(result, pod)
 
     def _allocator(self, node: NodeTopology, occupied: bool) -> Any:
         from allocator.node import NodeAllocator, NodeConfig
