@@ -10,13 +10,12 @@ import grpc.aio
 
 from allocator.checkpoint import CheckpointStore, import_kubelet_state
 from allocator.node import NodeAllocator, NodeConfig
-from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
 from .config import ProxyConfig
 from .metrics import ProxyMetrics
 from .narrowing import CpusetPusher
-from .nrt import ApiPublisher, write_nrt
+from .nrt import ApiPublisher, build_nrt, write_nrt
 from .pinning import Pinning, PinningOptions
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry
@@ -124,11 +123,11 @@ class CriProxy:
     def nrt_document(self) -> dict:
         nc = self.node_config
         reserved = self.allocator.reserved_cpus
-        return build_nrt(self.config.node_name, nc.topology, free_cpus=self.allocator.state.default_cpuset - reserved,
-                         reserved_cpus=reserved, topology_manager_policy=nc.topology_manager_policy,
-                         topology_manager_scope=nc.topology_manager_scope,
-                         topology_manager_policy_options=nc.topology_manager_policy_options,
-                         cpu_manager_policy_options=nc.cpu_manager_policy_options)
+        return build_nrt(self.config.node_name, nc.topology, assigned=self.allocator.state.assigned_cpus(),
+                         free_per_numa=self.allocator.free_cpus_per_numa(), policy=nc.topology_manager_policy,
+                         scope=nc.topology_manager_scope, policy_options=nc.topology_manager_policy_options,
+                         cpu_manager_policy_options=nc.cpu_manager_policy_options,
+                         free_cpus=self.allocator.state.default_cpuset - reserved, reserved_cpus=reserved)
 
     async def _nrt_loop(self) -> None:
         while True:
