@@ -159,14 +159,30 @@ def allowed(pid: int) -> str:
 
 
 def cgroup_file(pid: int, controller: str, name: str) -> str:
+    """A cgroup file of the process: v1 (``/sys/fs/cgroup/<controller>/<path>/<name>``) or, on a unified
+    hierarchy, v2 (``/sys/fs/cgroup/<path>/<name>``)."""
+    v2 = None
     for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
         _, ctrls, path = line.split(":", 2)
         if controller in ctrls.split(","):
-            base = Path("/sys/fs/cgroup") / ctrls.split(",")[0]
+            base = Path("/sys/fs/cgroup") / ctrls
             if not base.exists():
                 base = Path("/sys/fs/cgroup") / controller
             return (base / path.lstrip("/") / name).read_text().strip()
-    raise AssertionError(f"pid {pid} has no {controller} cgroup")
+        if ctrls == "":
+            v2 = path
+    if v2 is not None and (Path("/sys/fs/cgroup") / v2.lstrip("/") / name).exists():
+        return (Path("/sys/fs/cgroup") / v2.lstrip("/") / name).read_text().strip()
+    raise AssertionError(f"pid {pid} has no {controller} cgroup file {name}")
+
+
+def cfs_quota(pid: int) -> str:
+    """The CPU quota of the process's cgroup: "-1" (v1) or "max" (v2) when there is none."""
+    try:
+        return cgroup_file(pid, "cpu", "cpu.cfs_quota_us")
+    except (AssertionError, FileNotFoundError):
+        q = cgroup_file(pid, "cpu", "cpu.max").split()[0]
+        return "-1" if q == "max" else q
 
 
 def cpus_of(pid: int) -> tuple[str, str]:
@@ -182,7 +198,7 @@ async def test_exclusive_container_is_isolated_from_shared_ones_and_released(
     db_sid, db = await start_pod(kubelet, "db", 1000, 1000)
     db_pid = await pid_of(kubelet, db)
     assert cpus_of(db_pid) == (EXCL, EXCL)
-    assert cgroup_file(db_pid, "cpu", "cpu.cfs_quota_us") == "-1"  # quota lifted for the pinned container
+    assert cfs_quota(db_pid) == "-1"  # quota lifted for the pinned container
     assert cpus_of(web_pid) == (SHARED, SHARED)  # narrowed off the exclusive CPU
     entries = proxy.state()["entries"]
     assert [v for pod in entries.values() for v in pod.values()] == [EXCL]
