@@ -282,3 +282,20 @@ def test_lab_cleanup_leaves_nothing_behind() -> None:
         lab.stop()
     assert lab.leftovers() == []
     shutil.rmtree(d, ignore_errors=True)
+
+
+async def test_concurrent_creates_on_containerd(kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
+    _, web = await start_pod(kubelet, "web", 200, qos="burstable")
+
+    async def one(i: int) -> str | None:
+        try:
+            return (await start_pod(kubelet, f"db{i}", 1000, 1000))[1]
+        except grpc.aio.AioRpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+            return None
+
+    won = [c for c in await asyncio.gather(*(one(i) for i in range(4))) if c is not None]
+    assert len(won) == 1  # one allocatable CPU: exactly one pod gets it
+    assert cpus_of(await pid_of(kubelet, won[0])) == (EXCL, EXCL)
+    assert cpus_of(await pid_of(kubelet, web)) == (SHARED, SHARED)
+    assert len(proxy.state()["entries"]) == 1
