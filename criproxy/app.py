@@ -158,5 +158,6 @@ class CriProxy:
             self._server = None
         if self._api is not None:
             await self._api.close()
-        await self.upstream.close()
+        if hasattr(self, "upstream"):
+            await self.upstream.close()
         self.metrics.close()

@@ -93,8 +93,9 @@ async def _serve(config) -> int:
     proxy = CriProxy(config)
     try:
         await proxy.start()
-    except (SocketInUseError, CheckpointError, OSError) as e:
+    except (SocketInUseError, CheckpointError, AllocatorError, OSError) as e:
         print(f"numapin criproxy: {e}", file=sys.stderr)
+        await proxy.stop()
         return 1
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

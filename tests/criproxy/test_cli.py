@@ -100,3 +100,15 @@ def test_shipped_configuration_loads() -> None:
     kubelet = yaml.safe_load((ROOT / "manifests/criproxy/kubelet-config.yaml").read_text())
     assert kubelet["containerRuntimeEndpoint"] == "unix://" + cfg.listen
     assert kubelet["cpuManagerPolicy"] == "none"
+
+
+def test_corrupt_state_file_refuses_to_start_and_is_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "s" / "cpu_manager_state"
+    state.parent.mkdir()
+    state.write_text('{"policyName":"numapin","defaultCpuSet":"0-1","checksum":12345}')
+    rc = main(["criproxy", "--sysfs", "/sys", "--state-dir", str(state.parent), "--listen", str(tmp_path / "p.sock"),
+               "--runtime-endpoint", f"unix://{tmp_path}/none.sock", "--reserved-cpus", "0", "--metrics-address", ""])
+    err = capsys.readouterr().err
+    assert rc == 1 and "checksum" in err and "Traceback" not in err
+    assert state.read_text() == '{"policyName":"numapin","defaultCpuSet":"0-1","checksum":12345}'
+    assert not (tmp_path / "p.sock").exists()
