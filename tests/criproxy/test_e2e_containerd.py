@@ -200,6 +200,7 @@ async def test_exclusive_container_is_isolated_from_shared_ones_and_released(
     assert cpus_of(db_pid) == (EXCL, EXCL)
     assert cfs_quota(db_pid) == "-1"  # quota lifted for the pinned container
     assert cpus_of(web_pid) == (SHARED, SHARED)  # narrowed off the exclusive CPU
+    assert cgroup_file(web_pid, "cpu", "cpu.shares") == "204"  # narrowing touched only the cpuset
     entries = proxy.state()["entries"]
     assert [v for pod in entries.values() for v in pod.values()] == [EXCL]
     # a late shared container starts narrowed too
