@@ -5,9 +5,9 @@ Prints one JSON document:
 - ``unary``: p50/p99 latency of small unary calls (Version, ContainerStatus) against the in-memory runtime;
 - ``list_containers_1000``: ListContainers returning 1000 containers (in-memory runtime);
 - ``create_remove_containerd``: CreateContainer + RemoveContainer against a real containerd (lab);
-- ``narrow_100_shared``: creating an exclusive container while 100 shared containers run (each narrowed by
-  UpdateContainerResources first), against the in-memory runtime: the proxy's narrowing time (from its
-  metrics) and the create latency.
+- ``narrow_100_shared`` (in-memory runtime) and ``narrow_100_shared_containerd`` (100 real containers): creating
+  an exclusive container while 100 shared containers run (each narrowed by UpdateContainerResources first):
+  the proxy's narrowing time (from its metrics) and the create latency.
 The proxy, the runtime and containerd run as separate processes (`python -m numapin criproxy`, the
 in-memory runtime module, containerd); the client is this process.
 
@@ -145,15 +145,15 @@ async def bench_memory(work: Path, n: int) -> dict:
         stop(rt)
 
 
-async def bench_narrow(work: Path, shared: int, rounds: int) -> dict:
-    rt_sock = str(work / "rt.sock")
-    rt = start_runtime(rt_sock)
+async def bench_narrow(work: Path, rt_sock: str, shared: int, rounds: int) -> dict:
+    """Through a proxy in front of ``rt_sock``: ``shared`` shared containers run, then an exclusive container
+    is created ``rounds`` times (each time every shared container is narrowed first) and removed again."""
     port = _free_port()
     proxy = start_proxy(work, rt_sock, port)
     try:
         async with CRIClient(str(work / "proxy.sock")) as k:
             await ready(k)
-            cfg = k.sandbox_config("web", "bench-web", qos="burstable")
+            cfg = k.sandbox_config("web", f"bench-web-{os.getpid()}", qos="burstable")
             sid = await k.run_pod_sandbox(cfg)
             for i in range(shared):
                 c = await k.create_container(sid, k.container_config(f"w{i}", cpu_milli=100), cfg)
@@ -162,7 +162,7 @@ async def bench_narrow(work: Path, shared: int, rounds: int) -> dict:
             for r in range(rounds):
                 before_sum = metric(port, "numapin_criproxy_narrowing_seconds_sum")
                 before_n = metric(port, "numapin_criproxy_narrowing_seconds_count")
-                pcfg = k.sandbox_config(f"db{r}", f"bench-db-{r}")
+                pcfg = k.sandbox_config(f"db{r}", f"bench-db-{r}-{os.getpid()}")
                 psid = await k.run_pod_sandbox(pcfg)
                 t0 = time.perf_counter()
                 cid = await k.create_container(psid, k.container_config("db", cpu_milli=1000, limit_milli=1000),
@@ -171,14 +171,15 @@ async def bench_narrow(work: Path, shared: int, rounds: int) -> dict:
                 n_after = metric(port, "numapin_criproxy_narrowing_seconds_count")
                 assert n_after > before_n, "no narrowing happened"
                 narrow.append(metric(port, "numapin_criproxy_narrowing_seconds_sum") - before_sum)
-                await k.remove_container(cid)  # widens the pool again (measured separately below)
+                await k.remove_container(cid)  # widens the pool again
                 await k.stop_pod_sandbox(psid)
                 await k.remove_pod_sandbox(psid)
+            await k.stop_pod_sandbox(sid)
+            await k.remove_pod_sandbox(sid)
             return {"shared_containers": shared, "narrow": stats(narrow),
                     "exclusive_create_with_narrowing": stats(creates)}
     finally:
         stop(proxy)
-        stop(rt)
 
 
 def _free_port() -> int:
@@ -231,10 +232,23 @@ async def main() -> None:
         (work / "m").mkdir()
         result.update(await bench_memory(work / "m", n))
         (work / "n").mkdir()
-        result["narrow_100_shared"] = await bench_narrow(work / "n", 100, 5 if args.quick else 20)
+        rt = start_runtime(str(work / "n" / "rt.sock"))
+        try:
+            result["narrow_100_shared"] = await bench_narrow(work / "n", str(work / "n" / "rt.sock"), 100,
+                                                             5 if args.quick else 20)
+        finally:
+            stop(rt)
         if not args.no_containerd:
             (work / "c").mkdir()
             result["create_remove_containerd"] = await bench_containerd(work / "c", 10 if args.quick else 40)
+            (work / "cn").mkdir()
+            lab = ContainerdLab(work / "cn" / "ctrd")
+            await asyncio.to_thread(lab.start)
+            try:
+                result["narrow_100_shared_containerd"] = await bench_narrow(work / "cn", lab.socket, 100,
+                                                                            2 if args.quick else 5)
+            finally:
+                await asyncio.to_thread(lab.stop)
         print(json.dumps(result, indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)
