@@ -23,15 +23,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .cpuset import CPUSet
+from .device_hints import DeviceHintProvider
 from .errors import ConfigError
 from .hints import TopologyHint
-from .pod import PodInfo, container_mode
+from .memory_hints import MemoryHintProvider
+from .pod import PodInfo, container_mode, guaranteed_cpus, pod_guaranteed_cpus
+from .policy_options import StaticPolicyOptions
 from .state import CPUState
+from .static_policy import StaticPolicy
 from .topology import Topology
+from .topology_manager import TopologyManager
 
 __all__ = [
     "TM_POLICIES",
-    "TM_POLICY_OPTIONS",
     "TM_SCOPES",
     "ContainerDecision",
     "NodeAllocator",
@@ -41,23 +45,12 @@ __all__ = [
 
 TM_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 TM_SCOPES = ("container", "pod")
-TM_POLICY_OPTIONS = ("prefer-closest-numa-nodes", "max-allowable-numa-nodes")
-DEFAULT_MAX_NUMA_NODES = 8
 
 TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
 
 Mode = Literal["exclusive", "share", "shared"]
 Reason = Literal["TopologyAffinityError", "SMTAlignmentError", "UnexpectedAdmissionError"]
 DeviceMap = Mapping[str, Mapping[str, Iterable[int]]]
-
-
-def _parse_bool(value: str, field_name: str) -> bool:
-    v = str(value).strip().lower()
-    if v in ("true", "1", "t"):
-        return True
-    if v in ("false", "0", "f"):
-        return False
-    raise ConfigError(f"{field_name}: {value!r} is not a boolean (true or false)")
 
 
 @dataclass(frozen=True)
@@ -84,27 +77,22 @@ class NodeConfig:
                 f"topologyManagerScope: unknown scope {self.topology_manager_scope!r} "
                 f"(allowed: {', '.join(TM_SCOPES)})"
             )
-        for name in self.topology_manager_policy_options:
-            if name not in TM_POLICY_OPTIONS:
-                raise ConfigError(
-                    f"topologyManagerPolicyOptions: unknown option {name!r} (allowed: {', '.join(TM_POLICY_OPTIONS)})"
-                )
-        if self.prefer_closest_numa_nodes and self.topology.numa_distances is None:
-            raise ConfigError(
-                "topologyManagerPolicyOptions: prefer-closest-numa-nodes needs NUMA distances, and this "
-                "topology has none"
+        try:  # options and machine checks: the topology manager package's own rules
+            TopologyManager.from_config(
+                numa_nodes=self.topology.numa_nodes,
+                policy=self.topology_manager_policy,
+                scope=self.topology_manager_scope,
+                options=dict(self.topology_manager_policy_options),
+                distances=self.topology.numa_distances,
             )
-        limit = self.max_allowable_numa_nodes
-        if self.topology_manager_policy != "none" and self.topology.num_numa_nodes > limit:
-            raise ConfigError(
-                f"topologyManagerPolicy {self.topology_manager_policy!r}: unsupported on machines with more than "
-                f"{limit} NUMA Nodes (this one has {self.topology.num_numa_nodes}); raise "
-                f"topologyManagerPolicyOptions max-allowable-numa-nodes"
+        except ConfigError as e:
+            raise ConfigError(f"topologyManagerPolicyOptions: {e}") from None
+        try:
+            StaticPolicyOptions.parse(self.cpu_manager_policy_options).validate(
+                self.topology, self.topology_manager_policy
             )
-        if self.topology_manager_policy == "single-numa-node" and self.cpu_option_enabled("align-by-socket"):
-            raise ConfigError(
-                "cpuManagerPolicyOptions: align-by-socket cannot be used with topologyManagerPolicy single-numa-node"
-            )
+        except ConfigError as e:
+            raise ConfigError(f"cpuManagerPolicyOptions: {e}") from None
         if self.num_reserved_cpus < 0:
             raise ConfigError(f"numReservedCPUs must be >= 0, got {self.num_reserved_cpus}")
         if self.reserved_cpus is not None:
@@ -117,33 +105,6 @@ class NodeConfig:
                     f"reservedCPUs ({self.reserved_cpus}, {len(self.reserved_cpus)} CPUs) and "
                     f"numReservedCPUs ({self.num_reserved_cpus}) disagree; give one of them"
                 )
-
-    def cpu_option_enabled(self, name: str) -> bool:
-        value = self.cpu_manager_policy_options.get(name)
-        return value is not None and _parse_bool(value, f"cpuManagerPolicyOptions[{name!r}]")
-
-    @property
-    def prefer_closest_numa_nodes(self) -> bool:
-        value = self.topology_manager_policy_options.get("prefer-closest-numa-nodes")
-        return value is not None and _parse_bool(value, "topologyManagerPolicyOptions['prefer-closest-numa-nodes']")
-
-    @property
-    def max_allowable_numa_nodes(self) -> int:
-        value = self.topology_manager_policy_options.get("max-allowable-numa-nodes")
-        if value is None:
-            return DEFAULT_MAX_NUMA_NODES
-        try:
-            n = int(str(value).strip())
-        except ValueError:
-            raise ConfigError(
-                f"topologyManagerPolicyOptions['max-allowable-numa-nodes']: {value!r} is not an integer"
-            ) from None
-        if n < DEFAULT_MAX_NUMA_NODES:
-            raise ConfigError(
-                f"topologyManagerPolicyOptions['max-allowable-numa-nodes']: {n} is less than the default "
-                f"{DEFAULT_MAX_NUMA_NODES}"
-            )
-        return n
 
 
 @dataclass(frozen=True)
@@ -206,9 +167,6 @@ class NodeAllocator:
     """One node's CPU allocation: the state, the static policy and the topology manager together."""
 
     def __init__(self, config: NodeConfig, state: CPUState | None = None) -> None:
-        from .static_policy import StaticPolicy
-        from .topology_manager import TopologyManager
-
         config.validate()
         self.config = config
         self.topology = config.topology
@@ -263,9 +221,6 @@ class NodeAllocator:
     ) -> PodDecision:
         """Admit ``pod`` as kubelet would (see the module doc). Raises PodSpecError for a pod it cannot read,
         ConfigError for devices on NUMA nodes the machine does not have."""
-        from .device_hints import DeviceHintProvider
-        from .memory_hints import MemoryHintProvider
-
         info = pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod)
         work = self.state.copy()
         # The policy keeps one piece of state of its own, the init-container CPU reuse of the pod being admitted:
@@ -293,8 +248,6 @@ class NodeAllocator:
         return decision
 
     def _reject_message(self, result: Any, pod: PodInfo, work: CPUState) -> str:
-        from .pod import guaranteed_cpus, pod_guaranteed_cpus
-
         message = result.message
         who = result.failed_container
         if result.reason != "TopologyAffinityError":

@@ -149,16 +149,20 @@ def run(args: argparse.Namespace) -> int:
 
 def plan(scenario: Scenario) -> tuple[NodeAllocator, list[PodDecision]]:
     """Admit every pod of the scenario in order; ScenarioError/AllocatorError for a node that cannot start."""
-    from allocator.errors import AllocatorError
+    from allocator.errors import AllocatorError, CheckpointError, ConfigError
     from allocator.node import NodeAllocator
 
     from .scenario import ScenarioError
 
     try:
         node = NodeAllocator(scenario.config, scenario.state)
+    except CheckpointError as e:  # the state does not fit this node (kubelet's validateState)
+        raise ScenarioError(f"state: {e}") from None
+    except ConfigError as e:  # options were checked with the scenario: what is left is the reservation
+        field = "reservedCPUs" if scenario.config.reserved_cpus is not None else "numReservedCPUs"
+        raise ScenarioError(f"{field}: {e}") from None
     except AllocatorError as e:
-        where = "state" if scenario.state is not None and "state" in str(e).lower() else "configuration"
-        raise ScenarioError(f"{where}: {e}") from None
+        raise ScenarioError(f"configuration: {e}") from None
     decisions: list[PodDecision] = []
     for i, pod in enumerate(scenario.pods):
         try:

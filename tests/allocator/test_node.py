@@ -215,11 +215,16 @@ def test_config_validation(xeon, tmp_path):
     with pytest.raises(ConfigError, match="reservedCPUs"):
         node(xeon, reserved_cpus=S("200"))
     sixteen = Topology.from_sysfs(build(MACHINES["numa-16"], tmp_path / "n16"))
-    with pytest.raises(ConfigError, match="more than 8 NUMA Nodes"):
-        NodeAllocator(NodeConfig(topology=sixteen, num_reserved_cpus=2, topology_manager_policy="restricted"))
-    n = NodeAllocator(NodeConfig(topology=sixteen, num_reserved_cpus=2, topology_manager_policy="restricted",
-                                 topology_manager_policy_options={"max-allowable-numa-nodes": "16"}))
-    assert n.admit_pod(pod("p", container("app", "4"))).container("app").mems == S("0")
+    # kubelet's limit applies when it is set; numapin's merge needs none by default
+    with pytest.raises(ConfigError, match=r"topologyManagerPolicyOptions: .*more than 8 NUMA Nodes"):
+        NodeAllocator(NodeConfig(topology=sixteen, num_reserved_cpus=2, topology_manager_policy="restricted",
+                                 topology_manager_policy_options={"max-allowable-numa-nodes": "8"}))
+    n = NodeAllocator(NodeConfig(topology=sixteen, num_reserved_cpus=2, topology_manager_policy="restricted"))
+    c = n.admit_pod(pod("p", container("app", "4"))).container("app")
+    assert c.mems == S("0") and c.affinity == TopologyHint(frozenset({0}), True)
+    # 40 CPUs need 5 NUMA nodes of 8 CPUs: the narrowest masks are preferred
+    c = n.admit_pod(pod("q", container("app", "40"))).container("app")
+    assert len(c.cpus) == 40 and len(c.mems) == 5 and c.affinity.preferred
 
 
 def test_bad_state_refused(xeon):
