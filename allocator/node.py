@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .compact_hints import HintFamily
 from .cpuset import CPUSet
 from .device_hints import DeviceHintProvider
 from .errors import ConfigError
@@ -107,24 +108,48 @@ class NodeConfig:
                 )
 
 
+def hints_to_json(hints: Any, limit: int | None = None) -> Any:
+    """One resource's hints for JSON: None (no preference), a list of ``{numa, preferred}``, ``{"hints": [first
+    ``limit``], "total": n}`` when cut, or ``{"family": {...}}`` for a hint family (every NUMA set holding
+    ``required``, inside ``universe``, weighing at least ``threshold``)."""
+    if hints is None:
+        return None
+    if isinstance(hints, HintFamily):
+        return {"family": {
+            "universe": _bits(hints.universe),
+            "required": _bits(hints.required),
+            "weights": {str(n): w for n, w in hints.weights},
+            "threshold": hints.threshold,
+            "preferredSize": hints.preferred_size,
+            "preferredSockets": hints.preferred_sockets,
+        }}
+    items = [_hint_dict(h) for h in (hints if limit is None else hints[:limit])]
+    if limit is not None and len(hints) > limit:
+        return {"hints": items, "total": len(hints)}
+    return items
+
+
+def _bits(mask: int) -> list[int]:
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
+
+
 @dataclass(frozen=True)
 class ContainerDecision:
     name: str
     role: str
     mode: Mode
-    hints: Mapping[str, tuple[TopologyHint, ...] | None]  # per resource; None = no preference
+    # per resource: None = no preference, a tuple of hints, or a HintFamily (large machines, see compact_hints)
+    hints: Mapping[str, tuple[TopologyHint, ...] | HintFamily | None]
     affinity: TopologyHint | None  # merged hint (None under topology-manager policy none)
     cpus: CPUSet  # its own CPUs if pinned, else the shared pool (empty for a rejected pod)
     mems: CPUSet  # NUMA nodes of those CPUs
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, max_hints: int | None = None) -> dict[str, Any]:
         return {
             "name": self.name,
             "role": self.role,
             "mode": self.mode,
-            "hints": {
-                r: None if hs is None else [_hint_dict(h) for h in hs] for r, hs in sorted(self.hints.items())
-            },
+            "hints": {r: hints_to_json(hs, max_hints) for r, hs in sorted(self.hints.items())},
             "affinity": None if self.affinity is None else _hint_dict(self.affinity),
             "cpus": str(self.cpus),
             "mems": str(self.mems),
@@ -141,7 +166,7 @@ class PodDecision:
     message: str  # kubelet's message plus numapin's detail
     containers: tuple[ContainerDecision, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, max_hints: int | None = None) -> dict[str, Any]:
         return {
             "uid": self.uid,
             "namespace": self.namespace,
@@ -149,7 +174,7 @@ class PodDecision:
             "admitted": self.admitted,
             "reason": self.reason,
             "message": self.message,
-            "containers": [c.to_dict() for c in self.containers],
+            "containers": [c.to_dict(max_hints) for c in self.containers],
         }
 
     def container(self, name: str) -> ContainerDecision:
@@ -263,8 +288,10 @@ class NodeAllocator:
     def _hints_of(self, hints: Mapping[str, Any]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for resource, h in hints.items():
-            if h is not None and not isinstance(h, tuple) and hasattr(h, "hints") and self.topology.num_numa_nodes <= 8:
-                h = tuple(h.hints())  # a HintFamily, listed in full on machines where that stays small
+            if isinstance(h, HintFamily) and self.topology.num_numa_nodes <= 8:
+                h = tuple(h.hints())  # listed in full on machines where that stays small
+            elif h is not None and not isinstance(h, HintFamily):
+                h = tuple(h)
             out[resource] = h
         if self.config.topology_manager_policy != "none":
             out.setdefault("memory", None)

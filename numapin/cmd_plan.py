@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from allocator.compact_hints import HintFamily
     from allocator.hints import TopologyHint
     from allocator.node import NodeAllocator, PodDecision
 
@@ -38,11 +39,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="scenario file (.json, .yaml or .yml)")
     parser.add_argument("--format", choices=("summary", "text", "json"), default="summary",
                         help="output format (default: summary)")
+    parser.add_argument("--max-hints", type=int, default=256, metavar="N",
+                        help="JSON: list at most N hints per resource (default 256; 0 = all)")
 
 
-def _hint_list(hints: Sequence[TopologyHint] | None) -> str:
+def _hint_list(hints: Sequence[TopologyHint] | HintFamily | None) -> str:
+    from allocator.compact_hints import HintFamily
+
     if hints is None:
         return "any (no preference)"
+    if isinstance(hints, HintFamily):
+        required = ",".join(str(n) for n in range(hints.required.bit_length()) if hints.required >> n & 1)
+        text = f"every NUMA set holding {{{required}}}" if required else "every NUMA set"
+        if hints.threshold:
+            text += f" with at least {hints.threshold} free"
+        if hints.preferred_size is not None:
+            text += f"; preferred: {hints.preferred_size} node(s)"
+        return text
     if not hints:
         return "none possible"
     shown = " ".join(str(h) for h in hints[:MAX_HINTS_SHOWN])
@@ -129,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.format == "json":
         doc = {
-            "pods": [d.to_dict() for d in decisions],
+            "pods": [d.to_dict(args.max_hints or None) for d in decisions],
             "reservedCPUs": str(node.reserved_cpus),
             "sharedPool": str(node.shared_pool()),
             "freeCPUsPerNUMA": {str(n): k for n, k in node.free_cpus_per_numa().items()},
