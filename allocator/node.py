@@ -51,7 +51,8 @@ TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology localit
 
 Mode = Literal["exclusive", "share", "shared"]
 Reason = Literal["TopologyAffinityError", "SMTAlignmentError", "UnexpectedAdmissionError"]
-DeviceMap = Mapping[str, Mapping[str, Iterable[int]]]
+# {container: {device or resource: its NUMA nodes}} (a list of node sets for several devices of one resource)
+DeviceMap = Mapping[str, Mapping[str, Iterable[int] | Iterable[Iterable[int]]]]
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,14 @@ def hints_to_json(hints: Any, limit: int | None = None) -> Any:
     if limit is not None and len(hints) > limit:
         return {"hints": items, "total": len(hints)}
     return items
+
+
+def _device_nodes(nodes: Any) -> Any:
+    """One device's NUMA nodes as a frozenset; several devices (a list of node sets) as a list of frozensets."""
+    items = list(nodes)
+    if all(isinstance(n, int) for n in items):
+        return frozenset(items)
+    return [frozenset(g) for g in items]
 
 
 def _bits(mask: int) -> list[int]:
@@ -253,7 +262,7 @@ class NodeAllocator:
         saved_reuse = self.policy.reusable_cpus
         if info.bypass:
             return self._decision(info, work, None, True, None, "bypassed (numapin.io/bypass)")
-        device_map = {c: {r: frozenset(n) for r, n in d.items()} for c, d in (devices or {}).items()}
+        device_map = {c: {r: _device_nodes(n) for r, n in d.items()} for c, d in (devices or {}).items()}
         providers = [self.policy, MemoryHintProvider(), DeviceHintProvider(device_map, self.topology.numa_nodes)]
         try:
             result = self.topology_manager.admit(work, info, providers)

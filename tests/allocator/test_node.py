@@ -284,3 +284,9 @@ def test_rejected_and_dry_run_admissions_leave_the_reuse_bookkeeping(xeon):
     assert not d.admitted and n.policy.reusable_cpus == saved and n.state.assignments == {}
     d = n.admit_pod(pod("q", container("app", "2"), init=(container("setup", "4"),)), dry_run=True)
     assert d.admitted and n.policy.reusable_cpus == saved and n.state.assignments == {}
+
+
+def test_several_devices_of_one_resource(xeon):
+    n = node(xeon, topology_manager_policy="single-numa-node")
+    d = n.admit_pod(pod("p", container("app", "2")), devices={"app": {"example.com/gpu": [[0], [1]]}})
+    assert not d.admitted and d.reason == "TopologyAffinityError"
