@@ -97,29 +97,14 @@ def _summary(scenario: Scenario, node: NodeAllocator, decisions: Sequence[PodDec
 
 
 def _marks(node: NodeAllocator, decisions: Sequence[PodDecision]) -> tuple[dict[int, str], list[tuple[str, str]]]:
-    from .render import MARK_LETTERS
+    from .render import assignment_marks
 
-    marks: dict[int, str] = {}
-    legend: list[tuple[str, str]] = []
-    for cpu in node.reserved_cpus:
-        marks[cpu] = "*"
-    if node.reserved_cpus:
-        legend.append(("*", "reserved"))
-    i = 0
-    for d in decisions:
-        if not d.admitted:
-            continue
-        for c in d.containers:
-            if c.mode == "shared":
-                continue
-            letter = MARK_LETTERS[i % len(MARK_LETTERS)]
-            i += 1
-            for cpu in c.cpus:
-                marks[cpu] = letter
-            legend.append((letter, f"{d.namespace}/{d.name} {c.name} ({c.mode})" if d.namespace
-                           else f"{d.name} {c.name} ({c.mode})"))
-    legend.append((".", "shared pool"))
-    return marks, legend
+    items = [
+        (f"{d.namespace}/{d.name} {c.name} ({c.mode})" if d.namespace else f"{d.name} {c.name} ({c.mode})", c.cpus)
+        for d in decisions if d.admitted
+        for c in d.containers if c.mode != "shared"
+    ]
+    return assignment_marks(items, node.reserved_cpus)
 
 
 def run(args: argparse.Namespace) -> int:
