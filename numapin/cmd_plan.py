@@ -112,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
 
     from .scenario import ScenarioError, load_scenario
 
+    if args.max_hints < 0:
+        print(f"numapin plan: --max-hints must be >= 0, got {args.max_hints}", file=sys.stderr)
+        return 2
     try:
         scenario = load_scenario(args.scenario)
     except ScenarioError as e:

@@ -111,3 +111,8 @@ def test_no_traceback_from_the_real_command(tmp_path):
                           cwd=REPO, check=False)
     assert proc.returncode == 2, proc.stderr
     assert "topologyManagerScope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bad_max_hints(capsys):
+    assert main(["plan", TOPOLOGY, "--max-hints", "-1"]) == 2
+    assert "--max-hints must be >= 0" in capsys.readouterr().err
