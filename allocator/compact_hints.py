@@ -12,7 +12,7 @@ accepts a family wherever it accepts a list of hints and returns the same result
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .bitmask import bits_of, iterate_masks, mask_of
@@ -20,7 +20,10 @@ from .cpuset import CPUSet
 from .hints import TopologyHint
 from .topology import Topology
 
-__all__ = ["HintFamily", "cpu_hint_family", "device_hint_family"]
+__all__ = ["LIST_MAX_NODES", "HintFamily", "cpu_hint_family"]
+
+# Widest family hints() lists in full (2^N masks).
+LIST_MAX_NODES = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +92,12 @@ class HintFamily:
                 break
         return size
 
-    def hints(self) -> list[TopologyHint]:
-        """The full kubelet-ordered list (2^|universe| masks are visited: small universes only)."""
+    def hints(self, max_nodes: int = LIST_MAX_NODES) -> list[TopologyHint]:
+        """The full kubelet-ordered list. It visits 2^|universe| masks, so it refuses universes wider than
+        ``max_nodes`` (ValueError) instead of running for ever: merge the family itself instead."""
+        if self.universe.bit_count() > max_nodes:
+            raise ValueError(f"a hint family over {self.universe.bit_count()} NUMA nodes is too wide to list "
+                             f"(limit {max_nodes}); pass the family to merge_hints as it is")
         out: list[TopologyHint] = []
         for m in iterate_masks(bits_of(self.universe)):
             if self.contains(m):
@@ -150,12 +157,3 @@ def cpu_hint_family(
         socket_of=socket_of,
         preferred_sockets=preferred_sockets,
     )
-
-
-def device_hint_family(device_nodes: Mapping[str, frozenset[int]], numa_nodes: tuple[int, ...]) -> HintFamily:
-    """Hints for devices already bound to a container: every mask holding all the devices' NUMA nodes,
-    preferred when it is exactly that narrowest set."""
-    required = 0
-    for nodes in device_nodes.values():
-        required |= mask_of(nodes)
-    return HintFamily(universe=mask_of(numa_nodes), required=required, preferred_size=required.bit_count())

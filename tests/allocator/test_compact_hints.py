@@ -114,3 +114,10 @@ def test_gb200_like_machine_admits_quickly() -> None:
     gpu_mem = HintFamily(universe=(1 << 34) - 1, required=1 << 5, preferred_size=1)
     hint, admit = merge_hints([{"cpu": fam}, {"gpu": gpu_mem}], policy="restricted", numa_nodes=topo.numa_nodes)
     assert not admit
+
+
+def test_wide_families_refuse_to_be_listed() -> None:
+    fam = HintFamily(universe=(1 << 34) - 1, required=1)
+    with pytest.raises(ValueError, match="too wide to list"):
+        fam.hints()
+    assert len(HintFamily(universe=0b111, required=1).hints()) == 4
