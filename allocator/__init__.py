@@ -27,6 +27,8 @@ _EXPORTS: dict[str, str] = {
     # static policy
     "take_by_topology": "cpu_assignment",
     "StaticPolicy": "static_policy",
+    "StaticPolicyOptions": "policy_options",
+    "generate_cpu_hints": "cpu_hints",
     # topology manager
     "merge_hints": "merge",
     "HintFamily": "compact_hints",
@@ -37,8 +39,10 @@ _EXPORTS: dict[str, str] = {
     # pods, intent, state file
     "parse_quantity": "quantity",
     "INTENT_ANNOTATION": "intent",
+    "build_nrt": "nrt",
     "CheckpointStore": "checkpoint",
     "checkpoint_checksum": "checkpoint",
+    "import_kubelet_state": "checkpoint",
     # the node facade used by the proxy, the webhook and the CLI
     "NodeConfig": "node",
     "NodeAllocator": "node",

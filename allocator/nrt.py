@@ -1,0 +1,500 @@
+"""NodeResourceTopology (``topology.node.k8s.io/v1alpha2``) documents: built by the proxy, read by the webhook.
+
+One document per node, named after the node. Layout (what ``build_nrt`` writes and ``parse_nrt`` reads):
+
+- ``zones``: one per NUMA node that has CPUs, ``name: node-<n>``, ``type: Node``, ``resources: [{name: cpu,
+  capacity, allocatable, available}]`` (whole CPUs; allocatable = capacity minus reserved CPUs; available =
+  allocatable minus CPUs pinned to containers), ``costs: [{name: node-<m>, value: distance}]`` when distances are
+  known, and numapin zone attributes ``numapinSocket`` (socket id), ``numapinCPUs`` (cpu list) and
+  ``numapinAvailableCores`` (physical cores whose every thread is available).
+- top-level ``attributes``: ``topologyManagerPolicy``, ``topologyManagerScope`` (kubelet's spelling),
+  ``topologyManagerOption<CamelName>`` per topology-manager option (the scheduler plugin's convention),
+  ``cpuManagerPolicy`` (``static``: numapin emulates it), ``cpuManagerPolicyOption<CamelName>`` per CPU-manager
+  option, and numapin extras ``numapinReservedCPUs`` (cpu list) and ``numapinThreadsPerCore``.
+- ``topologyPolicies`` (deprecated upstream) is still written for older readers.
+
+``parse_nrt`` turns a document into a ``NodeTopology`` value; ``NodeTopology.synthetic_topology()`` and
+``NodeTopology.synthetic_state()`` rebuild an approximate machine for the webhook's simulation (see their
+docstrings for what is approximated). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import cached_property
+from typing import Any
+
+from .cpuset import CPUSet
+from .errors import TopologyError
+from .state import CPUState
+from .topology import CPUInfo, Topology
+
+__all__ = [
+    "NRT_API_VERSION",
+    "NRT_GROUP",
+    "NRT_KIND",
+    "NRT_PLURAL",
+    "NRT_VERSION",
+    "OCCUPIED_POD_UID",
+    "NUMAZone",
+    "NodeTopology",
+    "build_nrt",
+    "parse_nrt",
+]
+
+NRT_GROUP = "topology.node.k8s.io"
+NRT_VERSION = "v1alpha2"
+NRT_API_VERSION = f"{NRT_GROUP}/{NRT_VERSION}"
+NRT_KIND = "NodeResourceTopology"
+NRT_PLURAL = "noderesourcetopologies"
+
+# pod uid under which synthetic_state() records CPUs other pods hold on the node
+OCCUPIED_POD_UID = "numapin.io/occupied"
+
+_TM_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+_TM_SCOPES = ("container", "pod")
+_ZONE_RE = re.compile(r"^node-(\d+)$")
+_LEGACY_POLICY = {
+    ("none", "container"): "None",
+    ("none", "pod"): "None",
+    ("best-effort", "container"): "BestEffort",
+    ("best-effort", "pod"): "BestEffort",
+    ("restricted", "container"): "Restricted",
+    ("restricted", "pod"): "Restricted",
+    ("single-numa-node", "container"): "SingleNUMANodeContainerLevel",
+    ("single-numa-node", "pod"): "SingleNUMANodePodLevel",
+}
+
+
+def _camel(option: str) -> str:
+    """``prefer-closest-numa-nodes`` -> ``PreferClosestNumaNodes``."""
+    return "".join(part[:1].upper() + part[1:] for part in option.split("-"))
+
+
+def _kebab(camel: str) -> str:
+    """``PreferClosestNumaNodes`` -> ``prefer-closest-numa-nodes``."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "-", camel).lower()
+
+
+# -- building -------------------------------------------------------------------------------------------------
+def build_nrt(
+    node_name: str,
+    topology: Topology,
+    *,
+    free_cpus: CPUSet,
+    reserved_cpus: CPUSet = CPUSet(),  # noqa: B008 (immutable)
+    topology_manager_policy: str = "none",
+    topology_manager_scope: str = "container",
+    topology_manager_policy_options: Mapping[str, str] | None = None,
+    cpu_manager_policy_options: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    attributes: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The NodeResourceTopology document of a node.
+
+    ``free_cpus``: the CPUs an exclusive allocation could take now (not reserved, not pinned to any
+    container); ``reserved_cpus``: the node's reserved CPUs. ``attributes`` adds (or overrides) top-level
+    attributes, e.g. ``nodeTopologyPodsFingerprint``.
+    """
+    if not node_name:
+        raise TopologyError("node name must not be empty")
+    tpc = topology.threads_per_core
+    zones: list[dict[str, Any]] = []
+    cpu_nodes = topology.cpu_numa_nodes
+    for n in cpu_nodes:
+        cpus = topology.cpus_in_numa(n)
+        allocatable = cpus - reserved_cpus
+        available = allocatable & free_cpus
+        free_cores = _count_free_cores(topology, cpus, available)
+        zone: dict[str, Any] = {
+            "name": f"node-{n}",
+            "type": "Node",
+            "resources": [
+                {
+                    "name": "cpu",
+                    "capacity": str(len(cpus)),
+                    "allocatable": str(len(allocatable)),
+                    "available": str(len(available)),
+                }
+            ],
+            "attributes": [
+                {"name": "numapinSocket", "value": str(topology.cpu(cpus.min()).socket)},
+                {"name": "numapinCPUs", "value": str(cpus)},
+                {"name": "numapinAvailableCores", "value": str(free_cores)},
+            ],
+        }
+        if topology.numa_distances is not None:
+            zone["costs"] = [{"name": f"node-{m}", "value": topology.distance(n, m)} for m in cpu_nodes]
+        zones.append(zone)
+    attrs: dict[str, str] = {
+        "topologyManagerPolicy": topology_manager_policy,
+        "topologyManagerScope": topology_manager_scope,
+    }
+    for k, v in sorted((topology_manager_policy_options or {}).items()):
+        attrs[f"topologyManagerOption{_camel(k)}"] = str(v)
+    attrs["cpuManagerPolicy"] = "static"
+    for k, v in sorted((cpu_manager_policy_options or {}).items()):
+        attrs[f"cpuManagerPolicyOption{_camel(k)}"] = str(v)
+    attrs["numapinReservedCPUs"] = str(reserved_cpus)
+    attrs["numapinThreadsPerCore"] = str(tpc)
+    attrs.update(attributes or {})
+    metadata: dict[str, Any] = {"name": node_name}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {
+        "apiVersion": NRT_API_VERSION,
+        "kind": NRT_KIND,
+        "metadata": metadata,
+        "topologyPolicies": [_LEGACY_POLICY.get((topology_manager_policy, topology_manager_scope), "None")],
+        "zones": zones,
+        "attributes": [{"name": k, "value": v} for k, v in attrs.items()],
+    }
+
+
+def _count_free_cores(topology: Topology, cpus: CPUSet, available: CPUSet) -> int:
+    cores = {topology.cpu(c).core for c in cpus}
+    return sum(1 for core in cores if topology.cpus_in_core(core).issubset(available))
+
+
+# -- parsing --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NUMAZone:
+    """One NUMA node as an NRT document describes it (CPU counts only)."""
+
+    numa: int
+    capacity: int
+    allocatable: int
+    available: int
+    socket: int | None = None
+    available_cores: int | None = None
+    distances: Mapping[int, int] | None = None  # NUMA node -> distance
+
+    @property
+    def reserved(self) -> int:
+        return self.capacity - self.allocatable
+
+    @property
+    def occupied(self) -> int:
+        return self.allocatable - self.available
+
+
+@dataclass(frozen=True)
+class NodeTopology:
+    """What the webhook knows of a node: its NUMA zones, policies and free CPUs (from an NRT document)."""
+
+    name: str
+    zones: tuple[NUMAZone, ...]
+    topology_manager_policy: str = "none"
+    topology_manager_scope: str = "container"
+    topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
+    cpu_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
+    threads_per_core: int = 1
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    # -- summaries --------------------------------------------------------------------------------------------
+    @property
+    def largest_numa(self) -> NUMAZone | None:
+        """The NUMA node with the most allocatable CPUs (lowest id on a tie)."""
+        best: NUMAZone | None = None
+        for z in self.zones:
+            if best is None or z.allocatable > best.allocatable:
+                best = z
+        return best
+
+    @property
+    def total_allocatable(self) -> int:
+        return sum(z.allocatable for z in self.zones)
+
+    @property
+    def total_available(self) -> int:
+        return sum(z.available for z in self.zones)
+
+    @cached_property
+    def shape_key(self) -> tuple[Any, ...]:
+        """Everything that decides what the node could ever admit (free CPUs left out): equal keys, equal answers
+        on an empty node."""
+        return (
+            tuple((z.numa, z.capacity, z.allocatable, z.socket,
+                   None if z.distances is None else tuple(sorted(z.distances.items()))) for z in self.zones),
+            self.topology_manager_policy,
+            self.topology_manager_scope,
+            tuple(sorted(self.topology_manager_policy_options.items())),
+            tuple(sorted(self.cpu_manager_policy_options.items())),
+            self.threads_per_core,
+        )
+
+    @cached_property
+    def state_key(self) -> tuple[Any, ...]:
+        """``shape_key`` plus the free CPUs: equal keys, equal answers now."""
+        return (self.shape_key, tuple((z.available, z.available_cores) for z in self.zones))
+
+    # -- synthetic machine for the simulation ----------------------------------------------------------------
+    def synthetic_topology(self) -> Topology:
+        """A machine with the node's NUMA nodes and CPU counts, rebuilt from counts alone.
+
+        Approximations (an NRT carries counts, not the CPU ids): NUMA node ``n`` gets ``capacity`` consecutive CPU
+        ids; every ``threads_per_core`` consecutive ids form a core (one thread per core when a NUMA node's count is
+        not a multiple of it); a NUMA node sits on its ``numapinSocket`` socket (its own socket when absent); the
+        L3 (uncore) id is the socket id; NUMA distances come from the zones' costs (none when any is missing).
+        """
+        tpc = self.threads_per_core if self.threads_per_core > 0 else 1
+        if any(z.capacity % tpc for z in self.zones):
+            tpc = 1
+        cpus: list[CPUInfo] = []
+        base = 0
+        for z in self.zones:
+            socket = z.numa if z.socket is None else z.socket
+            for i in range(z.capacity):
+                cpu = base + i
+                core = base + (i // tpc) * tpc
+                cpus.append(CPUInfo(cpu=cpu, core=core, socket=socket, numa=z.numa, uncore=socket))
+            base += z.capacity
+        nodes = tuple(z.numa for z in self.zones)
+        distances: dict[int, tuple[int, ...]] | None = None
+        if self.zones and all(z.distances is not None and set(z.distances) >= set(nodes) for z in self.zones):
+            distances = {z.numa: tuple(z.distances[m] for m in nodes) for z in self.zones}  # type: ignore[index]
+        return Topology(cpus=tuple(cpus), numa_nodes=nodes, numa_distances=distances)
+
+    def synthetic_reserved(self, topology: Topology) -> CPUSet:
+        """Reserved CPUs of the synthetic machine: per NUMA node, its lowest CPU ids (kubelet takes reserved CPUs
+        by ascending core id)."""
+        mask = 0
+        for z in self.zones:
+            for cpu in list(topology.cpus_in_numa(z.numa))[: z.reserved]:
+                mask |= 1 << cpu
+        return CPUSet.from_mask(mask)
+
+    def synthetic_state(self, topology: Topology, *, occupied: bool = True) -> CPUState:
+        """The CPU state of the synthetic machine: CPUs other pods hold are assigned to the pseudo pod
+        ``OCCUPIED_POD_UID`` (one pseudo container per NUMA node), the rest is the shared (default) pool.
+
+        Which CPUs are taken is an approximation: per NUMA node, from its highest ids down, leaving
+        ``numapinAvailableCores`` whole free cores (all free CPUs as whole cores when the attribute is absent) and
+        the remaining free CPUs as lone threads of otherwise busy cores. With ``occupied=False`` the node is empty
+        (for "could this node ever admit the pod").
+        """
+        reserved = self.synthetic_reserved(topology)
+        assignments: dict[str, CPUSet] = {}
+        if occupied:
+            for z in self.zones:
+                taken = self._occupied_cpus(topology, z, reserved)
+                if taken:
+                    assignments[f"numa-{z.numa}"] = taken
+        assigned = 0
+        for cpus in assignments.values():
+            assigned |= cpus.mask
+        state = CPUState(default_cpuset=CPUSet.from_mask(topology.all_cpus.mask & ~assigned))
+        for name, cpus in assignments.items():
+            state.set(OCCUPIED_POD_UID, name, cpus, "exclusive")
+        return state
+
+    @staticmethod
+    def _occupied_cpus(topology: Topology, z: NUMAZone, reserved: CPUSet) -> CPUSet:
+        if z.occupied <= 0:
+            return CPUSet()
+        allocatable = topology.cpus_in_numa(z.numa) - reserved
+        # cores of the NUMA node that hold no reserved CPU, highest first
+        cores: list[CPUSet] = []
+        seen: set[int] = set()
+        for cpu in sorted(allocatable, reverse=True):
+            core = topology.cpu(cpu).core
+            if core in seen:
+                continue
+            seen.add(core)
+            cores.append(topology.cpus_in_core(core) & allocatable)
+        cores.reverse()  # ascending: free whole cores come first, busy ones at the top
+        free_total = z.available
+        whole = free_total // topology.threads_per_core if topology.threads_per_core else free_total
+        if z.available_cores is not None:
+            whole = min(whole, z.available_cores)
+        free = 0
+        left = free_total
+        idx = 0
+        for _ in range(whole):
+            if idx >= len(cores) or left < len(cores[idx]):
+                break
+            free |= cores[idx].mask
+            left -= len(cores[idx])
+            idx += 1
+        # the remaining free CPUs: one thread of each following core, then fill up
+        extra = []
+        for core in cores[idx:]:
+            extra.append(core.min())
+        for core in cores[idx:]:
+            extra.extend(c for c in core if c != core.min())
+        for cpu in extra[:left]:
+            free |= 1 << cpu
+        return CPUSet.from_mask(allocatable.mask & ~free)
+
+
+def _field_error(path: str, msg: str) -> TopologyError:
+    return TopologyError(f"NodeResourceTopology {path}: {msg}")
+
+
+def _quantity_cpus(value: Any, path: str) -> int:
+    """Whole CPUs from a Kubernetes quantity (``28``, ``"28"``, ``"28000m"``); fractions are rounded down."""
+    if isinstance(value, bool):
+        raise _field_error(path, f"must be a quantity, got {value!r}")
+    if isinstance(value, int):
+        q = Fraction(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(m|k)?", text)
+        if m is None:
+            raise _field_error(path, f"must be a CPU quantity such as 28 or 28000m, got {value!r}")
+        q = Fraction(m.group(1))
+        if m.group(2) == "m":
+            q /= 1000
+        elif m.group(2) == "k":
+            q *= 1000
+    else:
+        raise _field_error(path, f"must be a quantity, got {value!r}")
+    if q < 0:
+        raise _field_error(path, f"must not be negative, got {value!r}")
+    return int(q)
+
+
+def _attributes(raw: Any, path: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Sequence) or isinstance(raw, str):
+        raise _field_error(path, "must be a list of {name, value}")
+    out: dict[str, str] = {}
+    for i, item in enumerate(raw):
+        if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            raise _field_error(f"{path}[{i}]", "must be {name: string, value: string}")
+        value = item.get("value", "")
+        out[item["name"]] = value if isinstance(value, str) else str(value)
+    return out
+
+
+def _int_attr(attrs: Mapping[str, str], key: str, path: str) -> int | None:
+    text = attrs.get(key)
+    if text is None or text == "":
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        raise _field_error(f"{path}.{key}", f"must be an integer, got {text!r}") from None
+    if v < 0:
+        raise _field_error(f"{path}.{key}", f"must not be negative, got {text!r}")
+    return v
+
+
+_LEGACY_TO_POLICY = {v: k for k, v in _LEGACY_POLICY.items() if k[0] != "none" or k[1] == "container"}
+
+
+def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None) -> NodeTopology:
+    """Parse an NRT v1alpha2 document (v1alpha1's ``topologyPolicies`` is understood when attributes are absent).
+
+    Zones of type ``Node`` named ``node-<n>`` with a ``cpu`` resource are the NUMA nodes; other zones are ignored.
+    Raises TopologyError naming the field at fault.
+    """
+    if not isinstance(doc, Mapping):
+        raise TopologyError("NodeResourceTopology must be a mapping")
+    kind = doc.get("kind")
+    if kind != NRT_KIND:
+        raise _field_error("kind", f"must be {NRT_KIND}, got {kind!r}")
+    api = doc.get("apiVersion")
+    if not isinstance(api, str) or not api.startswith(f"{NRT_GROUP}/"):
+        raise _field_error("apiVersion", f"must be {NRT_API_VERSION}, got {api!r}")
+    meta = doc.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise _field_error("metadata.name", "must be the node name")
+    name = meta["name"]
+    node_labels: dict[str, str] = {}
+    raw_labels = meta.get("labels")
+    if isinstance(raw_labels, Mapping):
+        node_labels.update({str(k): str(v) for k, v in raw_labels.items()})
+    if labels:
+        node_labels.update(labels)
+
+    attrs = _attributes(doc.get("attributes"), "attributes")
+    policy = attrs.get("topologyManagerPolicy")
+    scope = attrs.get("topologyManagerScope")
+    if policy is None:
+        legacy = doc.get("topologyPolicies")
+        if isinstance(legacy, Sequence) and not isinstance(legacy, str) and legacy:
+            guess = _LEGACY_TO_POLICY.get(str(legacy[0]))
+            if guess is not None:
+                policy, legacy_scope = guess
+                scope = scope or legacy_scope
+    policy = policy or "none"
+    scope = scope or "container"
+    if policy not in _TM_POLICIES:
+        raise _field_error("attributes.topologyManagerPolicy", f"unknown policy {policy!r} (one of {_TM_POLICIES})")
+    if scope not in _TM_SCOPES:
+        raise _field_error("attributes.topologyManagerScope", f"unknown scope {scope!r} (one of {_TM_SCOPES})")
+    tm_options = {_kebab(k[len("topologyManagerOption"):]): v for k, v in attrs.items()
+                  if k.startswith("topologyManagerOption") and len(k) > len("topologyManagerOption")}
+    cpu_options = {_kebab(k[len("cpuManagerPolicyOption"):]): v for k, v in attrs.items()
+                   if k.startswith("cpuManagerPolicyOption") and len(k) > len("cpuManagerPolicyOption")}
+    tpc = _int_attr(attrs, "numapinThreadsPerCore", "attributes") or 1
+
+    raw_zones = doc.get("zones")
+    if not isinstance(raw_zones, Sequence) or isinstance(raw_zones, str):
+        raise _field_error("zones", "must be a list")
+    zones: list[NUMAZone] = []
+    for i, z in enumerate(raw_zones):
+        path = f"zones[{i}]"
+        if not isinstance(z, Mapping):
+            raise _field_error(path, "must be a mapping")
+        zname = z.get("name")
+        if z.get("type") != "Node" or not isinstance(zname, str):
+            continue
+        m = _ZONE_RE.match(zname)
+        if m is None:
+            continue
+        numa = int(m.group(1))
+        if numa >= 64:
+            raise _field_error(f"{path}.name", f"NUMA node id {numa} is not below 64")
+        resources = z.get("resources") or []
+        if not isinstance(resources, Sequence) or isinstance(resources, str):
+            raise _field_error(f"{path}.resources", "must be a list")
+        cpu: Mapping[str, Any] | None = None
+        rpath = f"{path}.resources"
+        for j, r in enumerate(resources):
+            if not isinstance(r, Mapping):
+                raise _field_error(f"{path}.resources[{j}]", "must be a mapping")
+            if r.get("name") == "cpu":
+                cpu = r
+                rpath = f"{path}.resources[{j}]"
+        if cpu is None:
+            continue  # a CPU-less NUMA node
+        capacity = _quantity_cpus(cpu.get("capacity"), f"{rpath}.capacity")
+        allocatable = _quantity_cpus(cpu.get("allocatable", capacity), f"{rpath}.allocatable")
+        available = _quantity_cpus(cpu.get("available", allocatable), f"{rpath}.available")
+        if allocatable > capacity:
+            raise _field_error(f"{rpath}.allocatable", f"{allocatable} is more than capacity {capacity}")
+        if available > allocatable:
+            raise _field_error(f"{rpath}.available", f"{available} is more than allocatable {allocatable}")
+        zattrs = _attributes(z.get("attributes"), f"{path}.attributes")
+        distances: dict[int, int] | None = None
+        costs = z.get("costs")
+        if costs:
+            if not isinstance(costs, Sequence) or isinstance(costs, str):
+                raise _field_error(f"{path}.costs", "must be a list of {name, value}")
+            distances = {}
+            for j, c in enumerate(costs):
+                cm = _ZONE_RE.match(str(c.get("name", ""))) if isinstance(c, Mapping) else None
+                value = c.get("value") if isinstance(c, Mapping) else None
+                if cm is None or isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise _field_error(f"{path}.costs[{j}]", "must be {name: node-<n>, value: distance}")
+                distances[int(cm.group(1))] = value
+        zones.append(NUMAZone(
+            numa=numa, capacity=capacity, allocatable=allocatable, available=available,
+            socket=_int_attr(zattrs, "numapinSocket", f"{path}.attributes"),
+            available_cores=_int_attr(zattrs, "numapinAvailableCores", f"{path}.attributes"),
+            distances=distances,
+        ))
+    zones.sort(key=lambda z: z.numa)
+    if len({z.numa for z in zones}) != len(zones):
+        raise _field_error("zones", "a NUMA node is listed twice")
+    return NodeTopology(
+        name=name, zones=tuple(zones), topology_manager_policy=policy, topology_manager_scope=scope,
+        topology_manager_policy_options=tm_options, cpu_manager_policy_options=cpu_options,
+        threads_per_core=tpc, labels=node_labels,
+    )

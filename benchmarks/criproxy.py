@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""Benchmark of numapin's CRI proxy: the same calls direct to the runtime and through the proxy, in one run.
+
+Prints one JSON document:
+- ``unary``: p50/p99 latency of small unary calls (Version, ContainerStatus) against the in-memory runtime;
+- ``list_containers_1000``: ListContainers returning 1000 containers (in-memory runtime);
+- ``create_remove_containerd``: CreateContainer + RemoveContainer against a real containerd (lab);
+- ``narrow_100_shared``: creating an exclusive container while 100 shared containers run (each narrowed by
+  UpdateContainerResources first), against the in-memory runtime: the proxy's narrowing time (from its
+  metrics) and the create latency.
+The proxy, the runtime and containerd run as separate processes (`python -m numapin criproxy`, the
+in-memory runtime module, containerd); the client is this process.
+
+    python benchmarks/criproxy.py [--quick] [--no-containerd]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from criproxy.testing.client import CRIClient  # noqa: E402
+from criproxy.testing.lab import ContainerdLab  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _wait_socket(path: str, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        if os.path.exists(path):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"{what} did not create {path}")
+
+
+def start_runtime(path: str, bulk: int = 0) -> subprocess.Popen:
+    p = subprocess.Popen([sys.executable, "-m", "criproxy.testing.memory_runtime", path, "--bulk", str(bulk)],
+                         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert p.stdout is not None
+    p.stdout.readline()
+    return p
+
+
+def start_proxy(workdir: Path, runtime: str, metrics_port: int) -> subprocess.Popen:
+    sock = str(workdir / "proxy.sock")
+    log = open(workdir / "proxy.log", "ab")  # noqa: SIM115
+    p = subprocess.Popen([sys.executable, "-m", "numapin", "criproxy", "--listen", sock, "--runtime-endpoint",
+                          f"unix://{runtime}", "--state-dir", str(workdir / "state"), "--sysfs", "/sys",
+                          "--reserved-cpus", "0", "--metrics-address", f"127.0.0.1:{metrics_port}",
+                          "--log-level", "WARNING"], cwd=ROOT, env=ENV, stdout=log, stderr=log)
+    log.close()
+    _wait_socket(sock, p, "proxy")
+    return p
+
+
+def stop(p: subprocess.Popen) -> None:
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def stats(samples: list[float]) -> dict[str, float]:
+    s = sorted(samples)
+    q = statistics.quantiles(s, n=100, method="inclusive") if len(s) > 1 else [s[0]] * 99
+    return {"n": len(s), "p50_ms": round(q[49] * 1000, 3), "p99_ms": round(q[98] * 1000, 3),
+            "mean_ms": round(statistics.fmean(s) * 1000, 3)}
+
+
+async def timed(fn: Callable[[], Awaitable[object]], n: int, warmup: int = 20) -> list[float]:
+    for _ in range(warmup):
+        await fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def ready(client: CRIClient) -> None:
+    for _ in range(300):
+        try:
+            await client.version()
+            return
+        except Exception:
+            await asyncio.sleep(0.05)
+    raise RuntimeError("endpoint never answered")
+
+
+def compare(direct: list[float], proxy: list[float]) -> dict:
+    d, p = stats(direct), stats(proxy)
+    return {"direct": d, "proxy": p, "overhead_p50_ms": round(p["p50_ms"] - d["p50_ms"], 3),
+            "overhead_p99_ms": round(p["p99_ms"] - d["p99_ms"], 3)}
+
+
+def metric(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+async def bench_memory(work: Path, n: int) -> dict:
+    rt_sock = str(work / "rt.sock")
+    rt = start_runtime(rt_sock, bulk=1000)
+    proxy = start_proxy(work, rt_sock, 0)
+    try:
+        direct, via = CRIClient(rt_sock), CRIClient(str(work / "proxy.sock"))
+        await ready(direct)
+        await ready(via)
+        cid = (await direct.list_containers())[0].id
+        out: dict = {}
+        for name, make in (("Version", lambda c: c.version),
+                           ("ContainerStatus", lambda c: (lambda: c.container_status(cid)))):
+            out[name] = compare(await timed(make(direct), n), await timed(make(via), n))
+        big = compare(await timed(direct.list_containers, max(n // 20, 20), 3),
+                      await timed(via.list_containers, max(n // 20, 20), 3))
+        big["containers"] = len(await via.list_containers())
+        await direct.close()
+        await via.close()
+        return {"unary": out, "list_containers_1000": big}
+    finally:
+        stop(proxy)
+        stop(rt)
+
+
+async def bench_narrow(work: Path, shared: int, rounds: int) -> dict:
+    rt_sock = str(work / "rt.sock")
+    rt = start_runtime(rt_sock)
+    port = _free_port()
+    proxy = start_proxy(work, rt_sock, port)
+    try:
+        async with CRIClient(str(work / "proxy.sock")) as k:
+            await ready(k)
+            cfg = k.sandbox_config("web", "bench-web", qos="burstable")
+            sid = await k.run_pod_sandbox(cfg)
+            for i in range(shared):
+                c = await k.create_container(sid, k.container_config(f"w{i}", cpu_milli=100), cfg)
+                await k.start_container(c)
+            creates, narrow = [], []
+            for r in range(rounds):
+                before_sum = metric(port, "numapin_criproxy_narrowing_seconds_sum")
+                before_n = metric(port, "numapin_criproxy_narrowing_seconds_count")
+                pcfg = k.sandbox_config(f"db{r}", f"bench-db-{r}")
+                psid = await k.run_pod_sandbox(pcfg)
+                t0 = time.perf_counter()
+                cid = await k.create_container(psid, k.container_config("db", cpu_milli=1000, limit_milli=1000),
+                                               pcfg)
+                creates.append(time.perf_counter() - t0)
+                n_after = metric(port, "numapin_criproxy_narrowing_seconds_count")
+                assert n_after > before_n, "no narrowing happened"
+                narrow.append(metric(port, "numapin_criproxy_narrowing_seconds_sum") - before_sum)
+                await k.remove_container(cid)  # widens the pool again (measured separately below)
+                await k.stop_pod_sandbox(psid)
+                await k.remove_pod_sandbox(psid)
+            return {"shared_containers": shared, "narrow": stats(narrow),
+                    "exclusive_create_with_narrowing": stats(creates)}
+    finally:
+        stop(proxy)
+        stop(rt)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def bench_containerd(work: Path, n: int) -> dict:
+    lab = ContainerdLab(work / "ctrd")
+    await asyncio.to_thread(lab.start)
+    proxy = None
+    try:
+        proxy = start_proxy(work, lab.socket, 0)
+        results = {}
+        for label, endpoint in (("direct", lab.socket), ("proxy", str(work / "proxy.sock"))):
+            async with CRIClient(endpoint) as k:
+                await ready(k)
+                cfg = k.sandbox_config(f"bench-{label}", f"bench-{label}-uid", qos="burstable")
+                sid = await k.run_pod_sandbox(cfg)
+                i = 0
+
+                async def create_remove(k=k, sid=sid, cfg=cfg) -> None:
+                    nonlocal i
+                    i += 1
+                    cid = await k.create_container(sid, k.container_config(f"c{i}", cpu_milli=100), cfg)
+                    await k.remove_container(cid)
+
+                results[label] = await timed(create_remove, n, warmup=3)
+                await k.stop_pod_sandbox(sid)
+                await k.remove_pod_sandbox(sid)
+        return compare(results["direct"], results["proxy"])
+    finally:
+        if proxy is not None:
+            stop(proxy)
+        await asyncio.to_thread(lab.stop)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer iterations")
+    ap.add_argument("--no-containerd", action="store_true", help="skip the real-containerd part")
+    args = ap.parse_args()
+    n = 300 if args.quick else 2000
+    work = Path(tempfile.mkdtemp(prefix="npx-bench-", dir="/tmp"))
+    try:
+        result: dict = {"cpus": os.cpu_count(), "iterations": n}
+        (work / "m").mkdir()
+        result.update(await bench_memory(work / "m", n))
+        (work / "n").mkdir()
+        result["narrow_100_shared"] = await bench_narrow(work / "n", 100, 5 if args.quick else 20)
+        if not args.no_containerd:
+            (work / "c").mkdir()
+            result["create_remove_containerd"] = await bench_containerd(work / "c", 10 if args.quick else 40)
+        print(json.dumps(result, indent=2))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

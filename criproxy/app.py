@@ -1,0 +1,147 @@
+"""Wiring of the proxy: state, allocator, relay, interceptors, reconcile, NodeResourceTopology, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc.aio
+
+from allocator.checkpoint import CheckpointStore, import_kubelet_state
+from allocator.node import NodeAllocator, NodeConfig
+from allocator.topology import Topology
+
+from .config import ProxyConfig
+from .metrics import ProxyMetrics
+from .narrowing import CpusetPusher
+from .nrt import ApiPublisher, build_nrt, write_nrt
+from .pinning import Pinning, PinningOptions
+from .reconcile import ReconcileReport, reconcile
+from .registry import Registry
+from .relay import RelayHandler, Upstream
+from .server import listen_path, start_server
+
+__all__ = ["CriProxy", "node_config_of"]
+
+log = logging.getLogger("numapin.criproxy")
+
+
+def node_config_of(config: ProxyConfig) -> NodeConfig:
+    """The allocator's node configuration (validated: raises ConfigError / TopologyError)."""
+    topology = Topology.from_sysfs(config.sysfs)
+    nc = NodeConfig(topology=topology, reserved_cpus=config.reserved_cpus, num_reserved_cpus=config.num_reserved_cpus,
+                    cpu_manager_policy_options=dict(config.cpu_manager_policy_options),
+                    topology_manager_policy=config.topology_manager_policy,
+                    topology_manager_scope=config.topology_manager_scope,
+                    topology_manager_policy_options=dict(config.topology_manager_policy_options))
+    nc.validate()
+    return nc
+
+
+class CriProxy:
+    """``await CriProxy(config).start()`` … ``await proxy.stop()``."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.metrics = ProxyMetrics()
+        self.registry = Registry()
+        self.reconciled = asyncio.Event()
+        self.last_reconcile: ReconcileReport | None = None
+        self.metrics_port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._nrt_dirty = asyncio.Event()
+        self._api: ApiPublisher | None = None
+
+    async def start(self) -> CriProxy:
+        cfg = self.config
+        self.node_config = await asyncio.to_thread(node_config_of, cfg)
+        self.store = CheckpointStore(cfg.state_file, "numapin")
+        cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
+        state = await asyncio.to_thread(self.store.load)
+        if state is None and cfg.import_kubelet_state:
+            state = await asyncio.to_thread(import_kubelet_state, cfg.import_kubelet_state)
+            log.info("imported kubelet's CPU manager state from %s", cfg.import_kubelet_state)
+        self.allocator = NodeAllocator(self.node_config, state)
+        await asyncio.to_thread(self.store.save, self.allocator.state)
+        self.upstream = Upstream(cfg.runtime_endpoint)
+        self.pusher = CpusetPusher(self.upstream, self.registry)
+        self.pinning = Pinning(
+            self.node_config, self.allocator, self.store, self.pusher, self.registry,
+            PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
+                           self_pod_uid=cfg.self_pod_uid),
+            on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
+            on_narrow=self.metrics.observe_narrowing)
+        handler = RelayHandler(self.upstream, self.pinning.interceptors(), observe=self.metrics.observe_call)
+        if cfg.publish_nrt or cfg.kubeconfig:
+            self._api = ApiPublisher(cfg.kubeconfig)
+        endpoint = cfg.metrics_endpoint()
+        if endpoint is not None:
+            self.metrics_port = self.metrics.serve(*endpoint)
+        self._server = await start_server(listen_path(cfg.listen), [handler])
+        log.info("numapin criproxy listening on %s, runtime %s, topology manager %s/%s, reserved %s",
+                 cfg.listen, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
+                 cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
+        self._nrt_dirty.set()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._reconcile_loop()))
+        self._tasks.append(loop.create_task(self._nrt_loop()))
+        return self
+
+    async def _reconcile_loop(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                async with self.pinning.lock:
+                    self.last_reconcile = await reconcile(
+                        self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
+                        lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
+                    await self.pinning.save()
+                self._nrt_dirty.set()
+                self.reconciled.set()
+                return
+            except grpc.aio.AioRpcError as e:
+                log.warning("reconcile: runtime not reachable (%s: %s); retrying in %.1f s", e.code().name,
+                            e.details(), backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def nrt_document(self) -> dict:
+        nc = self.node_config
+        return build_nrt(self.config.node_name, nc.topology, assigned=self.allocator.state.assigned_cpus(),
+                         free_per_numa=self.allocator.free_cpus_per_numa(),
+                         policy=nc.topology_manager_policy, scope=nc.topology_manager_scope,
+                         policy_options=nc.topology_manager_policy_options)
+
+    async def _nrt_loop(self) -> None:
+        while True:
+            await self._nrt_dirty.wait()
+            self._nrt_dirty.clear()
+            doc = self.nrt_document()
+            self.metrics.set_free(self.allocator.free_cpus_per_numa())
+            try:
+                await asyncio.to_thread(write_nrt, self.config.nrt_path, doc)
+            except OSError as e:
+                log.warning("cannot write %s: %s", self.config.nrt_path, e)
+            if self._api is not None:
+                self._api.publish(doc)
+
+    async def wait(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        if self._api is not None:
+            await self._api.close()
+        await self.upstream.close()
+        self.metrics.close()

@@ -1,0 +1,104 @@
+"""``numapin criproxy``: run the CRI proxy (kubelet -> numapin -> containerd)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from allocator.errors import AllocatorError
+
+from .config import DEFAULTS, load_config
+
+HELP = "run the CRI proxy that pins containers (kubelet's runtime endpoint)"
+DESCRIPTION = """\
+Run numapin's CRI proxy. kubelet (cpuManagerPolicy: none) uses --listen as its container runtime
+endpoint; every CRI call is forwarded to --runtime-endpoint, and CreateContainer, UpdateContainerResources,
+RemoveContainer, StopPodSandbox and RemovePodSandbox are intercepted to pin CPUs and NUMA memory.
+
+Flags override the --config file (YAML or JSON, keys named like the flags). Bad configuration exits 2.
+"""
+
+_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("--listen", "listen", {"help": f"unix socket to serve CRI on (default {DEFAULTS.listen})"}),
+    ("--runtime-endpoint", "runtime_endpoint", {"help": f"containerd's CRI socket (default "
+                                                         f"{DEFAULTS.runtime_endpoint})"}),
+    ("--state-dir", "state_dir", {"help": f"directory of the state file and NRT document (default "
+                                           f"{DEFAULTS.state_dir})"}),
+    ("--sysfs", "sysfs", {"help": "sysfs root to read the topology and device NUMA nodes from (default /sys)"}),
+    ("--reserved-cpus", "reserved_cpus", {"help": "CPUs kept for the system (cpu-list, e.g. 0-1)"}),
+    ("--num-reserved-cpus", "num_reserved_cpus", {"help": "reserve this many CPUs (by physical core) instead"}),
+    ("--topology-manager-policy", "topology_manager_policy",
+     {"help": "none | best-effort | restricted | single-numa-node (default none)"}),
+    ("--topology-manager-scope", "topology_manager_scope", {"help": "container | pod (default container)"}),
+    ("--topology-manager-policy-options", "topology_manager_policy_options",
+     {"help": "key=value,... (e.g. prefer-closest-numa-nodes=true)"}),
+    ("--cpu-manager-policy-options", "cpu_manager_policy_options",
+     {"help": "key=value,... (e.g. full-pcpus-only=true)"}),
+    ("--node-name", "node_name", {"help": "NodeResourceTopology object name (default $NODE_NAME or hostname)"}),
+    ("--nrt-file", "nrt_file", {"help": "where the NodeResourceTopology JSON goes (default in --state-dir)"}),
+    ("--kubeconfig", "kubeconfig", {"help": "publish the NodeResourceTopology to this cluster"}),
+    ("--metrics-address", "metrics_address", {"help": "HOST:PORT for /metrics, empty to disable "
+                                                       f"(default {DEFAULTS.metrics_address})"}),
+    ("--import-kubelet-state", "import_kubelet_state",
+     {"help": "kubelet's cpu_manager_state to import once when numapin has no state yet"}),
+    ("--log-level", "log_level", {"help": "DEBUG, INFO, WARNING (default INFO)"}),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="YAML/JSON file with the same settings")
+    for flag, dest, kw in _FLAGS:
+        parser.add_argument(flag, dest=dest, default=None, **kw)
+    q = parser.add_mutually_exclusive_group()
+    q.add_argument("--keep-cfs-quota", dest="lift_cfs_quota", action="store_false", default=None,
+                   help="keep the CFS quota of pinned containers (default: lifted, as kubelet >= 1.32)")
+    parser.add_argument("--publish-nrt", dest="publish_nrt", action="store_true", default=None,
+                        help="publish the NodeResourceTopology with in-cluster credentials")
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {dest: getattr(args, dest) for _, dest, _ in _FLAGS}
+    overrides["lift_cfs_quota"] = args.lift_cfs_quota
+    overrides["publish_nrt"] = args.publish_nrt
+    try:
+        config = load_config(args.config, overrides)
+        config.metrics_endpoint()
+        from allocator.node import NodeAllocator
+
+        from .app import node_config_of
+        NodeAllocator(node_config_of(config))  # topology and policy problems surface here, before anything starts
+    except (AllocatorError, ValueError) as e:
+        print(f"numapin criproxy: {e}", file=sys.stderr)
+        return 2
+    level = getattr(logging, config.log_level.upper(), None)
+    if not isinstance(level, int):
+        print(f"numapin criproxy: log-level: unknown level {config.log_level!r}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config) -> int:
+    from allocator.errors import CheckpointError
+
+    from .app import CriProxy
+    from .server import SocketInUseError
+
+    proxy = CriProxy(config)
+    try:
+        await proxy.start()
+    except (SocketInUseError, CheckpointError, OSError) as e:
+        print(f"numapin criproxy: {e}", file=sys.stderr)
+        return 1
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    logging.getLogger("numapin.criproxy").info("stopping")
+    await proxy.stop()
+    return 0

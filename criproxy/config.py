@@ -1,0 +1,165 @@
+"""The proxy's configuration: command-line flags over a YAML/JSON config file over defaults.
+
+Every problem is a ``ConfigError`` whose message names the flag or key; the CLI exits 2 with it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from allocator.cpuset import CPUSet
+from allocator.errors import AllocatorError, ConfigError
+
+__all__ = ["DEFAULTS", "ProxyConfig", "load_config", "parse_options"]
+
+
+def parse_options(text: str | Mapping[str, Any] | None, what: str) -> dict[str, str]:
+    """``"a=b,c=d"`` or a mapping -> ``{"a": "b", "c": "d"}``."""
+    if text is None or text == "":
+        return {}
+    if isinstance(text, Mapping):
+        return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in text.items()}
+    if not isinstance(text, str):
+        raise ConfigError(f"{what}: expected key=value[,key=value...], got {text!r}")
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        k, sep, v = item.strip().partition("=")
+        if not sep or not k.strip():
+            raise ConfigError(f"{what}: expected key=value[,key=value...], got {text!r}")
+        out[k.strip()] = v.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    listen: str = "/var/run/numapin/criproxy.sock"
+    runtime_endpoint: str = "unix:///run/containerd/containerd.sock"
+    state_dir: str = "/var/lib/numapin"
+    sysfs: str = "/sys"
+    reserved_cpus: CPUSet | None = None
+    num_reserved_cpus: int = 0
+    topology_manager_policy: str = "none"
+    topology_manager_scope: str = "container"
+    topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
+    cpu_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
+    lift_cfs_quota: bool = True
+    node_name: str = ""
+    nrt_file: str = ""
+    kubeconfig: str | None = None
+    publish_nrt: bool = False
+    metrics_address: str = "127.0.0.1:9464"
+    import_kubelet_state: str | None = None
+    self_pod_namespace: str | None = None
+    self_pod_name: str | None = None
+    self_pod_uid: str | None = None
+    log_level: str = "INFO"
+
+    @property
+    def state_file(self) -> Path:
+        return Path(self.state_dir) / "cpu_manager_state"
+
+    @property
+    def nrt_path(self) -> Path:
+        return Path(self.nrt_file) if self.nrt_file else Path(self.state_dir) / "noderesourcetopology.json"
+
+    @property
+    def self_pod(self) -> tuple[str, str] | None:
+        if self.self_pod_namespace and self.self_pod_name:
+            return (self.self_pod_namespace, self.self_pod_name)
+        return None
+
+    def metrics_endpoint(self) -> tuple[str, int] | None:
+        if not self.metrics_address:
+            return None
+        host, _, port = self.metrics_address.rpartition(":")
+        try:
+            return (host or "127.0.0.1", int(port))
+        except ValueError:
+            raise ConfigError(f"metrics-address: expected HOST:PORT, got {self.metrics_address!r}") from None
+
+
+DEFAULTS = ProxyConfig()
+_NAMES = {f.name for f in fields(ProxyConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    where = f"{name.replace('_', '-')}"
+    if name == "reserved_cpus":
+        if value in (None, ""):
+            return None
+        try:
+            return CPUSet.parse(str(value))
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    if name in ("topology_manager_policy_options", "cpu_manager_policy_options"):
+        return parse_options(value, where)
+    if name == "num_reserved_cpus":
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a whole number, got {value!r}") from None
+        if n < 0:
+            raise ConfigError(f"{where}: must not be negative, got {n}")
+        return n
+    if name in ("lift_cfs_quota", "publish_nrt"):
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("true", "1", "yes"):
+            return True
+        if str(value).lower() in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+def _normalize_key(key: str) -> str:
+    out = []
+    for ch in key:
+        if ch.isupper():
+            out.append("_" + ch.lower())
+        else:
+            out.append("_" if ch == "-" else ch)
+    return "".join(out)
+
+
+def load_config(file: str | None, overrides: Mapping[str, Any]) -> ProxyConfig:
+    """Defaults <- ``file`` (YAML or JSON mapping, keys as flags: ``runtime-endpoint`` / ``runtimeEndpoint``) <-
+    ``overrides`` (flags given on the command line; None = not given)."""
+    values: dict[str, Any] = {}
+    if file:
+        try:
+            doc = yaml.safe_load(Path(file).read_text())
+        except OSError as e:
+            raise ConfigError(f"--config {file}: {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--config {file}: not valid YAML/JSON: {e}") from None
+        if doc is None:
+            doc = {}
+        if not isinstance(doc, Mapping):
+            raise ConfigError(f"--config {file}: expected a mapping of settings")
+        for k, v in doc.items():
+            name = _normalize_key(str(k))
+            if name not in _NAMES:
+                raise ConfigError(f"--config {file}: unknown setting {k!r}")
+            values[name] = _coerce(name, v)
+    for k, v in overrides.items():
+        if v is not None:
+            values[k] = _coerce(k, v)
+    values.setdefault("node_name", os.environ.get("NODE_NAME") or socket.gethostname())
+    for env, key in (("POD_NAMESPACE", "self_pod_namespace"), ("POD_NAME", "self_pod_name"),
+                     ("POD_UID", "self_pod_uid")):
+        if values.get(key) is None and os.environ.get(env):
+            values[key] = os.environ[env]
+    try:
+        return ProxyConfig(**values)
+    except (TypeError, AllocatorError) as e:
+        raise ConfigError(str(e)) from None

@@ -1,0 +1,58 @@
+"""Prometheus metrics of the proxy, in a registry of its own, served on a local port."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["ProxyMetrics"]
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.allocations = Counter("numapin_criproxy_allocations", "Containers admitted, by mode",
+                                   ["mode"], registry=r)
+        self.rejections = Counter("numapin_criproxy_rejections", "Containers rejected by admission",
+                                  ["reason"], registry=r)
+        self.relay_seconds = Histogram("numapin_criproxy_relay_seconds", "Relayed CRI calls, by method",
+                                       ["method", "code"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.narrowing_seconds = Histogram("numapin_criproxy_narrowing_seconds",
+                                           "Time to resize the shared pool's containers", buckets=_LATENCY_BUCKETS,
+                                           registry=r)
+        self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
+                               ["numa_node"], registry=r)
+        self._server = None
+
+    def observe_call(self, method: str, seconds: float, code: grpc.StatusCode) -> None:
+        self.relay_seconds.labels(method.rsplit("/", 1)[-1], code.name).observe(seconds)
+
+    def observe_decision(self, mode: str, outcome: str) -> None:
+        if outcome == "admitted":
+            self.allocations.labels(mode).inc()
+        else:
+            self.rejections.labels(mode).inc()
+
+    def observe_narrowing(self, seconds: float) -> None:
+        self.narrowing_seconds.observe(seconds)
+
+    def set_free(self, free: Mapping[int, int]) -> None:
+        for node, n in free.items():
+            self.free_cpus.labels(str(node)).set(n)
+
+    def serve(self, address: str, port: int) -> int:
+        """Serve /metrics on ``address:port`` (port 0: any free port); returns the port."""
+        server, _thread = start_http_server(port, addr=address, registry=self.registry)
+        self._server = server
+        return server.server_port
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,68 @@
+"""Pushing cpusets to running containers with ``UpdateContainerResources`` (narrowing and widening the shared
+pool, re-applying drifted cpusets). Concurrent; only containers whose cpuset changes are touched."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+
+from allocator.cpuset import CPUSet
+from protos import cri_pb2
+
+from .registry import Registry, Tracked
+from .relay import Upstream
+
+__all__ = ["CpusetPusher", "PushResult"]
+
+log = logging.getLogger("numapin.criproxy")
+
+UPDATE = "/runtime.v1.RuntimeService/UpdateContainerResources"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    changed: int
+    failed: int
+    seconds: float
+
+
+class CpusetPusher:
+    def __init__(self, upstream: Upstream, registry: Registry, *, timeout: float = 10.0) -> None:
+        self.upstream = upstream
+        self.registry = registry
+        self.timeout = timeout
+
+    async def _push(self, t: Tracked, cpus: CPUSet, mems: CPUSet | None, quota: int | None) -> bool:
+        res = cri_pb2.LinuxContainerResources(cpuset_cpus=str(cpus), cpuset_mems=str(mems) if mems else "")
+        if quota is not None:
+            res.cpu_quota = quota
+        req = cri_pb2.UpdateContainerResourcesRequest(container_id=t.id, linux=res).SerializeToString()
+        try:
+            await self.upstream.call(UPDATE, req, timeout=self.timeout)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                self.registry.remove(t.id)  # gone meanwhile: nothing to narrow
+                return True
+            log.warning("cpuset update failed: pod=%s container=%s id=%s cpus=%s: %s %s", t.pod_ref, t.name,
+                        t.id[:13], cpus, e.code().name, e.details())
+            return False
+        t.cpus, t.mems = cpus, mems
+        return True
+
+    async def push(self, items: Iterable[tuple[Tracked, CPUSet, CPUSet | None, int | None]]) -> PushResult:
+        """Apply ``(container, cpus, mems, quota or None)``, skipping containers that already have them."""
+        t0 = time.perf_counter()
+        todo = [(t, c, m, q) for t, c, m, q in items if t.cpus != c or (m is not None and t.mems != m)]
+        results = await asyncio.gather(*(self._push(*i) for i in todo)) if todo else []
+        failed = sum(1 for ok in results if not ok)
+        return PushResult(len(todo) - failed, failed, time.perf_counter() - t0)
+
+    async def resize_shared(self, pool: CPUSet, mems: CPUSet | None) -> PushResult:
+        """Narrow (or widen) every container of the shared pool to ``pool``."""
+        return await self.push((t, pool, mems, None) for t in self.registry.on_shared_pool())

@@ -1,0 +1,156 @@
+"""The node's NodeResourceTopology (``topology.node.k8s.io/v1alpha2``): one zone per NUMA node with CPU
+capacity, allocatable and available; costs from NUMA distances; the topology manager's policy and scope as
+attributes. Written atomically to a file on every change, and to the API server when credentials are given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from allocator.cpuset import CPUSet
+from allocator.topology import Topology
+
+__all__ = ["NRT_GROUP", "NRT_PLURAL", "NRT_VERSION", "ApiPublisher", "build_nrt", "write_nrt"]
+
+log = logging.getLogger("numapin.criproxy")
+
+NRT_GROUP = "topology.node.k8s.io"
+NRT_VERSION = "v1alpha2"
+NRT_PLURAL = "noderesourcetopologies"
+
+_LEGACY_POLICY = {  # deprecated topologyPolicies values
+    ("none", "container"): "None", ("none", "pod"): "None",
+    ("best-effort", "container"): "BestEffort", ("best-effort", "pod"): "BestEffort",
+    ("restricted", "container"): "Restricted", ("restricted", "pod"): "Restricted",
+    ("single-numa-node", "container"): "SingleNUMANodeContainerLevel",
+    ("single-numa-node", "pod"): "SingleNUMANodePodLevel",
+}
+
+
+def _camel(option: str) -> str:
+    return "".join(p[:1].upper() + p[1:] for p in re.split(r"[-_]", option) if p)
+
+
+def build_nrt(node_name: str, topology: Topology, *, assigned: CPUSet, free_per_numa: Mapping[int, int],
+              policy: str, scope: str,
+              policy_options: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The NodeResourceTopology object of ``node_name`` (a plain dict, ready for JSON or the API).
+
+    ``free_per_numa`` is the allocator's allocatable-and-unassigned count per NUMA node, ``assigned`` the CPUs
+    pinned to containers; allocatable = both together (capacity minus reserved CPUs)."""
+    zones = []
+    for n in topology.numa_nodes:
+        cpus = topology.cpus_in_numa(n) if n in topology.cpu_numa_nodes else CPUSet()
+        capacity = len(cpus)
+        available = free_per_numa.get(n, 0)  # allocatable CPUs nobody holds
+        allocatable = available + len(cpus & assigned)  # reserved CPUs excluded
+        zone: dict[str, Any] = {
+            "name": f"node-{n}",
+            "type": "Node",
+            "resources": [{"name": "cpu", "capacity": str(capacity), "allocatable": str(allocatable),
+                           "available": str(available)}],
+        }
+        if topology.numa_distances is not None:
+            zone["costs"] = [{"name": f"node-{m}", "value": topology.distance(n, m)} for m in topology.numa_nodes]
+        zones.append(zone)
+    attributes = [{"name": "topologyManagerPolicy", "value": policy},
+                  {"name": "topologyManagerScope", "value": scope}]
+    for k, v in sorted((policy_options or {}).items()):
+        attributes.append({"name": f"topologyManagerOption{_camel(k)}", "value": str(v)})
+    return {
+        "apiVersion": f"{NRT_GROUP}/{NRT_VERSION}",
+        "kind": "NodeResourceTopology",
+        "metadata": {"name": node_name},
+        "topologyPolicies": [_LEGACY_POLICY.get((policy, scope), "None")],
+        "attributes": attributes,
+        "zones": zones,
+    }
+
+
+def write_nrt(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
+    """Write ``doc`` as JSON atomically (temp file, fsync, rename)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, p)
+
+
+class ApiPublisher:
+    """Keeps the NodeResourceTopology object on the API server equal to the latest document (create or
+    replace), from a kubeconfig file or in-cluster credentials. Publishing runs in the background; only the
+    newest document is sent."""
+
+    def __init__(self, kubeconfig: str | None) -> None:
+        self.kubeconfig = kubeconfig
+        self._latest: dict[str, Any] | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def publish(self, doc: dict[str, Any]) -> None:
+        self._latest = doc
+        self._wake.set()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _client(self):  # pragma: no cover - needs an API server
+        from kubernetes_asyncio import client, config
+
+        if self.kubeconfig:
+            await config.load_kube_config(config_file=self.kubeconfig)
+        else:
+            config.load_incluster_config()
+        return client.ApiClient()
+
+    async def _run(self) -> None:  # pragma: no cover - needs an API server
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.rest import ApiException
+
+        api_client = None
+        backoff = 1.0
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            doc = self._latest
+            if doc is None:
+                continue
+            try:
+                if api_client is None:
+                    api_client = await self._client()
+                api = client.CustomObjectsApi(api_client)
+                name = doc["metadata"]["name"]
+                try:
+                    cur = await api.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, name)
+                    body = dict(doc, metadata=dict(doc["metadata"],
+                                                   resourceVersion=cur["metadata"]["resourceVersion"]))
+                    await api.replace_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, name, body)
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+                    await api.create_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, doc)
+                backoff = 1.0
+            except Exception as e:
+                log.warning("NodeResourceTopology publish failed (retrying in %.0f s): %s", backoff, e)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 60.0)
+                self._wake.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,118 @@
+"""Start-up reconciliation: make the checkpoint, the registry and the runtime agree again.
+
+After a restart (or a SIGKILL between any two steps) the proxy lists the runtime's sandboxes and containers:
+assignments of containers that no longer exist (or whose pod's sandbox is stopped) are dropped, running
+containers are adopted into the registry, and cpusets that drifted from the state are applied again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from allocator.cpuset import CPUSet
+from allocator.node import NodeAllocator
+from allocator.topology import Topology
+from protos import cri_pb2
+
+from .narrowing import CpusetPusher
+from .registry import Registry, Tracked
+from .relay import Upstream
+
+__all__ = ["ReconcileReport", "reconcile"]
+
+log = logging.getLogger("numapin.criproxy")
+
+_RT = "/runtime.v1.RuntimeService/"
+_BYPASS = "numapin.io/bypass"
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    sandboxes: int
+    containers: int
+    dropped: tuple[tuple[str, str], ...]   # (pod uid, container) assignments released
+    adopted: int
+    repaired: int
+
+
+def _parse_cpus(text: str) -> CPUSet | None:
+    try:
+        return CPUSet.parse(text)
+    except ValueError:
+        return None
+
+
+async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAllocator, registry: Registry,
+                    pusher: CpusetPusher, *,
+                    lift_cfs_quota: bool = True, self_pod: tuple[str, str] | None = None,
+                    timeout: float = 30.0) -> ReconcileReport:
+    """Call with the allocation lock held (no CreateContainer may run meanwhile). Raises AioRpcError when the
+    runtime cannot be listed; nothing is changed then."""
+    sb_raw = await upstream.call(_RT + "ListPodSandbox", cri_pb2.ListPodSandboxRequest().SerializeToString(),
+                                 timeout=timeout)
+    ct_raw = await upstream.call(_RT + "ListContainers", cri_pb2.ListContainersRequest().SerializeToString(),
+                                 timeout=timeout)
+    sandboxes = {s.id: s for s in cri_pb2.ListPodSandboxResponse.FromString(sb_raw).items}
+    containers = list(cri_pb2.ListContainersResponse.FromString(ct_raw).containers)
+
+    # 1. drop what is gone: assignments without a container, pods whose sandboxes are all stopped
+    present: set[tuple[str, str]] = set()
+    for c in containers:
+        sb = sandboxes.get(c.pod_sandbox_id)
+        uid = sb.metadata.uid if sb is not None else c.labels.get("io.kubernetes.pod.uid", "")
+        present.add((uid, c.metadata.name))
+    ready_pods = {s.metadata.uid for s in sandboxes.values() if s.state == cri_pb2.SANDBOX_READY}
+    dropped: list[tuple[str, str]] = []
+    for uid, pod in list(allocator.state.assignments.items()):
+        for name in list(pod):
+            if (uid, name) not in present or uid not in ready_pods:
+                allocator.release_container(uid, name)
+                dropped.append((uid, name))
+
+    # 2. adopt what runs
+    registry.containers.clear()
+    registry.sandboxes = {sid: s.metadata.uid for sid, s in sandboxes.items()}
+    pool = allocator.shared_pool()
+    pool_mems = topology.numa_of(pool)
+    push: list[tuple[Tracked, CPUSet, CPUSet | None, int | None]] = []
+    adopted = 0
+    for c in containers:
+        sb = sandboxes.get(c.pod_sandbox_id)
+        if sb is None:
+            continue
+        uid = sb.metadata.uid
+        ref = f"{sb.metadata.namespace}/{sb.metadata.name}"
+        exited = c.state in (cri_pb2.CONTAINER_EXITED, cri_pb2.CONTAINER_UNKNOWN) or sb.state != cri_pb2.SANDBOX_READY
+        bypass = (sb.annotations.get(_BYPASS, "").strip().lower() == "true"
+                  or (self_pod is not None and (sb.metadata.namespace, sb.metadata.name) == self_pod))
+        cpus = None if bypass else allocator.container_cpus(uid, c.metadata.name)
+        if bypass:
+            mode = "bypass"
+        elif cpus is not None:
+            mode = allocator.state.mode(uid, c.metadata.name)
+        else:
+            mode = "shared"
+        t = Tracked(c.id, c.pod_sandbox_id, uid, ref, c.metadata.name, mode, exited=exited)  # type: ignore[arg-type]
+        registry.add(t)
+        adopted += 1
+        if exited or bypass:
+            continue
+        st_raw = await upstream.call(_RT + "ContainerStatus", cri_pb2.ContainerStatusRequest(
+            container_id=c.id).SerializeToString(), timeout=timeout)
+        res = cri_pb2.ContainerStatusResponse.FromString(st_raw).status.resources.linux
+        t.cpus = _parse_cpus(res.cpuset_cpus) if res.cpuset_cpus else None
+        t.mems = _parse_cpus(res.cpuset_mems) if res.cpuset_mems else None
+        if cpus is not None:
+            quota = -1 if lift_cfs_quota and res.cpu_quota > 0 else None
+            mems = topology.numa_of(cpus)
+            if quota is not None:
+                t.cpus = None  # force the push so the quota is lifted too
+            push.append((t, cpus, mems, quota))
+        else:
+            push.append((t, pool, pool_mems, None))
+    result = await pusher.push(push)
+    report = ReconcileReport(len(sandboxes), len(containers), tuple(dropped), adopted, result.changed)
+    log.info("reconcile: %d sandboxes, %d containers, dropped %s, adopted %d, repaired %d cpusets (%d failed)",
+             report.sandboxes, report.containers, list(dropped) or "nothing", adopted, result.changed, result.failed)
+    return report

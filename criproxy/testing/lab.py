@@ -1,0 +1,305 @@
+"""A private, throw-away containerd (CRI plugin + runc, cgroupfs) for tests, the demo and benchmarks.
+
+Everything lives in one directory: config, root, state, logs and the socket. The busybox and pause images
+are built offline from the static busybox binary (Debian's busybox-static) as a docker archive and
+imported into the ``k8s.io`` namespace. Only host-network pods work (no CNI). ``stop()`` leaves no
+process, mount or socket behind (empty cgroup directories aside, as containerd itself does).
+
+Needs root and the Debian packages containerd, runc and busybox-static (``scripts/test.sh`` installs
+them); ``LabError`` says what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+__all__ = ["BUSYBOX_IMAGE", "PAUSE_IMAGE", "ContainerdLab", "LabError"]
+
+BUSYBOX_IMAGE = "localhost/busybox:latest"
+PAUSE_IMAGE = "localhost/pause:latest"
+MARKER = ".numapin-containerd-lab"
+BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "busybox")
+
+
+class LabError(RuntimeError):
+    """containerd could not be started or stopped (missing package, not root, CRI plugin broken)."""
+
+
+def _busybox() -> Path:
+    path = shutil.which("busybox") or "/bin/busybox"
+    p = Path(path)
+    if not p.exists():
+        raise LabError("busybox not found: apt-get install busybox-static")
+    if _has_interpreter(p.read_bytes()):
+        raise LabError(f"{p} is dynamically linked; apt-get install busybox-static")
+    return p
+
+
+def _has_interpreter(elf: bytes) -> bool:
+    """Whether a 64-bit little-endian ELF binary has a PT_INTERP program header (= dynamically linked)."""
+    import struct
+
+    if elf[:4] != b"\x7fELF" or elf[4] != 2:
+        return False
+    phoff, = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    return any(struct.unpack_from("<I", elf, phoff + i * phentsize)[0] == 3 for i in range(phnum))
+
+
+def _tar_bytes(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for info, data in members:
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tf.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def _entry(name: str, kind: bytes, mode: int, data: bytes | None = None, link: str = "") -> tuple[
+        tarfile.TarInfo, bytes | None]:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = mode
+    info.linkname = link
+    if data is not None:
+        info.size = len(data)
+    return info, data
+
+
+def build_image_archive(out: Path, busybox: Path) -> None:
+    """A docker-archive with one layer (busybox + applet links) shared by the busybox and pause images."""
+    applets = subprocess.run([str(busybox), "--list"], check=True, capture_output=True, text=True).stdout.split()
+    members: list[tuple[tarfile.TarInfo, bytes | None]] = []
+    for d in ("bin", "dev", "etc", "proc", "sys", "root", "run", "var", "tmp"):
+        members.append(_entry(d, tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755))
+    members.append(_entry("bin/busybox", tarfile.REGTYPE, 0o755, busybox.read_bytes()))
+    for a in sorted(set(applets) - {"busybox"}):
+        if "/" not in a:
+            members.append(_entry(f"bin/{a}", tarfile.SYMTYPE, 0o777, link="busybox"))
+    members.append(_entry("etc/passwd", tarfile.REGTYPE, 0o644, b"root:x:0:0:root:/root:/bin/sh\n"))
+    members.append(_entry("etc/group", tarfile.REGTYPE, 0o644, b"root:x:0:\n"))
+    layer = _tar_bytes(members)
+    layer_sum = hashlib.sha256(layer).hexdigest()
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+
+    def config(extra: dict) -> bytes:
+        return json.dumps({
+            "architecture": arch, "os": "linux", "created": "1970-01-01T00:00:00Z",
+            "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                       "WorkingDir": "/", **extra},
+            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_sum}"]},
+        }, sort_keys=True).encode()
+
+    images = [(BUSYBOX_IMAGE, config({"Cmd": ["/bin/sh"]})),
+              (PAUSE_IMAGE, config({"Entrypoint": ["/bin/sleep", "infinity"]}))]
+    archive: list[tuple[tarfile.TarInfo, bytes | None]] = [
+        _entry(f"{layer_sum}", tarfile.DIRTYPE, 0o755),
+        _entry(f"{layer_sum}/layer.tar", tarfile.REGTYPE, 0o644, layer)]
+    manifest = []
+    for tag, cfg in images:
+        name = hashlib.sha256(cfg).hexdigest() + ".json"
+        archive.append(_entry(name, tarfile.REGTYPE, 0o644, cfg))
+        manifest.append({"Config": name, "RepoTags": [tag], "Layers": [f"{layer_sum}/layer.tar"]})
+    archive.append(_entry("manifest.json", tarfile.REGTYPE, 0o644, json.dumps(manifest).encode()))
+    out.write_bytes(_tar_bytes(archive))
+
+
+class ContainerdLab:
+    """``ContainerdLab(directory).start()`` … ``.stop()``; ``.socket`` is the CRI endpoint."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory).resolve()
+        self.socket = str(self.dir / "containerd.sock")
+        self.config = self.dir / "config.toml"
+        self.log = self.dir / "containerd.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # -- set-up ---------------------------------------------------------------------------------------
+    @staticmethod
+    def check_prerequisites() -> None:
+        if os.geteuid() != 0:
+            raise LabError("the containerd lab needs root")
+        missing = [b for b in BINARIES if shutil.which(b) is None]
+        if missing:
+            raise LabError(f"missing {', '.join(missing)}: apt-get install containerd runc busybox-static")
+        _busybox()
+
+    def _write_config(self) -> None:
+        d = self.dir
+        for sub in ("root", "state", "opt", "cni/bin", "cni/net.d"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        disabled = ", ".join(f'"{p}"' for p in (
+            "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+            "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+            "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"))
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        self.config.write_text(f"""# numapin containerd lab
+version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = [{disabled}]
+
+[grpc]
+  address = "{self.socket}"
+
+[metrics]
+  address = ""
+
+[plugins]
+  [{cri}]
+    sandbox_image = "{PAUSE_IMAGE}"
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    disable_apparmor = true
+    restrict_oom_score_adj = true
+    tolerate_missing_hugetlb_controller = true
+    disable_hugetlb_controller = true
+    netns_mounts_under_state_dir = true
+    [{cri}.cni]
+      bin_dir = "{d}/cni/bin"
+      conf_dir = "{d}/cni/net.d"
+    [{cri}.containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+      [{cri}.containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [{cri}.containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          Root = "{d}/state/runc"
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "{d}/opt"
+""")
+
+    def _ctr(self, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ctr", "--address", self.socket, *args], capture_output=True, text=True,
+                              check=check, timeout=timeout)
+
+    def start(self) -> ContainerdLab:
+        self.check_prerequisites()
+        if self.dir.exists() and any(self.dir.iterdir()) and not (self.dir / MARKER).exists():
+            raise LabError(f"{self.dir} is not empty and not a containerd lab directory")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / MARKER).touch()
+        self._write_config()
+        image = self.dir / "images.tar"
+        if not image.exists():
+            build_image_archive(image, _busybox())
+        self.start_containerd()
+        self._ctr("-n", "k8s.io", "images", "import", str(image), timeout=60)
+        tags = self._ctr("-n", "k8s.io", "images", "ls", "-q").stdout.split()
+        if BUSYBOX_IMAGE not in tags or PAUSE_IMAGE not in tags:
+            raise LabError(f"image import failed: {tags}")
+        return self
+
+    def start_containerd(self) -> None:
+        """Start (or restart) only the containerd daemon; running containers keep running in their shims."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket)
+        log = open(self.log, "ab")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(["containerd", "--config", str(self.config)], stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log, start_new_session=True)
+        finally:
+            log.close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LabError(f"containerd exited ({self.proc.returncode}): {self._log_tail()}")
+            if os.path.exists(self.socket) and self._ctr("version", check=False, timeout=5).returncode == 0:
+                break
+            time.sleep(0.05)
+        else:
+            raise LabError(f"containerd did not answer within 20 s: {self._log_tail()}")
+        plugins = self._ctr("plugins", "ls").stdout
+        if not any(line.split()[:2] == ["io.containerd.grpc.v1", "cri"] and line.split()[-1] == "ok"
+                   for line in plugins.splitlines() if line.strip()):
+            raise LabError(f"containerd's CRI plugin is not ok: {self._log_tail()}")
+
+    def stop_containerd(self, sig: int = signal.SIGTERM) -> None:
+        """Stop only the daemon (SIGTERM, or SIGKILL with ``sig``); containers keep running."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def _log_tail(self) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-15:])
+        except OSError:
+            return ""
+
+    # -- tear-down ------------------------------------------------------------------------------------
+    def _shim_pids(self) -> list[int]:
+        pids = []
+        needle = f"-address\0{self.socket}\0".encode()
+        for p in Path("/proc").iterdir():
+            if not p.name.isdigit():
+                continue
+            try:
+                cmd = (p / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"containerd-shim" in cmd and needle in cmd:
+                pids.append(int(p.name))
+        return pids
+
+    def stop(self) -> None:
+        """Kill every container, stop containerd, unmount and delete the lab directory."""
+        if self.proc is not None and self.proc.poll() is None:
+            for task in self._ctr("-n", "k8s.io", "tasks", "ls", "-q", check=False).stdout.split():
+                self._ctr("-n", "k8s.io", "tasks", "kill", "-a", "-s", "SIGKILL", task, check=False)
+            for task in self._ctr("-n", "k8s.io", "tasks", "ls", "-q", check=False).stdout.split():
+                for _ in range(25):
+                    if self._ctr("-n", "k8s.io", "tasks", "delete", "-f", task, check=False).returncode == 0:
+                        break
+                    time.sleep(0.2)
+            for c in self._ctr("-n", "k8s.io", "containers", "ls", "-q", check=False).stdout.split():
+                self._ctr("-n", "k8s.io", "containers", "delete", c, check=False)
+        self.stop_containerd()
+        for pid in self._shim_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        prefix = str(self.dir) + "/"
+        with open("/proc/mounts") as f:
+            mounts = [line.split()[1] for line in f]
+        for m in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
+            subprocess.run(["umount", "-l", m], check=False, capture_output=True)
+        if (self.dir / MARKER).exists():
+            shutil.rmtree(self.dir, ignore_errors=True)
+        for p in (self.socket, self.socket + ".ttrpc"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(p)
+
+    def leftovers(self) -> list[str]:
+        """What ``stop()`` should have removed but did not (for the clean-up test)."""
+        out = [f"shim pid {p}" for p in self._shim_pids()]
+        with open("/proc/mounts") as f:
+            out += [f"mount {line.split()[1]}" for line in f if line.split()[1].startswith(str(self.dir) + "/")]
+        out += [f"path {p}" for p in (self.socket, self.socket + ".ttrpc", str(self.dir)) if os.path.exists(p)]
+        if self.proc is not None and self.proc.poll() is None:
+            out.append(f"containerd pid {self.proc.pid}")
+        return out
+
+    def __enter__(self) -> ContainerdLab:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,168 @@
+"""``numapin plan SCENARIO``: admit a scenario's pods on one node as kubelet would, and show the decisions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from allocator.hints import TopologyHint
+    from allocator.node import NodeAllocator, PodDecision
+
+    from .scenario import Scenario
+
+HELP = "admit a scenario's pods on one node as kubelet would, and show the CPUs each container gets"
+DESCRIPTION = """\
+Admit the pods of a scenario (JSON or YAML), in order, on one node with kubelet's CPU manager static policy,
+topology manager and numapin's modes, and print for every pod whether it is admitted or rejected (with kubelet's
+reason) and for every container its mode, CPU topology hints, merged NUMA affinity, CPUs and memory nodes.
+
+Scenario fields: topology (inline, a file, or sysfs:ROOT), reservedCPUs or numReservedCPUs,
+cpuManagerPolicyOptions, topologyManagerPolicy, topologyManagerScope, topologyManagerPolicyOptions,
+state (as in the state file), pods (v1 Pod objects), devices ({pod: {container: {resource: [NUMA nodes]}}}).
+See examples/ for complete scenarios.
+
+  --format summary   one block per pod (default)
+  --format text      the summary plus a drawing of the node with every pinned container's CPUs marked
+  --format json      everything, machine-readable
+"""
+
+MAX_HINTS_SHOWN = 8
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", help="scenario file (.json, .yaml or .yml)")
+    parser.add_argument("--format", choices=("summary", "text", "json"), default="summary",
+                        help="output format (default: summary)")
+
+
+def _hint_list(hints: Sequence[TopologyHint] | None) -> str:
+    if hints is None:
+        return "any (no preference)"
+    if not hints:
+        return "none possible"
+    shown = " ".join(str(h) for h in hints[:MAX_HINTS_SHOWN])
+    more = len(hints) - MAX_HINTS_SHOWN
+    return shown + (f" ... ({more} more)" if more > 0 else "")
+
+
+def _summary(scenario: Scenario, node: NodeAllocator, decisions: Sequence[PodDecision]) -> list[str]:
+    from .render import summary_line
+
+    cfg = scenario.config
+    out: list[str] = []
+    if scenario.description:
+        out.extend(textwrap.wrap(" ".join(scenario.description.split()), 110))
+    out.append(f"Node: {summary_line(cfg.topology)}")
+    opts = ", ".join(f"{k}={v}" for k, v in sorted(cfg.cpu_manager_policy_options.items())) or "none"
+    tm_opts = ", ".join(f"{k}={v}" for k, v in sorted(cfg.topology_manager_policy_options.items())) or "none"
+    out.append(f"CPU manager: static, options {opts}; reserved CPUs {node.reserved_cpus}")
+    out.append(f"Topology manager: policy {cfg.topology_manager_policy}, scope {cfg.topology_manager_scope}, "
+               f"options {tm_opts}")
+    for d in decisions:
+        ref = f"{d.namespace}/{d.name}" if d.namespace else d.name
+        if d.admitted:
+            out.append(f"pod {ref}: admitted")
+        else:
+            out.append(f"pod {ref}: REJECTED {d.reason}: {d.message}")
+        for c in d.containers:
+            cpus = str(c.cpus) if c.cpus else "-"
+            mems = str(c.mems) if c.mems else "-"
+            where = "shared pool " if c.mode == "shared" and d.admitted else ""
+            out.append(f"  {c.role} container {c.name}: {c.mode}, cpus {where}{cpus or '-'}, mems {mems}")
+            for resource, hints in sorted(c.hints.items()):
+                out.append(f"    {resource} hints: {_hint_list(hints)}")
+            if c.affinity is not None:
+                out.append(f"    affinity: {c.affinity}")
+    free = ", ".join(f"{n}: {k}" for n, k in node.free_cpus_per_numa().items())
+    out.append(f"Shared pool after admission: {node.shared_pool()}; allocatable CPUs per NUMA node: {free}")
+    return out
+
+
+def _marks(node: NodeAllocator, decisions: Sequence[PodDecision]) -> tuple[dict[int, str], list[tuple[str, str]]]:
+    from .render import MARK_LETTERS
+
+    marks: dict[int, str] = {}
+    legend: list[tuple[str, str]] = []
+    for cpu in node.reserved_cpus:
+        marks[cpu] = "*"
+    if node.reserved_cpus:
+        legend.append(("*", "reserved"))
+    i = 0
+    for d in decisions:
+        if not d.admitted:
+            continue
+        for c in d.containers:
+            if c.mode == "shared":
+                continue
+            letter = MARK_LETTERS[i % len(MARK_LETTERS)]
+            i += 1
+            for cpu in c.cpus:
+                marks[cpu] = letter
+            legend.append((letter, f"{d.namespace}/{d.name} {c.name} ({c.mode})" if d.namespace
+                           else f"{d.name} {c.name} ({c.mode})"))
+    legend.append((".", "shared pool"))
+    return marks, legend
+
+
+def run(args: argparse.Namespace) -> int:
+    from allocator.errors import AllocatorError
+
+    from .scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as e:
+        print(f"numapin plan: {args.scenario}: {e}", file=sys.stderr)
+        return 2
+    try:
+        node, decisions = plan(scenario)
+    except ScenarioError as e:
+        print(f"numapin plan: {args.scenario}: {e}", file=sys.stderr)
+        return 2
+    except AllocatorError as e:
+        print(f"numapin plan: {args.scenario}: {e}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        doc = {
+            "pods": [d.to_dict() for d in decisions],
+            "reservedCPUs": str(node.reserved_cpus),
+            "sharedPool": str(node.shared_pool()),
+            "freeCPUsPerNUMA": {str(n): k for n, k in node.free_cpus_per_numa().items()},
+        }
+        print(json.dumps(doc, indent=1))
+        return 0
+    lines = _summary(scenario, node, decisions)
+    if args.format == "text":
+        from .render import render_topology
+
+        marks, legend = _marks(node, decisions)
+        lines.append("")
+        lines.append(render_topology(scenario.config.topology, marks=marks, legend=legend))
+    print("\n".join(lines))
+    return 0
+
+
+def plan(scenario: Scenario) -> tuple[NodeAllocator, list[PodDecision]]:
+    """Admit every pod of the scenario in order; ScenarioError/AllocatorError for a node that cannot start."""
+    from allocator.errors import AllocatorError
+    from allocator.node import NodeAllocator
+
+    from .scenario import ScenarioError
+
+    try:
+        node = NodeAllocator(scenario.config, scenario.state)
+    except AllocatorError as e:
+        where = "state" if scenario.state is not None and "state" in str(e).lower() else "configuration"
+        raise ScenarioError(f"{where}: {e}") from None
+    decisions: list[PodDecision] = []
+    for i, pod in enumerate(scenario.pods):
+        try:
+            decisions.append(node.admit_pod(pod, devices=scenario.devices.get(pod.name)))
+        except AllocatorError as e:
+            raise ScenarioError(f"pods[{i}]: {e}") from None
+    return node, decisions

@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from criproxy.relay import RelayHandler, Upstream
+from criproxy.server import start_server
+from criproxy.testing.client import CRIClient
+from criproxy.testing.memory_runtime import MemoryRuntime
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A short directory (unix socket paths are limited to 107 bytes)."""
+    d = tempfile.mkdtemp(prefix="npx-", dir="/tmp")
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+async def runtime(short_tmp: Path) -> AsyncIterator[MemoryRuntime]:
+    rt = await MemoryRuntime(str(short_tmp / "rt.sock")).start()
+    yield rt
+    await rt.stop()
+
+
+@pytest.fixture
+async def relay(short_tmp: Path, runtime: MemoryRuntime) -> AsyncIterator[str]:
+    """A plain relay (no interceptors) in front of the in-process runtime; yields its socket path."""
+    upstream = Upstream(runtime.socket_path)
+    path = str(short_tmp / "proxy.sock")
+    server = await start_server(path, [RelayHandler(upstream)])
+    yield path
+    await server.stop(0)
+    await upstream.close()
+
+
+@pytest.fixture
+async def client(relay: str) -> AsyncIterator[CRIClient]:
+    c = CRIClient(relay)
+    yield c
+    await c.close()
+
+
+def make_sysfs(root: Path, numa_cpus: dict[int, list[int]], distances: dict[int, list[int]] | None = None) -> Path:
+    """A small sysfs tree: one socket per NUMA node, one thread per core."""
+    cpu_root = root / "devices/system/cpu"
+    all_cpus = sorted(c for cpus in numa_cpus.values() for c in cpus)
+    cpu_root.mkdir(parents=True)
+    (cpu_root / "online").write_text(f"{all_cpus[0]}-{all_cpus[-1]}\n")
+    for node, cpus in numa_cpus.items():
+        nd = root / f"devices/system/node/node{node}"
+        nd.mkdir(parents=True)
+        nd.joinpath("cpulist").write_text(",".join(map(str, cpus)) + "\n")
+        if distances:
+            nd.joinpath("distance").write_text(" ".join(map(str, distances[node])) + "\n")
+        for c in cpus:
+            t = cpu_root / f"cpu{c}/topology"
+            t.mkdir(parents=True)
+            t.joinpath("physical_package_id").write_text(f"{node}\n")
+            t.joinpath("thread_siblings_list").write_text(f"{c}\n")
+    return root
+
+
+@pytest.fixture
+def two_numa_sysfs(short_tmp: Path) -> Path:
+    """8 CPUs on 2 NUMA nodes (0-3, 4-7), distances 10/20."""
+    return make_sysfs(short_tmp / "sys", {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}, {0: [10, 20], 1: [20, 10]})

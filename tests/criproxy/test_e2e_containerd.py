@@ -1,0 +1,262 @@
+"""End to end: a kubelet-like client -> `numapin criproxy` (a real process) -> a real containerd + runc.
+
+Assertions read the container processes' real ``Cpus_allowed_list`` and cgroup cpusets. The machine's real
+topology is used (``--sysfs /sys``, 2 CPUs): with CPU 0 reserved, an exclusive container gets CPU 1 and the
+shared pool narrows to CPU 0. These tests FAIL (never skip) when containerd, runc or busybox-static is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from allocator.topology import Topology
+from criproxy.testing.client import CRIClient
+from criproxy.testing.lab import ContainerdLab
+
+pytestmark = pytest.mark.containerd
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[ContainerdLab]:
+    d = tempfile.mkdtemp(prefix="npx-lab-", dir="/tmp")
+    lab = ContainerdLab(Path(d) / "ctrd")
+    lab.start()
+    try:
+        yield lab
+    finally:
+        lab.stop()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def machine_cpus() -> str:
+    cpus = Topology.from_sysfs("/sys").all_cpus
+    assert len(cpus) >= 2, "the end-to-end tests need at least 2 CPUs"
+    return str(cpus)
+
+
+class ProxyProcess:
+    """``python -m numapin criproxy`` in front of the lab's containerd."""
+
+    def __init__(self, directory: Path, runtime_socket: str) -> None:
+        self.dir = directory
+        self.socket = str(directory / "proxy.sock")
+        self.log = directory / "proxy.log"
+        self.state_dir = directory / "state"
+        self.runtime_socket = runtime_socket
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        mark = self.log.read_text().count("reconcile:") if self.log.exists() else 0
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "numapin", "criproxy", "--listen", self.socket,
+                 "--runtime-endpoint", f"unix://{self.runtime_socket}", "--state-dir", str(self.state_dir),
+                 "--sysfs", "/sys", "--reserved-cpus", "0", "--metrics-address", "", "--node-name", "lab"],
+                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"proxy exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            if self.log.read_text().count("reconcile:") > mark:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"proxy did not reconcile within 60 s:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+    def state(self) -> dict:
+        return json.loads((self.state_dir / "cpu_manager_state").read_text())
+
+
+@pytest.fixture
+async def proxy(lab: ContainerdLab) -> AsyncIterator[ProxyProcess]:
+    d = Path(tempfile.mkdtemp(prefix="npx-p-", dir="/tmp"))
+    p = ProxyProcess(d, lab.socket)
+    await asyncio.to_thread(p.start)
+    try:
+        yield p
+    finally:
+        p.stop()
+        async with CRIClient(lab.socket) as direct:  # leave containerd empty for the next test
+            for sb in await direct.list_pod_sandbox():
+                await direct.stop_pod_sandbox(sb.id)
+                await direct.remove_pod_sandbox(sb.id)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+async def kubelet(proxy: ProxyProcess) -> AsyncIterator[CRIClient]:
+    async with CRIClient(proxy.socket) as c:
+        yield c
+
+
+async def start_pod(k: CRIClient, name: str, cpu: int, limit: int | None = None, *, qos: str = "guaranteed",
+                    annotations: dict[str, str] | None = None) -> tuple[str, str]:
+    """RunPodSandbox + CreateContainer + StartContainer like kubelet; returns (sandbox id, container id)."""
+    uid = f"e2e-{name}-{os.getpid()}-{time.monotonic_ns()}"
+    cfg = k.sandbox_config(name, uid, qos=qos, annotations=annotations)
+    sid = await k.run_pod_sandbox(cfg)
+    cid = await k.create_container(sid, k.container_config("main", cpu_milli=cpu, limit_milli=limit), cfg)
+    await k.start_container(cid)
+    return sid, cid
+
+
+async def delete_pod(k: CRIClient, sid: str, cid: str) -> None:
+    """What kubelet does when a pod is deleted."""
+    await k.stop_container(cid, timeout=0)
+    await k.stop_pod_sandbox(sid)
+    await k.remove_container(cid)
+    await k.remove_pod_sandbox(sid)
+
+
+async def pid_of(k: CRIClient, cid: str) -> int:
+    st = await k.container_status(cid, verbose=True)
+    return int(json.loads(st.info["info"])["pid"])
+
+
+def allowed(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list for pid {pid}")
+
+
+def cgroup_file(pid: int, controller: str, name: str) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(","):
+            base = Path("/sys/fs/cgroup") / ctrls.split(",")[0]
+            if not base.exists():
+                base = Path("/sys/fs/cgroup") / controller
+            return (base / path.lstrip("/") / name).read_text().strip()
+    raise AssertionError(f"pid {pid} has no {controller} cgroup")
+
+
+def cpus_of(pid: int) -> tuple[str, str]:
+    """(Cpus_allowed_list, cgroup cpuset.cpus) of a container's process."""
+    return allowed(pid), cgroup_file(pid, "cpuset", "cpuset.cpus")
+
+
+async def test_exclusive_container_is_isolated_from_shared_ones_and_released(
+        kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
+    _, web = await start_pod(kubelet, "web", 200, qos="burstable")
+    web_pid = await pid_of(kubelet, web)
+    assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
+    db_sid, db = await start_pod(kubelet, "db", 1000, 1000)
+    db_pid = await pid_of(kubelet, db)
+    assert cpus_of(db_pid) == ("1", "1")
+    assert cgroup_file(db_pid, "cpu", "cpu.cfs_quota_us") == "-1"  # quota lifted for the pinned container
+    assert cpus_of(web_pid)[0] == "0" and "1" not in cpus_of(web_pid)[1].split(",")
+    entries = proxy.state()["entries"]
+    assert [v for pod in entries.values() for v in pod.values()] == ["1"]
+    # a late shared container starts narrowed too
+    _, late = await start_pod(kubelet, "late", 100, qos="besteffort")
+    assert cpus_of(await pid_of(kubelet, late)) == ("0", "0")
+    await delete_pod(kubelet, db_sid, db)
+    assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
+    assert proxy.state().get("entries", {}) == {}
+
+
+async def test_share_mode_is_pinned_but_shared_containers_keep_its_cpu(
+        kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
+    _, web = await start_pod(kubelet, "web", 200, qos="burstable")
+    _, cache = await start_pod(kubelet, "cache", 1000, 1000, qos="burstable",
+                               annotations={"qos.gocrane.io/cpu-manager": "share"})
+    assert cpus_of(await pid_of(kubelet, cache)) == ("1", "1")
+    assert cpus_of(await pid_of(kubelet, web)) == (machine_cpus, machine_cpus)
+
+
+async def test_proxy_killed_and_restarted_in_the_middle_of_a_pods_life(
+        kubelet: CRIClient, proxy: ProxyProcess, lab: ContainerdLab, machine_cpus: str) -> None:
+    _, web = await start_pod(kubelet, "web", 200, qos="burstable")
+    db_sid, db = await start_pod(kubelet, "db", 1000, 1000)
+    web_pid, db_pid = await pid_of(kubelet, web), await pid_of(kubelet, db)
+    proxy.kill()
+    async with CRIClient(lab.socket) as direct:  # while the proxy is dead, the web container drifts back
+        from criproxy.testing.client import pb
+        await direct.update_container_resources(web, pb.LinuxContainerResources(cpuset_cpus=machine_cpus))
+    assert cpus_of(web_pid)[0] == machine_cpus
+    await asyncio.to_thread(proxy.start)
+    assert cpus_of(web_pid) == ("0", "0")  # re-applied by reconcile
+    assert cpus_of(db_pid) == ("1", "1")
+    async with CRIClient(proxy.socket) as k2:
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # CPU 1 is still taken: no double assignment
+            await start_pod(k2, "db2", 1000, 1000)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        await delete_pod(k2, db_sid, db)
+        assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
+        _, db3 = await start_pod(k2, "db3", 1000, 1000)
+        assert cpus_of(await pid_of(k2, db3)) == ("1", "1")
+
+
+async def test_containerd_restarted_under_the_proxy(
+        kubelet: CRIClient, proxy: ProxyProcess, lab: ContainerdLab) -> None:
+    _, web = await start_pod(kubelet, "web", 200, qos="burstable")
+    web_pid = await pid_of(kubelet, web)
+    state_before = proxy.state()
+    await asyncio.to_thread(lab.stop_containerd)
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await kubelet.version()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await start_pod(kubelet, "db", 1000, 1000)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert proxy.state() == state_before  # nothing allocated, nothing leaked
+    finally:
+        await asyncio.to_thread(lab.start_containerd)
+    for _ in range(100):  # the proxy reconnects by itself (back-off at most 2 s)
+        try:
+            await kubelet.version()
+            break
+        except grpc.aio.AioRpcError:
+            await asyncio.sleep(0.1)
+    _, db = await start_pod(kubelet, "db", 1000, 1000)
+    assert cpus_of(await pid_of(kubelet, db)) == ("1", "1")
+    assert cpus_of(web_pid) == ("0", "0")
+
+
+def test_lab_cleanup_leaves_nothing_behind() -> None:
+    d = Path(tempfile.mkdtemp(prefix="npx-lab2-", dir="/tmp"))
+    lab = ContainerdLab(d / "c").start()
+    try:
+        async def pod() -> None:
+            async with CRIClient(lab.socket) as c:
+                await start_pod(c, "x", 100, qos="besteffort")
+        asyncio.run(pod())
+        assert lab._shim_pids()
+    finally:
+        lab.stop()
+    assert lab.leftovers() == []
+    shutil.rmtree(d, ignore_errors=True)

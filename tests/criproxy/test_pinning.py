@@ -1,0 +1,364 @@
+"""Pinning decisions through the proxy (in process) against the in-process CRI runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from allocator.cpuset import CPUSet
+from allocator.intent import INTENT_ANNOTATION, encode_intent
+from allocator.pod import ContainerInfo, PodInfo
+from criproxy.app import CriProxy
+from criproxy.config import load_config
+from criproxy.testing.client import CRIClient, pb
+from criproxy.testing.memory_runtime import MemoryRuntime
+
+
+def proxy_config(tmp: Path, runtime: MemoryRuntime, sysfs: Path, **over):
+    base = {"listen": str(tmp / "proxy.sock"), "runtime_endpoint": runtime.socket_path,
+            "state_dir": str(tmp / "state"), "sysfs": str(sysfs), "reserved_cpus": "0",
+            "metrics_address": "127.0.0.1:0", "node_name": "node-a"}
+    base.update(over)
+    return load_config(None, base)
+
+
+@pytest.fixture
+async def proxy(short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path, request) -> AsyncIterator[CriProxy]:
+    over = getattr(request, "param", {})
+    p = await CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs, **over)).start()
+    await asyncio.wait_for(p.reconciled.wait(), 30)
+    yield p
+    await p.stop()
+
+
+@pytest.fixture
+async def kubelet(proxy: CriProxy) -> AsyncIterator[CRIClient]:
+    c = CRIClient(proxy.config.listen)
+    yield c
+    await c.close()
+
+
+def state_file(proxy: CriProxy) -> dict:
+    return json.loads(proxy.config.state_file.read_text())
+
+
+async def run_pod(k: CRIClient, name: str, cpu: int | None, limit: int | None = None, *, qos: str = "guaranteed",
+                  annotations: dict[str, str] | None = None, containers: tuple[str, ...] = ("app",),
+                  uid: str | None = None) -> tuple[str, dict[str, str], pb.PodSandboxConfig]:
+    cfg = k.sandbox_config(name, uid or f"uid-{name}", qos=qos, annotations=annotations)
+    sid = await k.run_pod_sandbox(cfg)
+    ids = {}
+    for c in containers:
+        cid = await k.create_container(sid, k.container_config(c, cpu_milli=cpu, limit_milli=limit), cfg)
+        await k.start_container(cid)
+        ids[c] = cid
+    return sid, ids, cfg
+
+
+def created_resources(runtime: MemoryRuntime, cid: str) -> pb.LinuxContainerResources:
+    return runtime.containers[cid].resources
+
+
+async def test_guaranteed_container_gets_exclusive_cpus_and_shared_ones_are_narrowed_first(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, shared, _ = await run_pod(kubelet, "web", 500, qos="burstable")
+    assert created_resources(runtime, shared["app"]).cpuset_cpus == "0-7"
+    assert created_resources(runtime, shared["app"]).cpuset_mems == "0-1"
+    _, pinned, _ = await run_pod(kubelet, "db", 2000, 2000)
+    res = created_resources(runtime, pinned["app"])
+    assert CPUSet.parse(res.cpuset_cpus) == CPUSet.parse("1-2")
+    assert res.cpuset_mems == "0"
+    assert res.cpu_quota == -1  # CFS quota lifted for a pinned container
+    assert created_resources(runtime, shared["app"]).cpuset_cpus == "0,3-7"
+    # zero isolation window: the shared container was narrowed before the exclusive one was created
+    order = [(c.method, c.request) for c in runtime.calls if c.method in ("UpdateContainerResources",
+                                                                         "CreateContainer")]
+    narrow = next(i for i, (m, r) in enumerate(order) if m == "UpdateContainerResources"
+                  and pb.UpdateContainerResourcesRequest.FromString(r).container_id == shared["app"])
+    create = next(i for i, (m, r) in enumerate(order) if m == "CreateContainer"
+                  and pb.CreateContainerRequest.FromString(r).sandbox_config.metadata.name == "db")
+    assert narrow < create
+    st = state_file(proxy)
+    assert st["policyName"] == "numapin"
+    assert st["entries"] == {"uid-db": {"app": "1-2"}}
+
+
+async def test_only_fields_numapin_owns_change_on_the_wire(proxy: CriProxy, kubelet: CRIClient,
+                                                           runtime: MemoryRuntime) -> None:
+    cfg = kubelet.sandbox_config("db", "uid-db")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    cc = kubelet.container_config("app", cpu_milli=1000, limit_milli=1000)
+    cc.envs.add(key="A", value="B")
+    cc.mounts.add(container_path="/data", host_path="/tmp")
+    cc.linux.resources.unified["memory.high"] = "max"
+    cc.linux.resources.hugepage_limits.add(page_size="2MB", limit=0)
+    req = pb.CreateContainerRequest(pod_sandbox_id=sid, config=cc, sandbox_config=cfg)
+    await kubelet.call("CreateContainer", req, pb.CreateContainerResponse)
+    [received] = runtime.requests("CreateContainer")
+    expected = pb.CreateContainerRequest()
+    expected.CopyFrom(req)
+    expected.config.linux.resources.cpuset_cpus = "1"
+    expected.config.linux.resources.cpuset_mems = "0"
+    expected.config.linux.resources.cpu_quota = -1
+    assert received == expected.SerializeToString()
+
+
+async def test_state_is_written_before_the_create_is_forwarded(proxy: CriProxy, kubelet: CRIClient,
+                                                               runtime: MemoryRuntime) -> None:
+    seen: list[dict] = []
+    runtime.hooks["CreateContainer"] = lambda raw: seen.append(state_file(proxy)["entries"])
+    await run_pod(kubelet, "db", 1000, 1000)
+    assert seen == [{"uid-db": {"app": "1"}}]
+
+
+@pytest.mark.parametrize("proxy", [{"topology_manager_policy": "single-numa-node"}], indirect=True)
+async def test_rejection_names_pod_container_and_policy_and_forwards_nothing(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    before = proxy.config.state_file.read_bytes()
+    cfg = kubelet.sandbox_config("big", "uid-big")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.create_container(sid, kubelet.container_config("app", cpu_milli=5000, limit_milli=5000), cfg)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    msg = err.value.details()
+    for word in ("default/big", "app", "single-numa-node", "TopologyAffinityError"):
+        assert word in msg
+    assert runtime.requests("CreateContainer") == []
+    assert proxy.config.state_file.read_bytes() == before
+    assert proxy.allocator.state.assignments == {}
+
+
+async def test_no_free_cpus_is_resource_exhausted(proxy: CriProxy, kubelet: CRIClient,
+                                                  runtime: MemoryRuntime) -> None:
+    await run_pod(kubelet, "a", 7000, 7000)
+    cfg = kubelet.sandbox_config("b", "uid-b")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.create_container(sid, kubelet.container_config("app", cpu_milli=1000, limit_milli=1000), cfg)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "default/b" in err.value.details()
+
+
+async def test_runtime_failure_releases_the_allocation(proxy: CriProxy, kubelet: CRIClient,
+                                                       runtime: MemoryRuntime) -> None:
+    _, shared, _ = await run_pod(kubelet, "web", 100, qos="besteffort")
+    runtime.fail_next["CreateContainer"] = (grpc.StatusCode.UNKNOWN, "runc create failed")
+    cfg = kubelet.sandbox_config("db", "uid-db")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.create_container(sid, kubelet.container_config("app", cpu_milli=2000, limit_milli=2000), cfg)
+    assert (err.value.code(), err.value.details()) == (grpc.StatusCode.UNKNOWN, "runc create failed")
+    assert state_file(proxy).get("entries", {}) == {}
+    assert created_resources(runtime, shared["app"]).cpuset_cpus == "0-7"  # widened again
+    cid = await kubelet.create_container(sid, kubelet.container_config("app", cpu_milli=2000, limit_milli=2000), cfg)
+    assert created_resources(runtime, cid).cpuset_cpus == "1-2"
+
+
+async def test_kubelet_update_never_undoes_a_pin(proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, ids, _ = await run_pod(kubelet, "db", 1000, 1000)
+    await kubelet.update_container_resources(ids["app"], pb.LinuxContainerResources(
+        cpuset_cpus="0-7", cpu_shares=2048, cpu_quota=200000, cpu_period=100000))
+    res = created_resources(runtime, ids["app"])
+    assert (res.cpuset_cpus, res.cpuset_mems, res.cpu_shares, res.cpu_quota) == ("1", "0", 2048, -1)
+
+
+async def test_recreated_container_gets_its_cpus_back_and_removal_releases(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    sid, ids, cfg = await run_pod(kubelet, "db", 2000, 2000)
+    await run_pod(kubelet, "other", 1000, 1000)
+    first = created_resources(runtime, ids["app"]).cpuset_cpus
+    await kubelet.stop_container(ids["app"])
+    again = await kubelet.create_container(sid, kubelet.container_config("app", cpu_milli=2000, limit_milli=2000,
+                                                                         attempt=1), cfg)
+    assert created_resources(runtime, again).cpuset_cpus == first
+    await kubelet.remove_container(ids["app"])  # the dead instance: the new one keeps the CPUs
+    assert state_file(proxy)["entries"]["uid-db"] == {"app": first}
+    await kubelet.stop_container(again)
+    await kubelet.remove_container(again)
+    assert "uid-db" not in state_file(proxy)["entries"]
+
+
+async def test_stopped_sandbox_releases_the_pod_and_widens_the_pool(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, shared, _ = await run_pod(kubelet, "web", 200, qos="burstable")
+    sid, _, _ = await run_pod(kubelet, "db", 3000, 3000, containers=("a", "b"))
+    assert CPUSet.parse(created_resources(runtime, shared["app"]).cpuset_cpus) == CPUSet.parse("0,7")
+    await kubelet.stop_pod_sandbox(sid)
+    assert state_file(proxy).get("entries", {}) == {}
+    assert created_resources(runtime, shared["app"]).cpuset_cpus == "0-7"
+    await kubelet.remove_pod_sandbox(sid)
+    assert proxy.registry.sandboxes.get(sid) is None
+
+
+async def test_share_mode_pins_but_keeps_cpus_in_the_shared_pool(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, shared, _ = await run_pod(kubelet, "web", 200, qos="burstable")
+    _, ids, _ = await run_pod(kubelet, "cache", 2000, 2000, qos="burstable",
+                              annotations={"qos.gocrane.io/cpu-manager": "share"})
+    assert created_resources(runtime, ids["app"]).cpuset_cpus == "1-2"
+    assert created_resources(runtime, shared["app"]).cpuset_cpus == "0-7"
+    assert state_file(proxy)["entries"] == {"uid-cache": {"app": "1-2"}}
+    _, excl, _ = await run_pod(kubelet, "db", 1000, 1000)
+    assert created_resources(runtime, excl["app"]).cpuset_cpus == "3"
+    assert created_resources(runtime, shared["app"]).cpuset_cpus == "0-2,4-7"
+
+
+async def test_bypass_pods_and_the_proxy_itself_pass_untouched(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs, self_pod_namespace="kube-system",
+                       self_pod_name="numapin-abc")
+    p = await CriProxy(cfg).start()
+    try:
+        async with CRIClient(cfg.listen) as k:
+            await run_pod(k, "db", 1000, 1000)
+            for name, ann in (("tool", {"numapin.io/bypass": "true"}), ("numapin-abc", {})):
+                sb = k.sandbox_config(name, f"uid-{name}", namespace="kube-system" if not ann else "default",
+                                      annotations=ann)
+                sid = await k.run_pod_sandbox(sb)
+                req = pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=sb, config=k.container_config(
+                    "c", cpu_milli=1000, limit_milli=1000))
+                await k.call("CreateContainer", req, pb.CreateContainerResponse)
+                assert runtime.requests("CreateContainer")[-1] == req.SerializeToString()
+            _, late, _ = await run_pod(k, "db2", 1000, 1000)
+            # bypassed containers were never narrowed
+            assert all(pb.UpdateContainerResourcesRequest.FromString(r).container_id in late.values() or True
+                       for r in runtime.requests("UpdateContainerResources"))
+            assert len(runtime.requests("UpdateContainerResources")) == 0
+            assert p.allocator.state.assignments.keys() == {"uid-db", "uid-db2"}
+    finally:
+        await p.stop()
+
+
+async def test_intent_annotation_is_the_source_of_truth(proxy: CriProxy, kubelet: CRIClient,
+                                                        runtime: MemoryRuntime) -> None:
+    pod = PodInfo(uid="uid-i", namespace="default", name="i", qos_class="Guaranteed", cpu_manager=None,
+                  bypass=False, containers=(ContainerInfo("init", "init", 1000, 1000, 1 << 20, 1 << 20),
+                                            ContainerInfo("app", "app", 2000, 2000, 1 << 20, 1 << 20)))
+    cfg = kubelet.sandbox_config("i", "uid-i", qos="burstable",  # CRI says burstable: the annotation wins
+                                 annotations={INTENT_ANNOTATION: encode_intent(pod)})
+    sid = await kubelet.run_pod_sandbox(cfg)
+    init = await kubelet.create_container(sid, kubelet.container_config("init"), cfg)
+    assert created_resources(runtime, init).cpuset_cpus == "1"
+    app = await kubelet.create_container(sid, kubelet.container_config("app"), cfg)
+    assert CPUSet.parse(created_resources(runtime, app).cpuset_cpus) == CPUSet.parse("1-2")  # init's CPU reused
+    cfg.annotations[INTENT_ANNOTATION] = "{broken"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.create_container(sid, kubelet.container_config("app"), cfg)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert INTENT_ANNOTATION in err.value.details()
+
+
+async def test_concurrent_creates_never_assign_a_cpu_twice(proxy: CriProxy, kubelet: CRIClient,
+                                                           runtime: MemoryRuntime) -> None:
+    async def one(i: int) -> str | None:
+        try:
+            _, ids, _ = await run_pod(kubelet, f"p{i}", 1000, 1000)
+        except grpc.aio.AioRpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            return None
+        return created_resources(runtime, ids["app"]).cpuset_cpus
+
+    got = await asyncio.gather(*(one(i) for i in range(10)))
+    pinned = [CPUSet.parse(c) for c in got if c is not None]
+    assert len(pinned) == 7
+    assert sorted(c.min() for c in pinned) == [1, 2, 3, 4, 5, 6, 7]
+
+
+async def test_restart_reconciles_dropped_adopted_and_drifted(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs)
+    p = await CriProxy(cfg).start()
+    async with CRIClient(cfg.listen) as k:
+        _, web, _ = await run_pod(k, "web", 200, qos="burstable")
+        _, db, _ = await run_pod(k, "db", 2000, 2000)
+        _, gone, _ = await run_pod(k, "gone", 1000, 1000)
+    await p.stop()
+    # while the proxy is down: a container disappears, a cpuset drifts, a container appears
+    del runtime.containers[gone["app"]]
+    runtime.containers[web["app"]].resources.cpuset_cpus = "0-7"
+    runtime.containers[db["app"]].resources.cpuset_cpus = "5"
+    async with CRIClient(runtime.socket_path) as direct:
+        sb = direct.sandbox_config("new", "uid-new", qos="besteffort")
+        sid = await direct.run_pod_sandbox(sb)
+        new = await direct.create_container(sid, direct.container_config("c"), sb)
+    p = await CriProxy(cfg).start()
+    try:
+        await asyncio.wait_for(p.reconciled.wait(), 30)
+        rep = p.last_reconcile
+        assert rep is not None and rep.dropped == (("uid-gone", "app"),)
+        assert state_file(p)["entries"] == {"uid-db": {"app": "1-2"}}
+        assert runtime.containers[db["app"]].resources.cpuset_cpus == "1-2"
+        assert runtime.containers[web["app"]].resources.cpuset_cpus == "0,3-7"
+        assert runtime.containers[new].resources.cpuset_cpus == "0,3-7"
+    finally:
+        await p.stop()
+
+
+async def test_nrt_document_and_metrics(proxy: CriProxy, kubelet: CRIClient) -> None:
+    await run_pod(kubelet, "db", 2000, 2000)
+    for _ in range(200):
+        doc = json.loads(proxy.config.nrt_path.read_text()) if proxy.config.nrt_path.exists() else {}
+        if doc and doc["zones"][0]["resources"][0]["available"] == "1":
+            break
+        await asyncio.sleep(0.02)
+    assert doc["apiVersion"] == "topology.node.k8s.io/v1alpha2" and doc["metadata"]["name"] == "node-a"
+    assert {a["name"]: a["value"] for a in doc["attributes"]} == {"topologyManagerPolicy": "none",
+                                                                  "topologyManagerScope": "container"}
+    z0, z1 = doc["zones"]
+    assert (z0["name"], z0["type"]) == ("node-0", "Node")
+    assert z0["resources"] == [{"name": "cpu", "capacity": "4", "allocatable": "3", "available": "1"}]
+    assert z1["resources"] == [{"name": "cpu", "capacity": "4", "allocatable": "4", "available": "4"}]
+    assert z0["costs"] == [{"name": "node-0", "value": 10}, {"name": "node-1", "value": 20}]
+    text = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/metrics", timeout=10).read().decode())
+    assert 'numapin_criproxy_allocations_total{mode="exclusive"} 1.0' in text
+    assert 'numapin_criproxy_relay_seconds_count{code="OK",method="CreateContainer"} 1.0' in text
+
+
+async def test_v1alpha2_create_is_pinned_too(proxy: CriProxy, runtime: MemoryRuntime) -> None:
+    async with CRIClient(proxy.config.listen, api="runtime.v1alpha2") as old_kubelet:
+        _, ids, _ = await run_pod(old_kubelet, "db", 1000, 1000)
+    assert created_resources(runtime, ids["app"]).cpuset_cpus == "1"
+
+
+async def test_events_stream_through_the_full_proxy(proxy: CriProxy, kubelet: CRIClient,
+                                                    runtime: MemoryRuntime) -> None:
+    stream = kubelet.container_events()
+    while not runtime._events:
+        await asyncio.sleep(0.01)
+    _, ids, _ = await run_pod(kubelet, "db", 1000, 1000)
+    ev = await asyncio.wait_for(stream.read(), 10)
+    assert (ev.container_id, ev.container_event_type) == (ids["app"], pb.CONTAINER_CREATED_EVENT)
+    stream.cancel()
+
+
+async def test_kubelet_state_is_imported_once(short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    from allocator.checkpoint import CheckpointStore
+    from allocator.state import CPUState
+
+    kubelet_file = short_tmp / "kubelet_cpu_manager_state"
+    CheckpointStore(kubelet_file, "static").save(CPUState(default_cpuset=CPUSet.parse("0-2,5-7"),
+                                                          assignments={"uid-old": {"app": CPUSet.parse("3-4")}}))
+    async with CRIClient(runtime.socket_path) as direct:  # the pod kubelet pinned is running
+        sb = direct.sandbox_config("old", "uid-old")
+        sid = await direct.run_pod_sandbox(sb)
+        cid = await direct.create_container(sid, direct.container_config("app", cpuset_cpus="3-4"), sb)
+        await direct.start_container(cid)
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs, import_kubelet_state=str(kubelet_file))
+    p = await CriProxy(cfg).start()
+    try:
+        await asyncio.wait_for(p.reconciled.wait(), 30)
+        assert state_file(p)["entries"] == {"uid-old": {"app": "3-4"}}
+        assert state_file(p)["policyName"] == "numapin"
+        async with CRIClient(cfg.listen) as k:
+            _, ids, _ = await run_pod(k, "new", 2000, 2000)
+        assert CPUSet.parse(created_resources(runtime, ids["app"]).cpuset_cpus).isdisjoint(CPUSet.parse("3-4"))
+    finally:
+        await p.stop()

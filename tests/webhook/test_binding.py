@@ -1,0 +1,115 @@
+"""/validate for pods/binding: the Binding carries no pod; the webhook judges it with its pod cache and the target
+node's NodeResourceTopology, simulating that node's topology manager with its free CPUs."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.webhook.helpers import Client, apply_patch, binding_request, container, make_pod, pod_request
+from tests.webhook.nrt_fixtures import machine, nrt, write_docs
+from webhook.app import WebhookApp
+
+BIG = machine(2, 14)  # 2 NUMA nodes x 28 CPUs; NUMA 0 = cores 0-13 (cpus 0-13, 28-41), NUMA 1 = cores 14-27
+
+
+@pytest.fixture
+async def nodes(server: WebhookApp, nrt_dir: Path) -> WebhookApp:
+    write_docs(nrt_dir / "empty.yaml", [nrt("empty", BIG, reserved="0,28")])
+    # NUMA 0: 26 allocatable, 16 busy -> 10 free; NUMA 1: 16 busy -> 12 free
+    write_docs(nrt_dir / "busy.yaml", [nrt("busy", BIG, reserved="0,28", busy="1-8,29-36,14-21,42-49")])
+    write_docs(nrt_dir / "loose.yaml", [nrt("loose", BIG, policy="best-effort", reserved="0,28",
+                                            busy="1-8,29-36,14-21,42-49")])
+    for s in server.sources:
+        await s.sync()
+    return server
+
+
+async def _create(client: Client, pod: dict) -> dict:
+    """What kube-apiserver does before the scheduler binds: mutate, then validate (which feeds the cache)."""
+    pod = apply_patch(copy.deepcopy(pod), await client.admit("/mutate", pod_request(copy.deepcopy(pod))))
+    req = pod_request(pod, with_uid=True)
+    assert (await client.admit("/validate", req))["allowed"] is True
+    return req["object"]
+
+
+async def test_binding_the_node_would_reject_is_denied(nodes: WebhookApp, client: Client) -> None:
+    pod = await _create(client, make_pod("db", [container("db", "12"), container("log", "100m")]))
+    uid = pod["metadata"]["uid"]
+    resp = await client.admit("/validate", binding_request("default", "db", "busy", pod_uid=uid))
+    assert resp["allowed"] is True  # NUMA 1 has 12 free
+    pod = await _create(client, make_pod("db2", [container("db", "14")]))
+    resp = await client.admit("/validate", binding_request("default", "db2", "busy"))
+    assert resp["allowed"] is False
+    msg = resp["status"]["message"]
+    assert "busy" in msg and "TopologyAffinityError" in msg and "default/db2" in msg
+    assert "node-0=10" in msg and "node-1=12" in msg and "single-numa-node" in msg
+    # the same pod fits the empty node, and the best-effort node admits whatever it can place
+    assert (await client.admit("/validate", binding_request("default", "db2", "empty")))["allowed"] is True
+    assert (await client.admit("/validate", binding_request("default", "db2", "loose")))["allowed"] is True
+
+
+async def test_node_freeing_cpus_lets_the_binding_through(nodes: WebhookApp, client: Client,
+                                                          nrt_dir: Path) -> None:
+    await _create(client, make_pod("web", [container("web", "16")]))
+    assert (await client.admit("/validate", binding_request("default", "web", "busy")))["allowed"] is False
+    # the proxy publishes the node again after pods on NUMA 1 ended
+    write_docs(nrt_dir / "busy.yaml", [nrt("busy", BIG, reserved="0,28", busy="1-8,29-36")])
+    for _ in range(200):
+        if (await client.admit("/validate", binding_request("default", "web", "busy")))["allowed"]:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        raise AssertionError("binding still denied after the node freed CPUs")
+
+
+async def test_pods_from_the_directory_source(nodes: WebhookApp, client: Client, pods_dir: Path) -> None:
+    pod = make_pod("batch", [container("w", "20")], namespace="jobs")
+    (pods_dir / "batch.yaml").write_text(yaml.safe_dump(pod))
+    for s in nodes.sources:
+        await s.sync()
+    resp = await client.admit("/validate", binding_request("jobs", "batch", "busy"), "admission.k8s.io/v1beta1")
+    assert resp["allowed"] is False and "TopologyAffinityError" in resp["status"]["message"]
+
+
+async def test_what_cannot_be_judged_is_allowed(nodes: WebhookApp, client: Client) -> None:
+    resp = await client.admit("/validate", binding_request("default", "never-seen", "busy"))
+    assert resp["allowed"] is True and "not known" in resp["warnings"][0]
+    await _create(client, make_pod("x", [container("c", "20")]))
+    assert (await client.admit("/validate", binding_request("default", "x", "no-nrt")))["allowed"] is True
+    # a pod on the shared pool is never refused
+    await _create(client, make_pod("burst", [container("c", "20", cpu_limit="40")]))
+    assert (await client.admit("/validate", binding_request("default", "burst", "busy")))["allowed"] is True
+    # dry-run creates are not remembered
+    pod = apply_patch(make_pod("dry", [container("c", "20")]),
+                      await client.admit("/mutate", pod_request(make_pod("dry", [container("c", "20")]))))
+    assert (await client.admit("/validate", pod_request(pod, with_uid=True, dry_run=True)))["allowed"] is True
+    resp = await client.admit("/validate", binding_request("default", "dry", "busy"))
+    assert resp["allowed"] is True and "not known" in resp["warnings"][0]
+
+
+async def test_pods_just_bound_count_until_the_node_publishes_again(nodes: WebhookApp, client: Client,
+                                                                   nrt_dir: Path) -> None:
+    """The scheduler binds three 16-CPU pods to an empty node in a row: NUMA 0 (26 allocatable) and NUMA 1 (28)
+    take one each; the third would be rejected by the node, so its binding is denied before the node publishes."""
+    for name in ("r1", "r2", "r3"):
+        await _create(client, make_pod(name, [container("c", "16")]))
+    assert (await client.admit("/validate", binding_request("default", "r1", "empty")))["allowed"] is True
+    # the same pod judged again is not counted twice
+    assert (await client.admit("/validate", binding_request("default", "r1", "empty")))["allowed"] is True
+    assert (await client.admit("/validate", binding_request("default", "r2", "empty")))["allowed"] is True
+    resp = await client.admit("/validate", binding_request("default", "r3", "empty"))
+    assert resp["allowed"] is False
+    assert "counting 2 pod(s) just bound" in resp["status"]["message"]
+    assert sorted({p.pod for p in nodes.binding_validator.pending("empty")}) == [("default", "r1"), ("default", "r2")]
+    # the node publishes its topology with r1 and r2 running: the pending pods are dropped, the answer is the same
+    write_docs(nrt_dir / "empty.yaml", [nrt("empty", BIG, reserved="0,28", busy="1-8,29-36,14-21,42-49")])
+    for s in nodes.sources:
+        await s.sync()
+    resp = await client.admit("/validate", binding_request("default", "r3", "empty"))
+    assert resp["allowed"] is False and "just bound" not in resp["status"]["message"]
+    assert nodes.binding_validator.pending("empty") == []

@@ -1,0 +1,129 @@
+"""/validate for pods CREATE/UPDATE over real TLS, against NodeResourceTopology documents in a directory."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from allocator.intent import INTENT_ANNOTATION
+from allocator.pod import CPU_MANAGER_ANNOTATION
+from tests.webhook.helpers import Client, apply_patch, container, make_pod, pod_request
+from tests.webhook.nrt_fixtures import write_cluster
+from webhook.app import WebhookApp
+
+
+@pytest.fixture
+async def cluster(server: WebhookApp, nrt_dir: Path) -> WebhookApp:
+    write_cluster(nrt_dir)
+    for s in server.sources:
+        await s.sync()
+    assert len(server.nodes) == 3
+    return server
+
+
+async def _mutated(client: Client, pod: dict) -> dict:
+    resp = await client.admit("/mutate", pod_request(copy.deepcopy(pod)))
+    return apply_patch(copy.deepcopy(pod), resp)
+
+
+async def test_bad_cpu_manager_value_denied_with_the_allowed_values(client: Client) -> None:
+    pod = make_pod("p", [container("c", "2")], annotations={CPU_MANAGER_ANNOTATION: "turbo"})
+    resp = await client.admit("/validate", pod_request(pod, with_uid=True))
+    assert resp["allowed"] is False
+    assert resp["status"]["code"] == 400
+    msg = resp["status"]["message"]
+    assert "turbo" in msg and "none, exclusive, share" in msg and CPU_MANAGER_ANNOTATION in msg
+
+
+async def test_update_denies_only_a_new_bad_value(client: Client) -> None:
+    old = make_pod("p", [container("c", "2")], annotations={CPU_MANAGER_ANNOTATION: "turbo"})
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"]["x"] = "y"
+    resp = await client.admit("/validate", pod_request(new, operation="UPDATE", old=old))
+    assert resp["allowed"] is True  # a pod created before numapin can still be updated
+    good = make_pod("p", [container("c", "2")], annotations={CPU_MANAGER_ANNOTATION: "share"})
+    bad = copy.deepcopy(good)
+    bad["metadata"]["annotations"][CPU_MANAGER_ANNOTATION] = "Sharing"
+    resp = await client.admit("/validate", pod_request(bad, operation="UPDATE", old=good))
+    assert resp["allowed"] is False and "none, exclusive, share" in resp["status"]["message"]
+
+
+async def test_exclusive_without_eligible_container_warns(client: Client) -> None:
+    pod = make_pod("p", [container("a", "500m"), container("b", "2", cpu_limit="3")],
+                   annotations={CPU_MANAGER_ANNOTATION: "exclusive"})
+    resp = await client.admit("/validate", pod_request(await _mutated(client, pod), with_uid=True))
+    assert resp["allowed"] is True
+    assert any("no effect" in w and "exclusive" in w for w in resp["warnings"])
+
+
+async def test_intent_must_match_the_pod(client: Client) -> None:
+    pod = await _mutated(client, make_pod("p", [container("c", "2")]))
+    assert (await client.admit("/validate", pod_request(copy.deepcopy(pod), with_uid=True)))["allowed"] is True
+    forged = copy.deepcopy(pod)
+    forged["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}
+    resp = await client.admit("/validate", pod_request(forged, with_uid=True))
+    assert resp["allowed"] is False and INTENT_ANNOTATION in resp["status"]["message"]
+    changed = copy.deepcopy(pod)
+    changed["metadata"]["annotations"][INTENT_ANNOTATION] = changed["metadata"]["annotations"][
+        INTENT_ANNOTATION].replace("2000", "4000")
+    resp = await client.admit("/validate", pod_request(changed, operation="UPDATE", old=pod))
+    assert resp["allowed"] is False and "cannot be" in resp["status"]["message"]
+
+
+async def test_pod_no_node_could_ever_admit_is_denied(cluster: WebhookApp, client: Client) -> None:
+    pod = await _mutated(client, make_pod("huge", [container("small", "2"), container("big", "30", "4Gi")],
+                                          node_name="w-0"))
+    resp = await client.admit("/validate", pod_request(pod, with_uid=True))
+    assert resp["allowed"] is False
+    msg = resp["status"]["message"]
+    assert "single-numa-node" in msg and '"big"' in msg and "30" in msg
+    assert "node-1" in msg and "28 allocatable" in msg and "w-0" in msg
+    # the same pod may go to the best-effort node: allowed
+    anywhere = copy.deepcopy(pod)
+    del anywhere["spec"]["nodeName"]
+    assert (await client.admit("/validate", pod_request(anywhere, with_uid=True)))["allowed"] is True
+
+
+async def test_pod_scope_names_the_pod_total(cluster: WebhookApp, client: Client, nrt_dir: Path) -> None:
+    from tests.webhook.nrt_fixtures import machine, nrt, write_docs
+
+    write_docs(nrt_dir / "p-0.yaml", [nrt("p-0", machine(2, 8), scope="pod", reserved="0,16")])
+    for s in cluster.sources:
+        await s.sync()
+    pod = await _mutated(client, make_pod("pair", [container("a", "9"), container("b", "9")], node_name="p-0"))
+    resp = await client.admit("/validate", pod_request(pod, with_uid=True))
+    assert resp["allowed"] is False
+    msg = resp["status"]["message"]
+    assert "scope pod" in msg and "18 CPUs of its own in total" in msg and '"a", "b"' in msg
+
+
+async def test_pod_no_node_can_admit_now_is_allowed_with_a_warning(cluster: WebhookApp, client: Client) -> None:
+    # w-2: 4 NUMA nodes x 8 CPUs, restricted, full-pcpus-only; 30 allocatable when empty, 27 free now
+    pod = await _mutated(client, make_pod("wide", [container("c", "28")], node_selector={"pool": "small"}))
+    resp = await client.admit("/validate", pod_request(pod, with_uid=True))
+    assert resp["allowed"] is True
+    assert any("right now" in w for w in resp["warnings"])
+
+
+async def test_node_selector_and_unknown_nodes(cluster: WebhookApp, client: Client) -> None:
+    pod = await _mutated(client, make_pod("p", [container("c", "30")], node_selector={"pool": "nowhere"}))
+    assert (await client.admit("/validate", pod_request(pod, with_uid=True)))["allowed"] is True  # nothing known
+    fits = await _mutated(client, make_pod("q", [container("c", "24")], node_selector={"pool": "big"}))
+    resp = await client.admit("/validate", pod_request(fits, with_uid=True))
+    assert resp["allowed"] is True and "warnings" not in resp
+
+
+async def test_shared_pool_pods_are_not_simulated(cluster: WebhookApp, client: Client) -> None:
+    pod = await _mutated(client, make_pod("burst", [container("c", "60", cpu_limit="64")], node_name="w-0"))
+    before = cluster.simulator.simulations
+    resp = await client.admit("/validate", pod_request(pod, with_uid=True))
+    assert resp["allowed"] is True
+    assert cluster.simulator.simulations == before
+
+
+async def test_v1beta1_denial_in_kind(cluster: WebhookApp, client: Client) -> None:
+    pod = await _mutated(client, make_pod("huge", [container("big", "30")], node_name="w-0"))
+    resp = await client.admit("/validate", pod_request(pod, with_uid=True), api_version="admission.k8s.io/v1beta1")
+    assert resp["allowed"] is False

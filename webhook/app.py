@@ -1,0 +1,123 @@
+"""Wires the webhook together: TLS, metrics, node and pod sources, decisions, the HTTPS server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .binding import BindingValidator
+from .metrics import WebhookMetrics
+from .mutate import is_pod_request, mutate_review
+from .nodes import APISource, DirectorySource, NodeStore
+from .pods_cache import PodAPISource, PodCache, PodDirectorySource
+from .review import AdmissionRequest, Verdict
+from .server import DEFAULT_MAX_BODY, ServerConfig, WebhookServer
+from .simulate import Simulator
+from .tls import CertReloader
+from .validate import PodValidator
+
+__all__ = ["WebhookApp", "WebhookOptions", "build_server"]
+
+log = logging.getLogger("numapin.webhook")
+
+
+@dataclass(frozen=True)
+class WebhookOptions:
+    cert: Path
+    key: Path
+    host: str = "0.0.0.0"
+    port: int = 8443
+    nrt_dir: Path | None = None
+    pods_dir: Path | None = None
+    kubeconfig: str | None = None
+    in_cluster: bool = False
+    max_body: int = DEFAULT_MAX_BODY
+    cert_poll_seconds: float = 5.0
+    nrt_poll_seconds: float = 2.0
+
+
+class WebhookApp:
+    """The running webhook: server plus the background sources."""
+
+    def __init__(self, opts: WebhookOptions) -> None:
+        self.opts = opts
+        self.metrics = WebhookMetrics()
+        self.nodes = NodeStore()
+        self.pods = PodCache()
+        self.simulator = Simulator()
+        self.pod_validator = PodValidator(self.nodes, self.pods, self.simulator)
+        self.binding_validator = BindingValidator(self.nodes, self.pods, self.simulator)
+        self.sources: list[Any] = []
+        if opts.nrt_dir is not None:
+            self.sources.append(DirectorySource(self.nodes, opts.nrt_dir, poll_seconds=opts.nrt_poll_seconds))
+        if opts.pods_dir is not None:
+            self.sources.append(PodDirectorySource(self.pods, opts.pods_dir, poll_seconds=opts.nrt_poll_seconds))
+        if opts.kubeconfig or opts.in_cluster:
+            self.sources.append(APISource(self.nodes, kubeconfig=opts.kubeconfig))
+            self.sources.append(PodAPISource(self.pods, kubeconfig=opts.kubeconfig))
+        self.reloader = CertReloader(opts.cert, opts.key)
+        self.server = WebhookServer(
+            reloader=self.reloader, mutate=self.mutate, validate=self.validate, metrics=self.metrics,
+            config=ServerConfig(host=opts.host, port=opts.port, max_body=opts.max_body,
+                                cert_poll_seconds=opts.cert_poll_seconds),
+            ready_checks=(self._nodes_ready,),
+        )
+        self.metrics.nodes.set_function(lambda: len(self.nodes))
+        self.metrics.pods.set_function(lambda: len(self.pods))
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _nodes_ready(self) -> tuple[bool, str]:
+        if not self.nodes.synced:
+            return False, "node topology source not synced yet"
+        return True, "ok"
+
+    @property
+    def port(self) -> int | None:
+        return self.server.port
+
+    async def mutate(self, req: AdmissionRequest) -> Verdict:
+        return await mutate_review(req)
+
+    async def validate(self, req: AdmissionRequest) -> Verdict:
+        if req.group == "" and req.resource == "pods" and req.sub_resource == "binding":
+            return await self.binding_validator.validate(req)
+        if is_pod_request(req):
+            return await self.pod_validator.validate(req)
+        log.info("validate: not handled, allowed: %s", req.describe())
+        return Verdict.allow()
+
+    async def start(self) -> None:
+        # first sync of the directory sources before serving, so /readyz turns ready at once
+        for s in self.sources:
+            if isinstance(s, DirectorySource | PodDirectorySource):
+                await s.sync()
+        for s in self.sources:
+            self._tasks.append(asyncio.create_task(self._run_source(s)))
+        await self.server.start()
+
+    async def _run_source(self, source: Any) -> None:
+        try:
+            await source.run(self._stop)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("source %s stopped", type(source).__name__)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await self.server.stop()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+
+
+def build_server(opts: WebhookOptions) -> WebhookApp:
+    return WebhookApp(opts)

@@ -1,0 +1,131 @@
+"""``/validate``, pods/binding CREATE: would the target node's topology manager admit the pod?
+
+The Binding names the pod and the node only; the pod comes from the ``PodCache``, the node from its
+NodeResourceTopology. The node is simulated with its current free CPUs (``Simulator``); a binding the node would
+reject is denied, so the pod stays Pending and the scheduler tries again (with back-off, or at once when a node is
+added) instead of kubelet failing the pod after binding. Whatever cannot be judged (pod not cached, node without
+topology, node configuration numapin cannot emulate) is allowed and logged: the node proxy remains the backstop.
+
+The published free CPUs lag behind bindings (the node proxy publishes once the containers exist), and the
+scheduler, which does not see NUMA nodes, may bind several pods to a node in quick succession. So the validator
+remembers the pinned pods whose binding it allowed to each node, and admits them on the simulated node before the
+pod being judged, until the node publishes a new topology or ``pending_seconds`` pass. This is per replica (each
+replica sees the bindings routed to it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from allocator.pod import PodInfo
+
+from .nodes import NodeStore
+from .pods_cache import PodCache
+from .review import AdmissionRequest, Verdict
+from .simulate import Simulator
+from .validate import pinned
+
+__all__ = ["BindingValidator"]
+
+log = logging.getLogger("numapin.webhook.binding")
+
+
+@dataclass(frozen=True)
+class _Pending:
+    at: float
+    pod: tuple[str, str]
+    info: PodInfo
+    node_state: Any
+
+
+class BindingValidator:
+    def __init__(self, nodes: NodeStore, pods: PodCache, simulator: Simulator, *, pending_seconds: float = 60.0
+                 ) -> None:
+        self.nodes = nodes
+        self.pods = pods
+        self.simulator = simulator
+        self.pending_seconds = pending_seconds
+        self._pending: dict[str, list[_Pending]] = {}
+        self._calls = 0
+
+    def pending(self, node: str) -> list[_Pending]:
+        return list(self._pending.get(node, ()))
+
+    def _expire(self, now: float) -> None:
+        for node in list(self._pending):
+            live = [p for p in self._pending[node] if now - p.at < self.pending_seconds]
+            if live:
+                self._pending[node] = live
+            else:
+                del self._pending[node]
+
+    def _prior(self, node_name: str, node_state: Any, key: tuple[str, str]) -> tuple[PodInfo, ...]:
+        now = time.monotonic()
+        self._calls += 1
+        if self._calls % 1024 == 0:
+            self._expire(now)
+        live = [p for p in self._pending.get(node_name, ())
+                if now - p.at < self.pending_seconds and p.node_state == node_state and p.pod != key]
+        if live:
+            self._pending[node_name] = live
+        else:
+            self._pending.pop(node_name, None)
+        return tuple(p.info for p in live)
+
+    async def validate(self, req: AdmissionRequest) -> Verdict:
+        obj = req.object
+        if req.operation != "CREATE" or not isinstance(obj, Mapping):
+            log.info("binding: not handled, allowed: %s", req.describe())
+            return Verdict.allow()
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        target = obj.get("target")
+        target = target if isinstance(target, Mapping) else {}
+        namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else req.namespace
+        name = meta.get("name") if isinstance(meta.get("name"), str) else req.name
+        node_name = target.get("name")
+        if target.get("kind", "Node") != "Node" or not isinstance(node_name, str) or not node_name:
+            log.info("binding: target is not a node, allowed: %s", req.describe())
+            return Verdict.allow()
+
+        cached = self.pods.get(namespace or "", name or "")
+        if cached is None:
+            log.warning("binding of %s/%s to %s allowed unchecked: pod not in the cache", namespace, name, node_name)
+            return Verdict.allow(f"numapin: pod {namespace}/{name} not known to the webhook; binding not checked")
+        want_uid = meta.get("uid")
+        if isinstance(want_uid, str) and want_uid and cached.uid and cached.uid != want_uid:
+            log.warning("binding of %s/%s allowed unchecked: cached pod has uid %s, binding names %s",
+                        namespace, name, cached.uid, want_uid)
+            return Verdict.allow()
+        info = cached.info
+        if not pinned(info):
+            return Verdict.allow()
+        node = self.nodes.get(node_name)
+        if node is None:
+            log.info("binding of %s/%s to %s allowed unchecked: no NodeResourceTopology for the node",
+                     namespace, name, node_name)
+            return Verdict.allow()
+
+        key = (namespace or "", name or "")
+        prior = self._prior(node_name, node.state_key, key)
+        answer = self.simulator.cached(node, info, occupied=True, prior=prior)
+        if answer is None:
+            answer = await asyncio.to_thread(self.simulator.admit, node, info, occupied=True, prior=prior)
+        if answer.admitted:
+            if not req.dry_run and answer.known:
+                self._pending.setdefault(node_name, []).append(
+                    _Pending(time.monotonic(), key, info, node.state_key))
+            return Verdict.allow()
+        free = ", ".join(f"node-{z.numa}={z.available}" for z in node.zones)
+        also = f"; counting {len(prior)} pod(s) just bound to it" if prior else ""
+        why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
+        return Verdict.deny(
+            f"node {node_name} would reject pod {namespace}/{name} ({why}); topology manager policy "
+            f"{node.topology_manager_policy}, scope {node.topology_manager_scope}, free CPUs per NUMA node: "
+            f"{free}{also}",
+            reason="Forbidden")

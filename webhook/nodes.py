@@ -1,0 +1,344 @@
+"""Where the webhook learns the nodes' topology: NodeResourceTopology objects (and Node labels).
+
+``NodeStore`` holds the parsed NRTs by node name and the nodes' labels, and answers "which nodes could this pod
+go to" (``spec.nodeName`` and ``spec.nodeSelector`` narrow the candidates). Two sources fill it:
+
+- ``DirectorySource`` (the default): every ``*.yaml``/``*.yml``/``*.json`` file of a directory (a mounted ConfigMap,
+  the demo, the tests), each holding one or more documents (YAML multi-document, or a ``List``) of kind
+  ``NodeResourceTopology`` or ``Node`` (for labels). The directory is polled; changed files are re-read off the
+  event loop. A file that cannot be parsed is logged and its previous documents are kept.
+- ``APISource``: list and watch ``noderesourcetopologies.topology.node.k8s.io`` and Nodes from the API server with
+  kubernetes-asyncio (in-cluster config, or a kubeconfig), re-listing after a watch ends or fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from allocator.errors import TopologyError
+from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
+
+__all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
+
+log = logging.getLogger("numapin.webhook.nodes")
+
+
+class NodeStore:
+    """The known nodes: NRTs by name, and labels by node name (from Node objects, else the NRT's own labels)."""
+
+    def __init__(self) -> None:
+        self._nrt: dict[str, NodeTopology] = {}
+        self._labels: dict[str, dict[str, str]] = {}
+        self._synced: set[str] = set()
+        self._sources: set[str] = set()
+        self.version = 0
+
+    # -- source side ----------------------------------------------------------------------------------------
+    def register(self, source: str) -> None:
+        self._sources.add(source)
+
+    def mark_synced(self, source: str) -> None:
+        self._synced.add(source)
+
+    @property
+    def synced(self) -> bool:
+        return self._sources <= self._synced
+
+    def replace(self, nrts: Iterable[NodeTopology], labels: Mapping[str, Mapping[str, str]]) -> None:
+        self._nrt = {n.name: n for n in nrts}
+        self._labels = {k: dict(v) for k, v in labels.items()}
+        self.version += 1
+
+    def put(self, node: NodeTopology) -> None:
+        self._nrt[node.name] = node
+        self.version += 1
+
+    def delete(self, name: str) -> None:
+        if self._nrt.pop(name, None) is not None:
+            self.version += 1
+
+    def put_labels(self, name: str, labels: Mapping[str, str]) -> None:
+        self._labels[name] = dict(labels)
+        self.version += 1
+
+    def delete_labels(self, name: str) -> None:
+        self._labels.pop(name, None)
+
+    # -- query side -----------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._nrt)
+
+    def get(self, name: str) -> NodeTopology | None:
+        return self._nrt.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._nrt)
+
+    def labels(self, name: str) -> Mapping[str, str]:
+        labels = self._labels.get(name)
+        if labels is not None:
+            return labels
+        node = self._nrt.get(name)
+        base = dict(node.labels) if node is not None else {}
+        base.setdefault("kubernetes.io/hostname", name)
+        return base
+
+    def candidates(self, pod: Mapping[str, Any]) -> list[NodeTopology]:
+        """The known nodes the pod may land on: its ``spec.nodeName`` if set, those matching ``nodeSelector``."""
+        spec = pod.get("spec") if isinstance(pod, Mapping) else None
+        spec = spec if isinstance(spec, Mapping) else {}
+        node_name = spec.get("nodeName")
+        if isinstance(node_name, str) and node_name:
+            node = self._nrt.get(node_name)
+            return [node] if node is not None else []
+        selector = spec.get("nodeSelector")
+        nodes = [self._nrt[n] for n in sorted(self._nrt)]
+        if isinstance(selector, Mapping) and selector:
+            want = {str(k): str(v) for k, v in selector.items()}
+            nodes = [n for n in nodes if all(self.labels(n.name).get(k) == v for k, v in want.items())]
+        return nodes
+
+
+# -- documents ----------------------------------------------------------------------------------------------
+def load_documents(text: str, *, name: str) -> list[Mapping[str, Any]]:
+    """The objects in a YAML or JSON text (multi-document YAML and ``kind: *List`` expanded)."""
+    if name.endswith(".json"):
+        docs: list[Any] = [json.loads(text)]
+    else:
+        docs = list(yaml.safe_load_all(text))
+    out: list[Mapping[str, Any]] = []
+    for d in docs:
+        if d is None:
+            continue
+        if not isinstance(d, Mapping):
+            raise ValueError(f"{name}: a document is not a mapping")
+        kind = d.get("kind")
+        if isinstance(kind, str) and kind.endswith("List") and isinstance(d.get("items"), list):
+            out.extend(i for i in d["items"] if isinstance(i, Mapping))
+        else:
+            out.append(d)
+    return out
+
+
+@dataclass(frozen=True)
+class _FileContent:
+    nrts: tuple[NodeTopology, ...]
+    labels: Mapping[str, Mapping[str, str]]
+
+
+def _read_file(path: Path) -> _FileContent:
+    docs = load_documents(path.read_text(encoding="utf-8"), name=path.name)
+    nrts: list[NodeTopology] = []
+    labels: dict[str, Mapping[str, str]] = {}
+    for i, d in enumerate(docs):
+        kind = d.get("kind")
+        if kind == NRT_KIND:
+            try:
+                nrts.append(parse_nrt(d))
+            except TopologyError as e:
+                raise ValueError(f"{path.name} document {i}: {e}") from None
+        elif kind == "Node":
+            meta = d.get("metadata")
+            if isinstance(meta, Mapping) and isinstance(meta.get("name"), str):
+                raw = meta.get("labels")
+                labels[meta["name"]] = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+    return _FileContent(tuple(nrts), labels)
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+class DirectorySource:
+    """Keeps a NodeStore equal to the documents of a directory, polling it."""
+
+    name = "directory"
+
+    def __init__(self, store: NodeStore, directory: str | os.PathLike[str], *, poll_seconds: float = 2.0) -> None:
+        self.store = store
+        self.directory = Path(directory)
+        self.poll_seconds = poll_seconds
+        self._files: dict[Path, tuple[tuple[int, int, int] | None, _FileContent]] = {}
+        self.errors: dict[Path, str] = {}
+        store.register(self.name)
+
+    def _scan(self) -> bool:
+        """Re-read changed files (runs in a worker thread). True when something changed."""
+        changed = False
+        try:
+            paths = sorted(p for p in self.directory.iterdir()
+                           if p.suffix in (".yaml", ".yml", ".json") and not p.name.startswith(".") and p.is_file())
+        except OSError as e:
+            msg = f"cannot list {self.directory}: {e}"
+            if self.errors.get(self.directory) != msg:
+                log.warning("%s", msg)
+            self.errors[self.directory] = msg
+            return False
+        self.errors.pop(self.directory, None)
+        seen = set(paths)
+        for gone in [p for p in self._files if p not in seen]:
+            del self._files[gone]
+            changed = True
+        for p in paths:
+            st = _stat(p)
+            prev = self._files.get(p)
+            if prev is not None and prev[0] == st:
+                continue
+            try:
+                content = _read_file(p)
+            except (OSError, ValueError, yaml.YAMLError, RecursionError) as e:
+                msg = str(e)
+                if self.errors.get(p) != msg:
+                    log.warning("node topology file %s not loaded: %s", p, msg)
+                self.errors[p] = msg
+                if prev is not None:
+                    self._files[p] = (st, prev[1])  # keep what it held; retry when it changes again
+                continue
+            self.errors.pop(p, None)
+            self._files[p] = (st, content)
+            changed = True
+        return changed
+
+    def _publish(self) -> None:
+        nrts: dict[str, NodeTopology] = {}
+        labels: dict[str, Mapping[str, str]] = {}
+        for _, content in self._files.values():
+            for n in content.nrts:
+                nrts[n.name] = n
+            labels.update(content.labels)
+        self.store.replace(nrts.values(), labels)
+
+    async def sync(self) -> None:
+        if await asyncio.to_thread(self._scan) or not self.store.synced:
+            self._publish()
+        self.store.mark_synced(self.name)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.sync()
+            except Exception:
+                log.exception("reading %s failed", self.directory)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.poll_seconds)
+
+
+class APISource:
+    """List and watch NRTs and Nodes from the API server (kubernetes-asyncio)."""
+
+    name = "api"
+
+    def __init__(self, store: NodeStore, *, kubeconfig: str | None = None, watch_nodes: bool = True,
+                 retry_seconds: float = 5.0) -> None:
+        self.store = store
+        self.kubeconfig = kubeconfig
+        self.watch_nodes = watch_nodes
+        self.retry_seconds = retry_seconds
+        store.register(self.name)
+        if watch_nodes:
+            store.register(self.name + "/nodes")
+
+    async def _client(self) -> Any:
+        from kubernetes_asyncio import client, config
+
+        if self.kubeconfig:
+            api = await config.new_client_from_config(config_file=self.kubeconfig)
+        else:
+            config.load_incluster_config()
+            api = client.ApiClient()
+        return api
+
+    async def run(self, stop: asyncio.Event) -> None:
+        api = await self._client()
+        try:
+            tasks = [asyncio.create_task(self._loop(stop, self._nrt_once, api))]
+            if self.watch_nodes:
+                tasks.append(asyncio.create_task(self._loop(stop, self._nodes_once, api)))
+            await stop.wait()
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+        finally:
+            await api.close()
+
+    async def _loop(self, stop: asyncio.Event, once: Any, api: Any) -> None:
+        while not stop.is_set():
+            try:
+                await once(api)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("watching the API server failed (%s); retrying in %ss", e, self.retry_seconds)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.retry_seconds)
+
+    async def _nrt_once(self, api: Any) -> None:
+        from kubernetes_asyncio import client, watch
+
+        custom = client.CustomObjectsApi(api)
+        listing = await custom.list_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL)
+        nrts = []
+        for item in listing.get("items", []):
+            try:
+                nrts.append(parse_nrt({"kind": NRT_KIND, "apiVersion": f"{NRT_GROUP}/{NRT_VERSION}", **item}))
+            except TopologyError as e:
+                log.warning("NodeResourceTopology ignored: %s", e)
+        current = {n.name: n for n in nrts}
+        for name in self.store.names():
+            if name not in current:
+                self.store.delete(name)
+        for n in nrts:
+            self.store.put(n)
+        self.store.mark_synced(self.name)
+        rv = listing.get("metadata", {}).get("resourceVersion")
+        w = watch.Watch()
+        async with w.stream(custom.list_cluster_custom_object, NRT_GROUP, NRT_VERSION, NRT_PLURAL,
+                            resource_version=rv, timeout_seconds=300) as stream:
+            async for event in stream:
+                kind, obj = event.get("type"), event.get("raw_object")
+                if not isinstance(obj, Mapping) or kind == "BOOKMARK":
+                    continue
+                name = obj.get("metadata", {}).get("name")
+                if kind == "DELETED" and isinstance(name, str):
+                    self.store.delete(name)
+                    continue
+                try:
+                    self.store.put(parse_nrt(obj))
+                except TopologyError as e:
+                    log.warning("NodeResourceTopology %s ignored: %s", name, e)
+
+    async def _nodes_once(self, api: Any) -> None:
+        from kubernetes_asyncio import client, watch
+
+        core = client.CoreV1Api(api)
+        listing = await core.list_node()
+        for node in listing.items:
+            self.store.put_labels(node.metadata.name, node.metadata.labels or {})
+        self.store.mark_synced(self.name + "/nodes")
+        w = watch.Watch()
+        async with w.stream(core.list_node, resource_version=listing.metadata.resource_version,
+                            timeout_seconds=300) as stream:
+            async for event in stream:
+                node = event.get("object")
+                if event.get("type") == "BOOKMARK" or getattr(node, "metadata", None) is None:
+                    continue
+                if event.get("type") == "DELETED":
+                    self.store.delete_labels(node.metadata.name)
+                else:
+                    self.store.put_labels(node.metadata.name, node.metadata.labels or {})

@@ -1,0 +1,155 @@
+"""AdmissionReview (``admission.k8s.io/v1``, and ``v1beta1`` answered in kind): parse a request, build a response.
+
+``parse_review`` checks only what the webhook needs (the envelope and ``request.uid``) and raises ReviewError with
+a message naming the field; the HTTP layer turns that into a 400. ``Verdict`` is what a decision returns;
+``respond`` renders it as the AdmissionReview the API server expects, echoing the request's uid.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "API_VERSIONS",
+    "AdmissionRequest",
+    "ReviewError",
+    "Verdict",
+    "parse_review",
+    "respond",
+]
+
+API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+# the API server shows warnings longer than this truncated; keep ours readable
+MAX_WARNING_CHARS = 250
+
+
+class ReviewError(ValueError):
+    """The body is not an AdmissionReview request the webhook can answer."""
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    """The fields of ``request`` the webhook looks at (``raw`` keeps all of it)."""
+
+    api_version: str
+    uid: str
+    operation: str
+    group: str
+    version: str
+    resource: str
+    sub_resource: str
+    namespace: str
+    name: str
+    object: Any
+    old_object: Any
+    dry_run: bool
+    raw: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def target(self) -> str:
+        """``pods``, ``pods/binding``, ... (group left out for the core group)."""
+        res = self.resource if not self.group else f"{self.resource}.{self.group}"
+        return f"{res}/{self.sub_resource}" if self.sub_resource else res
+
+    def describe(self) -> str:
+        obj = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.operation} {self.target} {obj or '(unnamed)'} uid={self.uid}"
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def parse_review(body: Any) -> AdmissionRequest:
+    """Validate the AdmissionReview envelope. Raises ReviewError naming the field at fault."""
+    if not isinstance(body, Mapping):
+        raise ReviewError("body must be a JSON object (an AdmissionReview)")
+    api = body.get("apiVersion")
+    if api not in API_VERSIONS:
+        raise ReviewError(f"apiVersion must be one of {', '.join(API_VERSIONS)}, got {api!r}")
+    if body.get("kind") != "AdmissionReview":
+        raise ReviewError(f"kind must be AdmissionReview, got {body.get('kind')!r}")
+    req = body.get("request")
+    if not isinstance(req, Mapping):
+        raise ReviewError("request must be an object")
+    uid = req.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise ReviewError("request.uid must be a non-empty string")
+    resource = req.get("resource")
+    if resource is not None and not isinstance(resource, Mapping):
+        raise ReviewError("request.resource must be an object {group, version, resource}")
+    resource = resource or {}
+    operation = req.get("operation")
+    if operation is not None and not isinstance(operation, str):
+        raise ReviewError("request.operation must be a string")
+    return AdmissionRequest(
+        api_version=api,
+        uid=uid,
+        operation=_str(operation),
+        group=_str(resource.get("group")),
+        version=_str(resource.get("version")),
+        resource=_str(resource.get("resource")),
+        sub_resource=_str(req.get("subResource")),
+        namespace=_str(req.get("namespace")),
+        name=_str(req.get("name")),
+        object=req.get("object"),
+        old_object=req.get("oldObject"),
+        dry_run=req.get("dryRun") is True,
+        raw=req,
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A decision: allowed or denied (with a message and an HTTP-like code), warnings, and a JSON patch."""
+
+    allowed: bool = True
+    message: str = ""
+    code: int = 200
+    reason: str = ""
+    warnings: tuple[str, ...] = ()
+    patch: tuple[Mapping[str, Any], ...] = ()
+
+    @classmethod
+    def allow(cls, *warnings: str, patch: tuple[Mapping[str, Any], ...] = ()) -> Verdict:
+        return cls(allowed=True, warnings=tuple(warnings), patch=patch)
+
+    @classmethod
+    def deny(cls, message: str, *, code: int = 403, reason: str = "Forbidden", warnings: tuple[str, ...] = ()
+             ) -> Verdict:
+        return cls(allowed=False, message=message, code=code, reason=reason, warnings=warnings)
+
+    @property
+    def label(self) -> str:
+        """For metrics: ``denied``, ``allowed_with_warnings``, ``patched`` or ``allowed``."""
+        if not self.allowed:
+            return "denied"
+        if self.warnings:
+            return "allowed_with_warnings"
+        return "patched" if self.patch else "allowed"
+
+
+def _warning(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_WARNING_CHARS else text[: MAX_WARNING_CHARS - 3] + "..."
+
+
+def respond(req: AdmissionRequest, verdict: Verdict) -> dict[str, Any]:
+    """The AdmissionReview answer, in the request's apiVersion, echoing its uid."""
+    response: dict[str, Any] = {"uid": req.uid, "allowed": verdict.allowed}
+    if not verdict.allowed:
+        status: dict[str, Any] = {"code": verdict.code, "message": verdict.message}
+        if verdict.reason:
+            status["reason"] = verdict.reason
+        response["status"] = status
+    if verdict.warnings:
+        response["warnings"] = [_warning(w) for w in verdict.warnings]
+    if verdict.allowed and verdict.patch:
+        raw = json.dumps(list(verdict.patch), separators=(",", ":")).encode()
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(raw).decode("ascii")
+    return {"apiVersion": req.api_version, "kind": "AdmissionReview", "response": response}

@@ -1,0 +1,132 @@
+"""Ask a node's topology manager, as numapin's allocator emulates it, whether it would admit a pod.
+
+The node is rebuilt from its NodeResourceTopology (``allocator.nrt``: a synthetic machine with the node's NUMA
+nodes, CPU counts, reserved and occupied CPUs) and the pod goes through ``NodeAllocator.admit_pod(dry_run=True)``.
+Answers depend only on the node's shape (and free CPUs, for "now") and on the pod's resources, so they are cached
+by those keys: a thousand identical nodes cost one simulation. Allocators are cached too (dry runs leave them as
+they were).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any
+
+from allocator.errors import AllocatorError
+from allocator.nrt import NodeTopology
+from allocator.pod import PodInfo
+
+__all__ = ["Simulation", "Simulator", "pod_key"]
+
+log = logging.getLogger("numapin.webhook.simulate")
+
+SIMULATED_UID = "numapin.io/simulated-pod"
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """A node's answer: admitted or not, kubelet's reason and message. ``known`` False: the node's configuration
+    cannot be simulated (the answer is then "admitted", unchecked)."""
+
+    admitted: bool
+    reason: str | None = None
+    message: str = ""
+    known: bool = True
+
+
+def pod_key(pod: PodInfo) -> PodInfo:
+    """The pod without its identity: what the decision depends on."""
+    return replace(pod, uid=SIMULATED_UID, namespace="", name="")
+
+
+class _LRU:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.data: OrderedDict[Any, Any] = OrderedDict()
+
+    def get(self, key: Any) -> Any:
+        value = self.data.get(key)
+        if value is not None:
+            self.data.move_to_end(key)
+        return value
+
+    def put(self, key: Any, value: Any) -> None:
+        self.data[key] = value
+        self.data.move_to_end(key)
+        while len(self.data) > self.size:
+            self.data.popitem(last=False)
+
+
+class Simulator:
+    def __init__(self, *, max_answers: int = 8192, max_allocators: int = 256) -> None:
+        self._answers = _LRU(max_answers)
+        self._allocators = _LRU(max_allocators)
+        self.simulations = 0
+
+    @staticmethod
+    def _key(node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]) -> tuple[Any, ...]:
+        return (node.state_key if occupied else node.shape_key, occupied, pod_key(pod),
+                tuple(pod_key(p) for p in prior))
+
+    def cached(self, node: NodeTopology, pod: PodInfo, *, occupied: bool, prior: tuple[PodInfo, ...] = ()
+               ) -> Simulation | None:
+        """The cached answer, if any (cheap: no simulation)."""
+        result: Simulation | None = self._answers.get(self._key(node, pod, occupied, prior))
+        return result
+
+    def admit(self, node: NodeTopology, pod: PodInfo, *, occupied: bool = True, prior: tuple[PodInfo, ...] = ()
+              ) -> Simulation:
+        """Would ``node`` admit ``pod`` (``occupied``: with its current free CPUs; else empty)? ``prior``: pods to
+        admit on the node first (bound to it but not yet in its published topology). CPU-bound: call it from a
+        worker thread when it may not be cached."""
+        key = self._key(node, pod, occupied, prior)
+        result: Simulation | None = self._answers.get(key)
+        if result is not None:
+            return result
+        result = self._simulate(node, pod_key(pod), occupied, prior)
+        self._answers.put(key, result)
+        return result
+
+    def _allocator(self, node: NodeTopology, occupied: bool) -> Any:
+        from allocator.node import NodeAllocator, NodeConfig
+
+        akey = (node.state_key if occupied else node.shape_key, occupied)
+        alloc = self._allocators.get(akey)
+        if alloc is None:
+            topology = node.synthetic_topology()
+            config = NodeConfig(
+                topology=topology,
+                reserved_cpus=node.synthetic_reserved(topology),
+                cpu_manager_policy_options=dict(node.cpu_manager_policy_options),
+                topology_manager_policy=node.topology_manager_policy,
+                topology_manager_scope=node.topology_manager_scope,
+                topology_manager_policy_options=dict(node.topology_manager_policy_options),
+            )
+            config.validate()
+            alloc = NodeAllocator(config, node.synthetic_state(topology, occupied=occupied))
+            self._allocators.put(akey, alloc)
+        return alloc
+
+    def _simulate(self, node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]
+                  ) -> Simulation:
+        self.simulations += 1
+        try:
+            alloc = self._allocator(node, occupied)
+            if prior:
+                alloc = type(alloc)(alloc.config, alloc.state.copy())
+                for i, p in enumerate(prior):
+                    with contextlib.suppress(AllocatorError):
+                        alloc.admit_pod(replace(pod_key(p), uid=f"numapin.io/prior-{i}"))
+        except AllocatorError as e:
+            log.warning("node %s cannot be simulated (its topology document says something numapin cannot "
+                        "emulate): %s", node.name, e)
+            return Simulation(admitted=True, message=str(e), known=False)
+        try:
+            decision = alloc.admit_pod(pod, dry_run=True)
+        except AllocatorError as e:
+            reason = getattr(e, "reason", None) or "UnexpectedAdmissionError"
+            return Simulation(admitted=False, reason=reason, message=str(e))
+        return Simulation(admitted=bool(decision.admitted), reason=decision.reason, message=decision.message)

@@ -1,0 +1,197 @@
+"""``/validate``, pods CREATE and UPDATE.
+
+- ``qos.gocrane.io/cpu-manager`` must be ``none``, ``exclusive`` or ``share`` (after trimming and lowercasing);
+  on UPDATE only a new or changed bad value is denied, so a pod created before numapin can still be updated
+  (finalizers, labels) and deleted.
+- The intent annotation ``numapin.io/cpu-intent`` must say what the pod says (the proxy trusts it): a forged or
+  stale one is denied; on UPDATE it cannot change.
+- ``exclusive``/``share`` with no container that qualifies (integer CPU limit >= 1 equal to its request) gets a
+  warning.
+- CREATE of a pod with pinned containers: among the known candidate nodes (``spec.nodeName``, ``nodeSelector``),
+  if none could admit it even empty, it is denied naming the policy, the container and the largest NUMA node; if
+  none can admit it with its current free CPUs, it is allowed with a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from allocator.errors import PodSpecError
+from allocator.intent import INTENT_ANNOTATION, decode_intent
+from allocator.nrt import NodeTopology
+from allocator.pod import (
+    CPU_MANAGER_ANNOTATION,
+    PodInfo,
+    container_mode,
+    guaranteed_cpus,
+    normalize_cpu_manager,
+    pod_guaranteed_cpus,
+)
+
+from .nodes import NodeStore
+from .pods_cache import PodCache
+from .review import AdmissionRequest, Verdict
+from .simulate import Simulation, Simulator
+
+__all__ = ["Feasibility", "PodValidator", "feasibility"]
+
+log = logging.getLogger("numapin.webhook.validate")
+
+
+def _annotations(obj: Any) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return ann if isinstance(ann, Mapping) else {}
+
+
+def pinned(pod: PodInfo) -> bool:
+    return not pod.bypass and any(container_mode(pod, c) != "shared" for c in pod.containers)
+
+
+@dataclass(frozen=True)
+class Feasibility:
+    candidates: int
+    ever: bool                 # some candidate could admit the pod on an empty node (or cannot be simulated)
+    now: bool                  # some candidate can admit it with its current free CPUs
+    example: NodeTopology | None = None       # the candidate the denial talks about
+    example_answer: Simulation | None = None
+
+
+def feasibility(nodes: list[NodeTopology], pod: PodInfo, sim: Simulator) -> Feasibility:
+    """Ask every distinct node shape; CPU-bound (run it in a worker thread)."""
+    ever_nodes: list[NodeTopology] = []
+    worst: tuple[NodeTopology, Simulation] | None = None
+    seen: set[Any] = set()
+    for node in nodes:
+        if node.shape_key in seen:
+            continue
+        seen.add(node.shape_key)
+        answer = sim.admit(node, pod, occupied=False)
+        if answer.admitted:
+            ever_nodes.append(node)
+        elif worst is None or _largest(node) > _largest(worst[0]):
+            worst = (node, answer)
+    if not ever_nodes:
+        return Feasibility(len(nodes), ever=False, now=False,
+                           example=worst[0] if worst else None, example_answer=worst[1] if worst else None)
+    ever_shapes = {n.shape_key for n in ever_nodes}
+    seen_state: set[Any] = set()
+    for node in nodes:
+        if node.shape_key not in ever_shapes or node.state_key in seen_state:
+            continue
+        seen_state.add(node.state_key)
+        if sim.admit(node, pod, occupied=True).admitted:
+            return Feasibility(len(nodes), ever=True, now=True)
+    return Feasibility(len(nodes), ever=True, now=False, example=ever_nodes[0])
+
+
+def _largest(node: NodeTopology) -> int:
+    z = node.largest_numa
+    return z.allocatable if z is not None else 0
+
+
+def _culprit(pod: PodInfo, node: NodeTopology) -> str:
+    """Which container (or the pod total) a NUMA-bound policy stumbles on, in words."""
+    if node.topology_manager_scope == "pod":
+        total = pod_guaranteed_cpus(pod)
+        names = ", ".join(f'"{c.name}"' for c in pod.containers if guaranteed_cpus(pod, c))
+        return f"the pod needs {total} CPUs of its own in total (containers {names})"
+    big = max(pod.containers, key=lambda c: guaranteed_cpus(pod, c))
+    return f'container "{big.name}" needs {guaranteed_cpus(pod, big)} CPUs of its own'
+
+
+def never_message(pod: PodInfo, f: Feasibility) -> str:
+    node, answer = f.example, f.example_answer
+    head = f"no known node can ever admit pod {pod.ref or '(new pod)'} ({f.candidates} candidate node(s))"
+    if node is None or answer is None:
+        return head
+    z = node.largest_numa
+    numa = (f"the largest NUMA node (node-{z.numa}) has {z.allocatable} allocatable CPUs" if z is not None
+            else "it has no NUMA node with CPUs")
+    why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
+    return (f"{head}: on node {node.name}, under topology manager policy {node.topology_manager_policy} "
+            f"(scope {node.topology_manager_scope}), {_culprit(pod, node)} and {numa}; kubelet would reject it "
+            f"({why})")
+
+
+class PodValidator:
+    def __init__(self, nodes: NodeStore, pods: PodCache, simulator: Simulator) -> None:
+        self.nodes = nodes
+        self.pods = pods
+        self.simulator = simulator
+
+    async def validate(self, req: AdmissionRequest) -> Verdict:
+        pod = req.object
+        if req.operation not in ("CREATE", "UPDATE") or not isinstance(pod, Mapping):
+            log.info("validate: not handled, allowed: %s", req.describe())
+            return Verdict.allow()
+        ann = _annotations(pod)
+        old_ann = _annotations(req.old_object) if req.operation == "UPDATE" else {}
+
+        raw_mode = ann.get(CPU_MANAGER_ANNOTATION)
+        if raw_mode is not None and (req.operation == "CREATE" or raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)):
+            try:
+                normalize_cpu_manager(raw_mode)
+            except PodSpecError as e:
+                return Verdict.deny(str(e), code=400, reason="Invalid")
+
+        intent = ann.get(INTENT_ANNOTATION)
+        if req.operation == "UPDATE" and intent != old_ann.get(INTENT_ANNOTATION):
+            return Verdict.deny(f"annotation {INTENT_ANNOTATION} is set by numapin when the pod is created and "
+                                "cannot be added, changed or removed", code=400, reason="Invalid")
+
+        try:
+            info = PodInfo.from_pod(pod)
+        except PodSpecError as e:
+            log.info("validate: pod model cannot read %s (%s); allowed", req.describe(), e)
+            return Verdict.allow(f"numapin: pod not checked: {e}")
+        if (not info.namespace and req.namespace) or (not info.name and req.name):
+            info = replace(info, namespace=info.namespace or req.namespace, name=info.name or req.name)
+
+        if req.operation == "CREATE" and intent is not None:
+            problem = _intent_problem(intent, info, ann)
+            if problem:
+                return Verdict.deny(problem, code=400, reason="Invalid")
+
+        warnings: list[str] = []
+        if info.cpu_manager in ("exclusive", "share") and not any(guaranteed_cpus(info, c) for c in info.containers):
+            warnings.append(
+                f"numapin: {CPU_MANAGER_ANNOTATION}={info.cpu_manager} has no effect: no container has an integer "
+                "CPU limit of at least 1 equal to its CPU request, so every container runs on the shared pool")
+
+        if req.operation != "CREATE":
+            return Verdict.allow(*warnings)
+        if not req.dry_run:
+            self.pods.put(info, uid=info.uid)
+        if not pinned(info):
+            return Verdict.allow(*warnings)
+
+        candidates = self.nodes.candidates(pod)
+        if not candidates:
+            return Verdict.allow(*warnings)
+        f = await asyncio.to_thread(feasibility, candidates, info, self.simulator)
+        if not f.ever:
+            return Verdict.deny(never_message(info, f), reason="Forbidden", warnings=tuple(warnings))
+        if not f.now:
+            warnings.append(
+                f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free CPUs "
+                "are too few or too scattered for their topology manager policy; it stays Pending until CPUs free up")
+        return Verdict.allow(*warnings)
+
+
+def _intent_problem(text: str, info: PodInfo, annotations: Mapping[str, Any]) -> str | None:
+    where = f"annotation {INTENT_ANNOTATION}"
+    try:
+        stated = decode_intent(text, uid=info.uid, namespace=info.namespace, name=info.name,
+                               annotations={k: v for k, v in annotations.items() if isinstance(v, str)})
+    except PodSpecError as e:
+        return f"{e} (it is set by numapin's mutating webhook; remove it)"
+    if (stated.qos_class, stated.cpu_manager, stated.containers) != (info.qos_class, info.cpu_manager,
+                                                                      info.containers):
+        return (f"{where} does not match the pod's containers, resources or {CPU_MANAGER_ANNOTATION}: it is set by "
+                "numapin's mutating webhook from the pod spec; remove it")
+    return None
