@@ -20,10 +20,12 @@ from .cpuset import CPUSet
 from .hints import TopologyHint
 from .topology import Topology
 
-__all__ = ["LIST_MAX_NODES", "HintFamily", "cpu_hint_family"]
+__all__ = ["COMPACT_ABOVE_NUMA_NODES", "LIST_MAX_NODES", "HintFamily", "cpu_hint_family"]
 
 # Widest family hints() lists in full (2^N masks).
 LIST_MAX_NODES = 20
+# Above this many CPU NUMA nodes the static policy hands the topology manager a family, not a list.
+COMPACT_ABOVE_NUMA_NODES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +106,19 @@ class HintFamily:
                 out.append(TopologyHint(frozenset(bits_of(m)), self.is_preferred(m)))
         return out
 
+    # A family also reads like the list it stands for (listed on demand, so only for small universes):
+    # code written for hint lists (indexing, len, iteration) keeps working on machines up to LIST_MAX_NODES.
     def __iter__(self) -> Iterator[TopologyHint]:
         return iter(self.hints())
+
+    def __len__(self) -> int:
+        return 0 if self.is_empty() else len(self.hints())
+
+    def __bool__(self) -> bool:  # "has hints" without listing them
+        return not self.is_empty()
+
+    def __getitem__(self, index: int) -> TopologyHint:
+        return self.hints()[index]
 
 
 def cpu_hint_family(
