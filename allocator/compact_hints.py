@@ -106,6 +106,30 @@ class HintFamily:
                 out.append(TopologyHint(frozenset(bits_of(m)), self.is_preferred(m)))
         return out
 
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-friendly description (for decisions and reports on machines too large to list hints)."""
+        out: dict[str, object] = {"family": {
+            "nodes": bits_of(self.universe),
+            "required": bits_of(self.required),
+            "weights": {str(n): w for n, w in self.weights if w},
+            "threshold": self.threshold,
+            "preferredWidth": self.preferred_size,
+        }}
+        if self.preferred_sockets is not None:
+            out["family"]["preferredSockets"] = self.preferred_sockets  # type: ignore[index]
+        return out
+
+    def __str__(self) -> str:
+        parts = [f"every mask of NUMA {_nodes(self.universe)}"]
+        if self.required:
+            parts.append(f"holding {_nodes(self.required)}")
+        if self.threshold > 0:
+            parts.append(f"with weight >= {self.threshold}")
+        pref = f"preferred at width {self.preferred_size}" if self.preferred_size is not None else "never preferred"
+        if self.preferred_sockets is not None:
+            pref += f" or spanning {self.preferred_sockets} socket(s)"
+        return "{" + " ".join(parts) + "; " + pref + "}"
+
     # A family also reads like the list it stands for (listed on demand, so only for small universes):
     # code written for hint lists (indexing, len, iteration) keeps working on machines up to LIST_MAX_NODES.
     def __iter__(self) -> Iterator[TopologyHint]:
@@ -119,6 +143,10 @@ class HintFamily:
 
     def __getitem__(self, index: int) -> TopologyHint:
         return self.hints()[index]
+
+
+def _nodes(mask: int) -> str:
+    return ",".join(str(n) for n in bits_of(mask)) or "none"
 
 
 def cpu_hint_family(

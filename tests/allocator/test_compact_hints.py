@@ -192,3 +192,11 @@ def test_static_policy_hands_families_on_many_numa_nodes() -> None:
     assert admit and hint.numa is not None and len(hint.numa) == 2  # 12 CPUs need two 8-CPU nodes
     cpus = policy.allocate(state, pod, "c", hint)
     assert len(cpus) == 12 and topo.numa_of(cpus) == CPUSet(hint.numa)
+
+
+def test_family_description() -> None:
+    fam = HintFamily(universe=0b1111, required=0b10, weights=((0, 4), (1, 0), (2, 8)), threshold=6,
+                     preferred_size=2)
+    assert str(fam) == "{every mask of NUMA 0,1,2,3 holding 1 with weight >= 6; preferred at width 2}"
+    assert fam.to_dict() == {"family": {"nodes": [0, 1, 2, 3], "required": [1], "weights": {"0": 4, "2": 8},
+                                        "threshold": 6, "preferredWidth": 2}}
