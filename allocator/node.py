@@ -134,7 +134,7 @@ def _device_nodes(nodes: Any) -> Any:
     """One device's NUMA nodes as a frozenset; several devices (a list of node sets) as a list of frozensets."""
     items = list(nodes)
     if all(isinstance(n, int) for n in items):
-        return frozenset(items)
+        return [frozenset(items)]
     return [frozenset(g) for g in items]
 
 
