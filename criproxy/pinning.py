@@ -127,6 +127,7 @@ class Pinning:
         devices = devices_numa_nodes([d.host_path for d in req.config.devices], self.options.sysfs)
         async with self.lock:
             had_cpus = self.allocator.container_cpus(ident.uid, name) is not None
+            before = self.allocator.state.copy()
             try:
                 decision = await asyncio.to_thread(self.allocator.admit_pod, pod,
                                                    devices={name: devices} if devices else None)
@@ -151,8 +152,9 @@ class Pinning:
                 cpus, mems = own, self._mems_of(own)
             else:
                 cpus, mems = self.shared_pool()
-            await self.save()  # the allocation is on disk before the runtime hears of the container
-            self.on_change()
+            if self.allocator.state != before:
+                await self.save()  # the allocation is on disk before the runtime hears of the container
+                self.on_change()
             if mode == "exclusive":
                 await self._resize_shared()
             updates = {_CPUS: wire.encode_string(_CPUS, str(cpus)), _MEMS: wire.encode_string(_MEMS, str(mems))}

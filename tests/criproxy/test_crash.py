@@ -112,7 +112,8 @@ async def test_kill_during_create_or_narrowing(proxy: Proxy, runtime: MemoryRunt
         runtime.hooks[kill_in] = lambda raw: proxy.kill()
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await k.create_container(sid, container(k, 2000, "guaranteed"), cfg)
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        # the connection to the killed proxy breaks: UNAVAILABLE usually, "Stream removed" (UNKNOWN) at times
+        assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
         runtime.hooks.clear()
     proxy.reap()
     await proxy.start()
