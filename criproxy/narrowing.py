@@ -33,10 +33,14 @@ class PushResult:
 
 
 class CpusetPusher:
-    def __init__(self, upstream: Upstream, registry: Registry, *, timeout: float = 10.0) -> None:
+    def __init__(self, upstream: Upstream, registry: Registry, *, timeout: float = 10.0,
+                 concurrency: int = 128) -> None:
         self.upstream = upstream
         self.registry = registry
         self.timeout = timeout
+        # updates in flight at once (each makes containerd run runc): a bound for nodes with thousands of
+        # containers; measured on 2 CPUs, 100 concurrent updates finish sooner than 8 or 32 at a time
+        self._slots = asyncio.Semaphore(max(1, concurrency))
 
     async def _push(self, t: Tracked, cpus: CPUSet, mems: CPUSet | None, quota: int | None) -> bool:
         res = cri_pb2.LinuxContainerResources(cpuset_cpus=str(cpus), cpuset_mems=str(mems) if mems else "")
@@ -44,7 +48,8 @@ class CpusetPusher:
             res.cpu_quota = quota
         req = cri_pb2.UpdateContainerResourcesRequest(container_id=t.id, linux=res).SerializeToString()
         try:
-            await self.upstream.call(UPDATE, req, timeout=self.timeout)
+            async with self._slots:
+                await self.upstream.call(UPDATE, req, timeout=self.timeout)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 self.registry.remove(t.id)  # gone meanwhile: nothing to narrow
