@@ -1,7 +1,8 @@
 """Start-up reconciliation: make the checkpoint, the registry and the runtime agree again.
 
 After a restart (or a SIGKILL between any two steps) the proxy lists the runtime's sandboxes and containers:
-assignments of containers that no longer exist (or whose pod's sandbox is stopped) are dropped, running
+assignments of containers that no longer exist (or whose pod's sandbox is stopped) are dropped (except those
+the webhook's intent announces for a running pod and kubelet has not created yet), running
 containers are adopted into the registry, and cpusets that drifted from the state are applied again.
 """
 
@@ -15,6 +16,8 @@ import grpc
 import grpc.aio
 
 from allocator.cpuset import CPUSet
+from allocator.errors import PodSpecError
+from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.node import NodeAllocator
 from allocator.topology import Topology
 from protos import cri_pb2
@@ -46,6 +49,18 @@ class ReconcileReport:
                 f"({self.failed} failed)")
 
 
+def _intent_containers(sb: cri_pb2.PodSandbox) -> tuple[str, ...]:
+    text = sb.annotations.get(INTENT_ANNOTATION)
+    if text is None:
+        return ()
+    try:
+        pod = decode_intent(text, uid=sb.metadata.uid, namespace=sb.metadata.namespace, name=sb.metadata.name,
+                            annotations=dict(sb.annotations))
+    except PodSpecError:
+        return ()
+    return tuple(c.name for c in pod.containers)
+
+
 def _parse_cpus(text: str) -> CPUSet | None:
     try:
         return CPUSet.parse(text)
@@ -73,9 +88,15 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
         uid = sb.metadata.uid if sb is not None else c.labels.get("io.kubernetes.pod.uid", "")
         present.add((uid, c.metadata.name))
     ready_pods = {s.metadata.uid for s in sandboxes.values() if s.state == cri_pb2.SANDBOX_READY}
+    # containers the webhook's intent announces for running pods: admitted with their pod, they keep their
+    # CPUs before kubelet creates them (as kubelet's CPU manager keeps them for every container of the spec)
+    announced = {(s.metadata.uid, name) for s in sandboxes.values() if s.state == cri_pb2.SANDBOX_READY
+                 for name in _intent_containers(s)}
     dropped: list[tuple[str, str]] = []
     for uid, pod in list(allocator.state.assignments.items()):
         for name in list(pod):
+            if (uid, name) in announced:
+                continue
             if (uid, name) not in present or uid not in ready_pods:
                 allocator.release_container(uid, name)
                 dropped.append((uid, name))

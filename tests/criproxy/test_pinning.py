@@ -444,3 +444,27 @@ async def test_device_numa_node_steers_the_cpus(proxy: CriProxy, kubelet: CRICli
     cid = await kubelet.create_container(sid, cc, cfg)
     res = created_resources(runtime, cid)
     assert CPUSet.parse(res.cpuset_cpus).issubset(CPUSet.parse("4-7")) and res.cpuset_mems == "1"
+
+
+async def test_restart_keeps_cpus_admitted_for_containers_not_created_yet(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    pod = PodInfo(uid="uid-i", namespace="default", name="i", qos_class="Guaranteed", cpu_manager=None,
+                  bypass=False, containers=(ContainerInfo("init", "init", 1000, 1000, 1 << 20, 1 << 20),
+                                            ContainerInfo("app", "app", 3000, 3000, 1 << 20, 1 << 20)))
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs)
+    p = await CriProxy(cfg).start()
+    async with CRIClient(cfg.listen) as k:
+        sb = k.sandbox_config("i", "uid-i", annotations={INTENT_ANNOTATION: encode_intent(pod)})
+        sid = await k.run_pod_sandbox(sb)
+        await k.create_container(sid, k.container_config("init"), sb)  # the whole pod is admitted here
+    admitted = state_file(p)["entries"]["uid-i"]
+    await p.stop()
+    p = await CriProxy(cfg).start()
+    try:
+        await asyncio.wait_for(p.reconciled.wait(), 30)
+        assert state_file(p)["entries"]["uid-i"] == admitted  # "app" does not exist yet but keeps its CPUs
+        async with CRIClient(cfg.listen) as k:
+            app = await k.create_container(sid, k.container_config("app"), sb)
+        assert CPUSet.parse(created_resources(runtime, app).cpuset_cpus) == CPUSet.parse(admitted["app"])
+    finally:
+        await p.stop()
