@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     old_term = signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
     code = 0
     interrupted = False
     demo: Demo | None = None
