@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from .metrics import CONTENT_TYPE, WebhookMetrics
 from .review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
@@ -106,6 +107,13 @@ class WebhookServer:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _text(413, f"body is over the limit of {self.config.max_body} bytes"), "too_large"
+        except RequestPayloadError as e:
+            # e.g. a body that does not decode with its Content-Encoding; nothing more can be read from it
+            with contextlib.suppress(Exception):
+                request.content.feed_eof()
+            resp = _text(400, f"body cannot be read: {e}")
+            resp.force_close()
+            return resp, "bad_request"
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError) as e:

@@ -4,13 +4,15 @@ The node is rebuilt from its NodeResourceTopology (``allocator.nrt``: a syntheti
 nodes, CPU counts, reserved and occupied CPUs) and the pod goes through ``NodeAllocator.admit_pod(dry_run=True)``.
 Answers depend only on the node's shape (and free CPUs, for "now") and on the pod's resources, so they are cached
 by those keys: a thousand identical nodes cost one simulation. Allocators are cached too (dry runs leave them as
-they were).
+they were). Simulations run in worker threads; one lock keeps the caches and allocators consistent (the event
+loop only peeks at the cache, without waiting for the lock).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,6 +26,7 @@ __all__ = ["Simulation", "Simulator", "pod_key"]
 log = logging.getLogger("numapin.webhook.simulate")
 
 SIMULATED_UID = "numapin.io/simulated-pod"
+_NAME = "<pod>"  # stands for the pod's name in cached messages
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,13 @@ class Simulation:
 
 def pod_key(pod: PodInfo) -> PodInfo:
     """The pod without its identity: what the decision depends on."""
-    return replace(pod, uid=SIMULATED_UID, namespace="", name="")
+    return replace(pod, uid=SIMULATED_UID, namespace="", name=_NAME)
+
+
+def _named(result: Simulation, pod: PodInfo) -> Simulation:
+    if _NAME not in result.message:
+        return result
+    return replace(result, message=result.message.replace(_NAME, pod.ref or "(new pod)"))
 
 
 class _LRU:
@@ -64,6 +73,7 @@ class Simulator:
     def __init__(self, *, max_answers: int = 8192, max_allocators: int = 256) -> None:
         self._answers = _LRU(max_answers)
         self._allocators = _LRU(max_allocators)
+        self._lock = threading.Lock()
         self.simulations = 0
 
     @staticmethod
@@ -73,9 +83,14 @@ class Simulator:
 
     def cached(self, node: NodeTopology, pod: PodInfo, *, occupied: bool, prior: tuple[PodInfo, ...] = ()
                ) -> Simulation | None:
-        """The cached answer, if any (cheap: no simulation)."""
-        result: Simulation | None = self._answers.get(self._key(node, pod, occupied, prior))
-        return result
+        """The cached answer, if any (cheap: no simulation; None as well while a simulation holds the lock)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            result: Simulation | None = self._answers.get(self._key(node, pod, occupied, prior))
+        finally:
+            self._lock.release()
+        return None if result is None else _named(result, pod)
 
     def admit(self, node: NodeTopology, pod: PodInfo, *, occupied: bool = True, prior: tuple[PodInfo, ...] = ()
               ) -> Simulation:
@@ -83,12 +98,12 @@ class Simulator:
         admit on the node first (bound to it but not yet in its published topology). CPU-bound: call it from a
         worker thread when it may not be cached."""
         key = self._key(node, pod, occupied, prior)
-        result: Simulation | None = self._answers.get(key)
-        if result is not None:
-            return result
-        result = self._simulate(node, pod_key(pod), occupied, prior)
-        self._answers.put(key, result)
-        return result
+        with self._lock:
+            result: Simulation | None = self._answers.get(key)
+            if result is None:
+                result = self._simulate(node, pod_key(pod), occupied, prior)
+                self._answers.put(key, result)
+        return _named(result, pod)
 
     def _allocator(self, node: NodeTopology, occupied: bool) -> Any:
         from allocator.node import NodeAllocator, NodeConfig

@@ -165,21 +165,18 @@ class PodValidator:
 
         if req.operation != "CREATE":
             return Verdict.allow(*warnings)
+        candidates = self.nodes.candidates(pod) if pinned(info) else []
+        if candidates:
+            f = await asyncio.to_thread(feasibility, candidates, info, self.simulator)
+            if not f.ever:
+                return Verdict.deny(never_message(info, f), reason="Forbidden", warnings=tuple(warnings))
+            if not f.now:
+                warnings.append(
+                    f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free "
+                    "CPUs are too few or too scattered for their topology manager policy; it stays Pending until "
+                    "CPUs free up")
         if not req.dry_run:
-            self.pods.put(info, uid=info.uid)
-        if not pinned(info):
-            return Verdict.allow(*warnings)
-
-        candidates = self.nodes.candidates(pod)
-        if not candidates:
-            return Verdict.allow(*warnings)
-        f = await asyncio.to_thread(feasibility, candidates, info, self.simulator)
-        if not f.ever:
-            return Verdict.deny(never_message(info, f), reason="Forbidden", warnings=tuple(warnings))
-        if not f.now:
-            warnings.append(
-                f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free CPUs "
-                "are too few or too scattered for their topology manager policy; it stays Pending until CPUs free up")
+            self.pods.put(info, uid=info.uid)  # for its binding (dry-run creates never get one)
         return Verdict.allow(*warnings)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from allocator.pod import CPU_MANAGER_ANNOTATION
@@ -196,3 +196,62 @@ def test_arbitrary_bindings(fuzz_server: tuple[ThreadedServer, SyncClient], pod:
     _check(*c.post("/validate", json.dumps(review(create)).encode()), uid=create["uid"])
     req = binding_request(ns, name, node)
     _check(*c.post("/validate", json.dumps(review(req)).encode()), uid=req["uid"])
+
+
+cpu_amounts = st.sampled_from(["1", "2", "3", "4", "8", "13", "16", "26", "27", "28", "29", "30", "56", "500m",
+                               "1500m", "2000m"])
+well_formed_containers = st.builds(
+    lambda name, cpu, burstable, mem: {
+        "name": name, "image": "busybox",
+        "resources": {"requests": {"cpu": cpu, "memory": mem},
+                      "limits": {"cpu": "64" if burstable else cpu, "memory": mem}}},
+    st.text(alphabet="abcdefgh", min_size=1, max_size=3), cpu_amounts,
+    st.sampled_from([False, False, False, True]), st.sampled_from(["64Mi", "1Gi"]))
+
+
+@st.composite
+def well_formed_pods(draw: st.DrawFn) -> dict[str, Any]:
+    apps = draw(st.lists(well_formed_containers, min_size=1, max_size=4, unique_by=lambda c: c["name"]))
+    inits = draw(st.lists(well_formed_containers, max_size=2, unique_by=lambda c: c["name"]))
+    inits = [dict(c, name="i" + c["name"]) for c in inits]
+    for c in inits:
+        if draw(st.booleans()):
+            c["restartPolicy"] = "Always"
+    ann = draw(st.dictionaries(st.just(CPU_MANAGER_ANNOTATION), st.sampled_from(["exclusive", "share", "none"]),
+                               max_size=1))
+    spec: dict[str, Any] = {"containers": apps}
+    if inits:
+        spec["initContainers"] = inits
+    placement = draw(st.sampled_from(["any", "nodeName", "selector"]))
+    if placement == "nodeName":
+        spec["nodeName"] = draw(st.sampled_from(["w-0", "w-1", "w-2"]))
+    elif placement == "selector":
+        spec["nodeSelector"] = {"pool": draw(st.sampled_from(["big", "small"]))}
+    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+            "metadata": {"name": f"wf-{uuid.uuid4().hex[:10]}", "namespace": "default", "annotations": ann}}
+
+
+@FUZZ
+@given(pod=well_formed_pods(), node=st.sampled_from(["w-0", "w-1", "w-2"]))
+def test_well_formed_pods_through_mutate_validate_and_bind(fuzz_server: tuple[ThreadedServer, SyncClient],
+                                                          pod: dict[str, Any], node: str) -> None:
+    """Pods the topology managers really have to judge (whole CPUs, Crane modes, init containers, sidecars)."""
+    _, c = fuzz_server
+    req = pod_request(copy.deepcopy(pod))
+    resp = _check(*c.post("/mutate", json.dumps(review(req)).encode()), uid=req["uid"])
+    assert resp is not None and resp["allowed"] is True
+    mutated = jsonpatch.JsonPatch(json.loads(base64.b64decode(resp["patch"]))).apply(copy.deepcopy(pod))
+    req = pod_request(mutated, with_uid=True)
+    resp = _check(*c.post("/validate", json.dumps(review(req)).encode()), uid=req["uid"])
+    assert resp is not None
+    if not resp["allowed"]:
+        event("pod denied")
+        assert "no known node can ever admit" in resp["status"]["message"]
+        return
+    meta = mutated["metadata"]
+    req = binding_request(meta["namespace"], meta["name"], node)
+    resp = _check(*c.post("/validate", json.dumps(review(req)).encode()), uid=req["uid"])
+    assert resp is not None
+    event(f"binding {'allowed' if resp['allowed'] else 'denied'}")
+    if not resp["allowed"]:
+        assert f"node {node} would reject pod default/{meta['name']}" in resp["status"]["message"]

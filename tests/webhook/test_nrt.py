@@ -87,3 +87,25 @@ def test_legacy_topology_policies_understood() -> None:
     n = parse_nrt(doc)
     assert n.topology_manager_policy == "single-numa-node" and n.topology_manager_scope == "container"
     assert n.zones[0].available == 7
+
+
+def test_documents_the_node_proxy_publishes_are_understood() -> None:
+    """Contract with criproxy/nrt.py (the proxy's own builder): the webhook reads what the proxy writes."""
+    from criproxy.nrt import build_nrt as proxy_build_nrt
+
+    t = two_numa_smt()
+    reserved = CPUSet.parse("0,16")
+    assigned = CPUSet.parse("8-11,24-27")
+    free = t.all_cpus - reserved - assigned
+    doc = proxy_build_nrt("worker-9", t, assigned=assigned,
+                          free_per_numa={n: len(free & t.cpus_in_numa(n)) for n in t.numa_nodes},
+                          policy="single-numa-node", scope="pod", policy_options={"prefer-closest-numa-nodes": "true"})
+    n = parse_nrt(doc)
+    assert n.name == "worker-9"
+    assert (n.topology_manager_policy, n.topology_manager_scope) == ("single-numa-node", "pod")
+    assert n.topology_manager_policy_options == {"prefer-closest-numa-nodes": "true"}
+    assert [(z.numa, z.capacity, z.allocatable, z.available) for z in n.zones] == [(0, 16, 14, 14), (1, 16, 16, 8)]
+    st = n.synthetic_topology()
+    assert st.distance(0, 1) == 21
+    state = n.synthetic_state(st)
+    assert len(state.default_cpuset - n.synthetic_reserved(st)) == 22

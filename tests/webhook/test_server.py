@@ -161,3 +161,30 @@ async def test_decision_errors_are_answered_not_500(pki: PKI) -> None:
         assert metrics.internal_error_count() == 1
     finally:
         await srv.stop()
+
+
+async def _raw_exchange(port: int, pki: PKI, data: bytes) -> bytes:
+    r, w = await asyncio.open_connection("127.0.0.1", port, ssl=pki.client_context(), server_hostname=SERVER_NAME)
+    w.write(data)
+    await w.drain()
+    out = await asyncio.wait_for(r.read(4096), timeout=10)
+    w.close()
+    return out.split(b"\r\n", 1)[0]
+
+
+async def test_odd_http_bodies(server: WebhookApp, pki: PKI) -> None:
+    head = b"POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    port = server.port
+    assert port is not None
+    # a body that does not decode with its Content-Encoding
+    assert await _raw_exchange(port, pki, head + b"Content-Encoding: gzip\r\nContent-Length: 7\r\n\r\n{\"a\":1}") \
+        == b"HTTP/1.1 400 Bad Request"
+    # chunked, no Content-Length, over the limit (256 KiB in the test server)
+    chunks = b"".join(b"%x\r\n%s\r\n" % (65536, b"x" * 65536) for _ in range(5)) + b"0\r\n\r\n"
+    assert await _raw_exchange(port, pki, head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks) \
+        == b"HTTP/1.1 413 Request Entity Too Large"
+    # JSON that is not an object, numbers out of range, invalid UTF-8
+    for body in (b"NaN", b"1e999", b"\xff\xfe\x00\x01", b"null", b'"x"'):
+        assert await _raw_exchange(port, pki, head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)) \
+            == b"HTTP/1.1 400 Bad Request"
+    assert server.metrics.internal_error_count() == 0
