@@ -122,7 +122,7 @@ def apply_patch(obj: Any, ops: Sequence[Mapping[str, Any]]) -> Any:
     return doc
 
 
-def pod_request(pod: Mapping[str, Any], *, operation: str = "CREATE") -> dict[str, Any]:
+def pod_request(pod: Mapping[str, Any], *, operation: str = "CREATE", dry_run: bool = False) -> dict[str, Any]:
     """``request`` of a pods review as kube-apiserver builds it."""
     meta = pod.get("metadata") or {}
     return {
@@ -137,7 +137,7 @@ def pod_request(pod: Mapping[str, Any], *, operation: str = "CREATE") -> dict[st
         "userInfo": {"username": "numapin-demo", "groups": ["system:authenticated"]},
         "object": pod,
         "oldObject": None,
-        "dryRun": False,
+        "dryRun": dry_run,
         "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
     }
 
@@ -224,8 +224,10 @@ class AdmissionClient:
         answer = await self.review("/mutate", pod_request(pod))
         return (apply_patch(pod, answer.patch) if answer.allowed else dict(pod)), answer
 
-    async def validate(self, pod: Mapping[str, Any]) -> AdmissionAnswer:
-        return await self.review("/validate", pod_request(pod))
+    async def validate(self, pod: Mapping[str, Any], *, dry_run: bool = False) -> AdmissionAnswer:
+        """``/validate`` of a pods CREATE (``dry_run``: as ``kubectl create --dry-run=server``, which the webhook
+        neither remembers nor counts)."""
+        return await self.review("/validate", pod_request(pod, dry_run=dry_run))
 
     async def bind(self, namespace: str, name: str, node: str, *, pod_uid: str | None = None) -> AdmissionAnswer:
         return await self.review("/validate", binding_request(namespace, name, node, pod_uid=pod_uid))

@@ -17,18 +17,21 @@ Plays on this machine what a Kubernetes cluster with numapin does, with real par
 
   1. starts a private containerd (its own directory, socket and images; it does not touch a system containerd),
      `numapin criproxy` in front of it (this machine's real /sys, topology manager policy single-numa-node,
-     CPU 0 reserved) and `numapin webhook` over HTTPS with a fresh CA and certificate from `numapin certs`;
-  2. sends pods through the webhook as kube-apiserver and the scheduler do: /mutate (the CPU intent is stamped),
-     /validate, and the scheduler's pods/binding, judged against the NodeResourceTopology the proxy publishes;
-  3. runs the admitted pods through the proxy as kubelet does (RunPodSandbox, CreateContainer, StartContainer,
-     with the mutated pod's annotations in the sandbox config): a shared pod, a `share` pod, an `exclusive` pod;
-  4. shows a binding denied under single-numa-node with its message, and a pod that no NUMA node can hold
-     refused by /validate, by its binding, and by the proxy (the node's backstop);
-  5. draws which container holds which CPUs and NUMA nodes and checks it against the processes' real
-     Cpus_allowed_list, Mems_allowed_list and cpuset cgroups;
-  6. deletes the pods as kubelet does and stops everything: no process, mount, cgroup directory or socket stays.
+     the first CPU reserved) and `numapin webhook` over HTTPS with a fresh CA and certificate from `numapin certs`;
+  2. sends a shared pod and a `share` pod through the webhook as kube-apiserver and the scheduler do: /mutate (the
+     CPU intent is stamped), /validate, and the scheduler's pods/binding, judged against the NodeResourceTopology
+     the proxy publishes; then runs them through the proxy as kubelet does (RunPodSandbox, CreateContainer,
+     StartContainer, with the mutated pod's annotations in the sandbox config);
+  3. does the same with an `exclusive` pod (its binding is denied under single-numa-node while the node has no
+     room, with the node's reason) and shows the `share` and the `exclusive` pod side by side;
+  4. binds more exclusive pods until a binding is denied;
+  5. sends a pod that no NUMA node can hold: /validate denies it, and the proxy (the node's backstop) refuses it;
+  6. shows what `numapin status` sees; every step draws which container holds which CPUs and NUMA nodes and checks
+     it against the processes' real Cpus_allowed_list, Mems_allowed_list and cpuset cgroups;
+  7. deletes the pods as kubelet does (the shared pool widens again), and stops everything: no process, mount,
+     cgroup directory or socket stays.
 
-Ctrl-C at any time stops and cleans up too. --keep leaves the stack running after step 5 and prints how to reach
+Ctrl-C at any time stops and cleans up too. --keep leaves the stack running after step 6 and prints how to reach
 it (CRI socket, status URL, webhook URL) until Ctrl-C. Logs of containerd, the proxy and the webhook are in the
 work directory (deleted at the end; --keep to read them).
 
@@ -125,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
                 with contextlib.suppress(Exception):
                     demo.cleanup_pods()  # as kubelet would; stop() below removes whatever remains anyway
             say("")
-            say("7. Stopping everything")
+            say("8. Stopping everything")
             left = stack.stop()
         finally:
             signal.signal(signal.SIGTERM, old_term)

@@ -9,6 +9,7 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -74,6 +75,29 @@ class Snapshot:
     rows: tuple[Row, ...]
 
 
+async def webhook_sees_published(api: AdmissionClient, pod: Mapping[str, Any], nrt_file: Path,
+                                 timeout: float = 15.0) -> bool | None:
+    """Whether ``pod`` fits its node now according to the NodeResourceTopology in ``nrt_file`` (what the proxy last
+    published), once the webhook says the same (a dry-run ``/validate``: nothing remembered); None if the webhook
+    does not agree within ``timeout`` seconds. The webhook polls its NRT directory, so it lags a little."""
+    from allocator.nrt import parse_nrt
+    from allocator.pod import PodInfo
+    from webhook.simulate import Simulator
+
+    node = parse_nrt(json.loads(nrt_file.read_text()))
+    fits = Simulator().admit(node, PodInfo.from_pod(pod), occupied=True).admitted
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        answer = await api.validate(pod, dry_run=True)
+        now = not any("right now" in w for w in answer.warnings)
+        if answer.allowed and now == fits:
+            return fits
+        if loop.time() > deadline:
+            return None
+        await asyncio.sleep(0.1)
+
+
 class Demo:
     def __init__(self, stack: LocalStack, topology: Topology, reserved: CPUSet) -> None:
         self.stack = stack
@@ -90,7 +114,7 @@ class Demo:
         asyncio.run(self._play())
         if not keep:
             say("")
-            say("6. Deleting the pods as kubelet does")
+            say("7. Deleting the pods as kubelet does")
             asyncio.run(self.delete_and_check_release())
         return 1 if self.failures else 0
 
@@ -169,24 +193,24 @@ class Demo:
             say(f"             warning: {w}")
         return mutated, v
 
-    async def _bind(self, api: AdmissionClient, pod: Mapping[str, Any], *, retry_seconds: float = 0.0
-                    ) -> AdmissionAnswer:
-        """The scheduler's pods/binding to this node (retried while denied for up to ``retry_seconds``, as the
-        scheduler retries a pod whose binding failed)."""
+    async def _bind(self, api: AdmissionClient, pod: Mapping[str, Any]) -> AdmissionAnswer:
+        """The scheduler's pods/binding of the pod to this node."""
         meta = pod["metadata"]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + retry_seconds
-        tries = 0
-        while True:
-            tries += 1
-            answer = await api.bind(meta["namespace"], meta["name"], self.node, pod_uid=meta["uid"])
-            if answer.allowed or loop.time() >= deadline:
-                break
-            await asyncio.sleep(0.25)
-        again = f" (after {tries} attempts: the scheduler retries)" if tries > 1 else ""
+        answer = await api.bind(meta["namespace"], meta["name"], self.node, pod_uid=meta["uid"])
         say(f"   binding   pod {meta['name']} -> node {self.node}: "
-            f"{'allowed' + again if answer.allowed else 'DENIED: ' + answer.message}")
+            f"{'allowed' if answer.allowed else 'DENIED: ' + answer.message}")
+        for w in answer.warnings:
+            say(f"             warning: {w}")
         return answer
+
+    async def _sync(self, api: AdmissionClient, pod: Mapping[str, Any]) -> bool:
+        """Wait until the webhook judges ``pod`` on the topology the proxy last published (as the scheduler's next
+        attempt would); returns whether the pod fits the node now."""
+        fits = await webhook_sees_published(api, pod, self.stack.nrt_file)
+        if fits is None:
+            self._check(False, "the webhook reads the node's published topology within 15 s")
+            return False
+        return fits
 
     # -- the kubelet side -----------------------------------------------------------------------------------------
     async def _run(self, runner: PodRunner, pod: Mapping[str, Any]) -> RunningPod:
@@ -316,32 +340,49 @@ class Demo:
             self._show(share_snap)
 
             say("")
-            say("3. An `exclusive` pod")
-            db, v = await self._admit(api, make_pod("db", cpu="1", limit="1", mode="exclusive"))
+            k = max(self._allocatable_per_numa().values())
+            say(f"3. An `exclusive` pod asking {k} CPU(s): as many as this machine's largest NUMA node can pin")
+            db, v = await self._admit(api, make_pod("db", cpu=str(k), limit=str(k), mode="exclusive"))
             self._check(v.allowed, "pod db passes /validate")
+            fits = await self._sync(api, db)
             first = await self._bind(api, db)
+            self._check(first.allowed == fits, "the binding is judged on the node's published free CPUs")
             if not first.allowed:
                 self._check("single-numa-node" in first.message,
                             "the binding is denied naming the topology manager policy single-numa-node")
                 say("   (the scheduler keeps db Pending instead of kubelet failing it after binding; "
                     "the `share` pod cache goes away to make room)")
                 await self._delete(runner, "cache")
-                b = await self._bind(api, db, retry_seconds=15)
-                self._check(b.allowed, "the binding of db is allowed once the node published its freed CPU")
+                self._check(await self._sync(api, db), "the node publishes the freed CPUs")
+                b = await self._bind(api, db)
+                self._check(b.allowed, "the binding of db is allowed once the node published its freed CPUs")
             await self._run(runner, db)
             excl_snap = await self._snapshot("after db:")
             self._show(excl_snap)
             self._side_by_side(share_snap, excl_snap)
 
             say("")
-            big_n = max(self._allocatable_per_numa().values()) + 1
-            say(f"4. A pod asking {big_n} exclusive CPUs: more than any NUMA node of this machine holds")
+            say(f"4. More `exclusive` pods of {k} CPU(s) until this node has no NUMA node left that holds one")
+            denied = False
+            for i in range(2, 2 + len(self.topology.cpu_numa_nodes) + 1):
+                more, v = await self._admit(api, make_pod(f"db{i}", cpu=str(k), limit=str(k), mode="exclusive"))
+                fits = await self._sync(api, more)
+                b = await self._bind(api, more)
+                self._check(b.allowed == fits, "the binding is judged on the node's published free CPUs")
+                if not b.allowed:
+                    self._check("single-numa-node" in b.message and "would reject" in b.message,
+                                f"the binding of db{i} is denied under single-numa-node, with the node's reason")
+                    denied = True
+                    break
+                await self._run(runner, more)
+            self._check(denied, "a binding was denied once the node was full")
+
+            say("")
+            big_n = k + 1
+            say(f"5. A pod asking {big_n} exclusive CPUs: more than any NUMA node of this machine holds")
             big, v = await self._admit(api, make_pod("batch", cpu=str(big_n), limit=str(big_n), mode="exclusive"))
-            self._check(not v.allowed and "single-numa-node" in v.message,
+            self._check(not v.allowed and "single-numa-node" in v.message and "largest NUMA node" in v.message,
                         "/validate denies it, naming the policy single-numa-node and the largest NUMA node")
-            b = await self._bind(api, big)
-            self._check(not b.allowed and "single-numa-node" in b.message,
-                        "had it been created, its binding to this node is denied under single-numa-node")
             say("   had it reached the node anyway (no webhook), kubelet's CreateContainer through the proxy:")
             running = await runner.run_sandbox(big)
             try:
@@ -356,7 +397,7 @@ class Demo:
             await kubelet.remove_pod_sandbox(running.sandbox_id)
 
             say("")
-            say("5. What `numapin status` shows now (the proxy's /status, containers checked against containerd)")
+            say("6. What `numapin status` shows now (the proxy's /status, containers checked against containerd)")
             status = from_proxy_status(await asyncio.to_thread(fetch_proxy_status, s.status_url),
                                        f"proxy status {s.status_url}")
             check_runtime(status, await list_runtime_containers(f"unix://{s.lab.socket}"))

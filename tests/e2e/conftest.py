@@ -20,7 +20,7 @@ from allocator.topology import Topology
 from criproxy.testing.client import CRIClient
 from numapin.admission import AdmissionAnswer, AdmissionClient
 from numapin.cri_view import list_runtime_containers
-from numapin.demo_play import make_pod
+from numapin.demo_play import make_pod, webhook_sees_published
 from numapin.node_status import NodeStatus, check_runtime, fetch_proxy_status, from_proxy_status
 from numapin.pod_runner import PodRunner, RunningPod
 from numapin.proc_cpus import process_cpus
@@ -69,21 +69,23 @@ class Cluster:
         mutated["metadata"]["uid"] = str(uuid.uuid4())
         return mutated, await self.api.validate(mutated)
 
-    async def bind(self, pod: dict[str, Any], *, retry_seconds: float = 0.0) -> AdmissionAnswer:
-        """The scheduler's binding to the node (retried while denied, as the scheduler does)."""
-        meta = pod["metadata"]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + retry_seconds
-        while True:
-            answer = await self.api.bind(meta["namespace"], meta["name"], NODE, pod_uid=meta["uid"])
-            if answer.allowed or loop.time() >= deadline:
-                return answer
-            await asyncio.sleep(0.2)
+    async def fits_now(self, pod: dict[str, Any]) -> bool:
+        """Whether the pod fits the node by the topology the proxy last published, once the webhook (which polls the
+        published file) agrees: bindings are then judged on that topology, as the scheduler's next attempt is."""
+        fits = await webhook_sees_published(self.api, pod, self.stack.nrt_file)
+        assert fits is not None, "the webhook did not read the proxy's published topology within 15 s"
+        return fits
 
-    async def schedule_and_run(self, pod: dict[str, Any], *, retry_seconds: float = 0.0) -> RunningPod:
+    async def bind(self, pod: dict[str, Any]) -> AdmissionAnswer:
+        """The scheduler's binding to the node."""
+        meta = pod["metadata"]
+        return await self.api.bind(meta["namespace"], meta["name"], NODE, pod_uid=meta["uid"])
+
+    async def schedule_and_run(self, pod: dict[str, Any]) -> RunningPod:
         mutated, v = await self.create(pod)
         assert v.allowed, v.message
-        b = await self.bind(mutated, retry_seconds=retry_seconds)
+        assert await self.fits_now(mutated)
+        b = await self.bind(mutated)
         assert b.allowed, b.message
         running = await self.runner.run(mutated)
         self.pods[running.name] = running
@@ -107,8 +109,8 @@ class Cluster:
 
 @pytest.fixture
 async def cluster(stack: LocalStack) -> AsyncIterator[Cluster]:
-    # A fresh webhook per test: it remembers the pinned pods whose bindings it allowed until the node publishes a
-    # different free-CPU state, and a test ends on the state it started from (see the report on the ABA case).
+    # A fresh webhook per test: it remembers the pinned pods whose bindings it allowed until it judges a binding on
+    # a different published free-CPU state, and a test ends on the state it started from.
     assert stack.webhook is not None
     stack.webhook.stop()
     stack.start_webhook()
