@@ -19,6 +19,7 @@ Writes are atomic: a "."-prefixed temp file in the same directory, fsync, rename
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -447,11 +448,16 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise CheckpointError(f"cannot write {path}: {e.strerror or e}; the previous file is unchanged") from None
-    dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    try:  # make the rename itself durable
+        dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # EINVAL: a filesystem that cannot sync directories
+            raise CheckpointError(f"{path} was replaced but its directory could not be synced: "
+                                  f"{e.strerror or e}") from None
 
 
 def import_kubelet_state(

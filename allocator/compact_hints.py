@@ -12,7 +12,7 @@ accepts a family wherever it accepts a list of hints and returns the same result
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .bitmask import bits_of, iterate_masks, mask_of
@@ -20,7 +20,12 @@ from .cpuset import CPUSet
 from .hints import TopologyHint
 from .topology import Topology
 
-__all__ = ["HintFamily", "cpu_hint_family", "device_hint_family"]
+__all__ = ["COMPACT_ABOVE_NUMA_NODES", "LIST_MAX_NODES", "HintFamily", "cpu_hint_family"]
+
+# Widest family hints() lists in full (2^N masks).
+LIST_MAX_NODES = 20
+# Above this many CPU NUMA nodes the static policy hands the topology manager a family, not a list.
+COMPACT_ABOVE_NUMA_NODES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,16 +94,59 @@ class HintFamily:
                 break
         return size
 
-    def hints(self) -> list[TopologyHint]:
-        """The full kubelet-ordered list (2^|universe| masks are visited: small universes only)."""
+    def hints(self, max_nodes: int = LIST_MAX_NODES) -> list[TopologyHint]:
+        """The full kubelet-ordered list. It visits 2^|universe| masks, so it refuses universes wider than
+        ``max_nodes`` (ValueError) instead of running for ever: merge the family itself instead."""
+        if self.universe.bit_count() > max_nodes:
+            raise ValueError(f"a hint family over {self.universe.bit_count()} NUMA nodes is too wide to list "
+                             f"(limit {max_nodes}); pass the family to merge_hints as it is")
         out: list[TopologyHint] = []
         for m in iterate_masks(bits_of(self.universe)):
             if self.contains(m):
                 out.append(TopologyHint(frozenset(bits_of(m)), self.is_preferred(m)))
         return out
 
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-friendly description (for decisions and reports on machines too large to list hints)."""
+        out: dict[str, object] = {"family": {
+            "nodes": bits_of(self.universe),
+            "required": bits_of(self.required),
+            "weights": {str(n): w for n, w in self.weights if w},
+            "threshold": self.threshold,
+            "preferredWidth": self.preferred_size,
+        }}
+        if self.preferred_sockets is not None:
+            out["family"]["preferredSockets"] = self.preferred_sockets  # type: ignore[index]
+        return out
+
+    def __str__(self) -> str:
+        parts = [f"every mask of NUMA {_nodes(self.universe)}"]
+        if self.required:
+            parts.append(f"holding {_nodes(self.required)}")
+        if self.threshold > 0:
+            parts.append(f"with weight >= {self.threshold}")
+        pref = f"preferred at width {self.preferred_size}" if self.preferred_size is not None else "never preferred"
+        if self.preferred_sockets is not None:
+            pref += f" or spanning {self.preferred_sockets} socket(s)"
+        return "{" + " ".join(parts) + "; " + pref + "}"
+
+    # A family also reads like the list it stands for (listed on demand, so only for small universes):
+    # code written for hint lists (indexing, len, iteration) keeps working on machines up to LIST_MAX_NODES.
     def __iter__(self) -> Iterator[TopologyHint]:
         return iter(self.hints())
+
+    def __len__(self) -> int:
+        return 0 if self.is_empty() else len(self.hints())
+
+    def __bool__(self) -> bool:  # "has hints" without listing them
+        return not self.is_empty()
+
+    def __getitem__(self, index: int) -> TopologyHint:
+        return self.hints()[index]
+
+
+def _nodes(mask: int) -> str:
+    return ",".join(str(n) for n in bits_of(mask)) or "none"
 
 
 def cpu_hint_family(
@@ -150,12 +198,3 @@ def cpu_hint_family(
         socket_of=socket_of,
         preferred_sockets=preferred_sockets,
     )
-
-
-def device_hint_family(device_nodes: Mapping[str, frozenset[int]], numa_nodes: tuple[int, ...]) -> HintFamily:
-    """Hints for devices already bound to a container: every mask holding all the devices' NUMA nodes,
-    preferred when it is exactly that narrowest set."""
-    required = 0
-    for nodes in device_nodes.values():
-        required |= mask_of(nodes)
-    return HintFamily(universe=mask_of(numa_nodes), required=required, preferred_size=required.bit_count())

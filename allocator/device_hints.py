@@ -8,8 +8,10 @@ is preferred iff its width is the narrowest such width. A device without NUMA in
 preference (nil). On machines with more than ``compact_above`` NUMA nodes, devices on single NUMA nodes are
 described by a ``HintFamily`` (every mask holding the devices' nodes) instead of listing 2^N masks.
 
-``devices`` maps a container name to ``{resource: nodes}`` where ``nodes`` is one device's NUMA nodes (a
-set of ints) or a list of such sets (several devices of that resource).
+``devices`` maps a container name to ``{resource: nodes}``. ``nodes`` is either a set of ints, the NUMA
+nodes of that resource's devices (each node holds at least one of them: a hint must contain them all, as
+``NodeAllocator`` does), or a list of sets, one per device, where a device listed with several NUMA nodes
+counts as present in a mask holding any one of them (kubelet's rule for such devices).
 """
 
 from __future__ import annotations
@@ -33,13 +35,17 @@ DeviceNodes = Iterable[int] | Sequence[Iterable[int]]
 _LIST_MAX_NODES = 16
 
 
-def _device_masks(resource: str, nodes: Any, machine: int) -> list[int]:
-    """One mask per device; 0 for a device without NUMA information."""
+def _groups(nodes: Any) -> list[list[int]]:
+    """One list of NUMA nodes per device: a flat set of ints is one single-node device per node."""
     items = list(nodes)
     if items and not isinstance(items[0], int):
-        groups = [list(g) for g in items]
-    else:
-        groups = [items]
+        return [list(g) for g in items]
+    return [[n] for n in items]
+
+
+def _device_masks(resource: str, nodes: Any, machine: int) -> list[int]:
+    """One mask per device; 0 for a device without NUMA information."""
+    groups = _groups(nodes)
     masks = []
     for g in groups:
         m = mask_of(g)
@@ -91,22 +97,15 @@ class DeviceHintProvider:
             out[resource] = device_hints(resource, groups, self.numa_nodes, compact_above=self.compact_above)
         return out
 
-    @staticmethod
-    def _groups(nodes: Any) -> list[list[int]]:
-        items = list(nodes)
-        if items and not isinstance(items[0], int):
-            return [list(g) for g in items]
-        return [items]
-
     def topology_hints(self, state: Any, pod: PodInfo, container_name: str) -> ProviderHints:
         devs = self.devices.get(container_name) or {}
-        return self._hints({r: self._groups(n) for r, n in devs.items()})
+        return self._hints({r: _groups(n) for r, n in devs.items()})
 
     def pod_topology_hints(self, state: Any, pod: PodInfo) -> ProviderHints:
         merged: dict[str, list[Any]] = {}
         for c in pod.containers:
             for r, n in (self.devices.get(c.name) or {}).items():
-                merged.setdefault(r, []).extend(self._groups(n))
+                merged.setdefault(r, []).extend(_groups(n))
         return self._hints(merged)
 
     def allocate(self, state: Any, pod: PodInfo, container_name: str, affinity: TopologyHint | None) -> None:

@@ -155,7 +155,8 @@ def _colex_search(cands: list[int], k: int, fixed: int, ok: Callable[[int, int, 
             mask = fixed | chosen
             if leaf is not None and not leaf(mask):
                 return
-            if not best[2] or cur_d < best[1] or (cur_d == best[1] and mask < best[0]):
+            # (meeting the greedy guess itself also counts: nothing later can beat it at this sum)
+            if not best[2] or cur_d < best[1] or (cur_d == best[1] and mask <= best[0]):
                 best[0], best[1], best[2], best[3] = mask, cur_d, True, True
             return
         for j in range(r - 1, hi):

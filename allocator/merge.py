@@ -51,6 +51,8 @@ _FALSE = ("0", "f", "F", "FALSE", "false", "False")
 
 # Largest machine on which the all-explicit merge uses the 2^N subset transform.
 _ZETA_MAX_NODES = 12
+# Largest machine on which families are listed when explicit lists are long too.
+_LIST_FAMILIES_MAX_NODES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +236,11 @@ def _merge(lists: list[_List], default: int, numa_nodes: Sequence[int],
     order = _Order(numa_nodes, distances, closest, best_count)
     explicit = [lst for lst in lists if isinstance(lst, _Explicit)]
     families = [lst for lst in lists if isinstance(lst, HintFamily)]
+    if families and default.bit_count() <= _LIST_FAMILIES_MAX_NODES and any(len(e.masks) > 16 for e in explicit):
+        # small machine, long explicit lists: listing the families and taking the subset-transform path is
+        # cheaper than one family search per AND of the explicit lists
+        explicit += [_explicit(((h.mask, h.preferred) for h in f.hints()), default) for f in families]
+        families = []
 
     pref = _best_preferred(explicit, families, default, order)
     if pref is not None:

@@ -18,21 +18,25 @@ the shared pool, Crane's mode) or ``shared`` (the shared pool).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .compact_hints import HintFamily
 from .cpuset import CPUSet
-from .errors import AllocationError, ConfigError
+from .device_hints import DeviceHintProvider
+from .errors import ConfigError
 from .hints import TopologyHint
-from .pod import ContainerInfo, PodInfo, container_mode
+from .memory_hints import MemoryHintProvider
+from .pod import PodInfo, container_mode, guaranteed_cpus, pod_guaranteed_cpus
+from .policy_options import StaticPolicyOptions
 from .state import CPUState
+from .static_policy import StaticPolicy
 from .topology import Topology
+from .topology_manager import TopologyManager
 
 __all__ = [
     "TM_POLICIES",
-    "TM_POLICY_OPTIONS",
     "TM_SCOPES",
     "ContainerDecision",
     "NodeAllocator",
@@ -42,23 +46,13 @@ __all__ = [
 
 TM_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 TM_SCOPES = ("container", "pod")
-TM_POLICY_OPTIONS = ("prefer-closest-numa-nodes", "max-allowable-numa-nodes")
-DEFAULT_MAX_NUMA_NODES = 8
 
 TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
 
 Mode = Literal["exclusive", "share", "shared"]
 Reason = Literal["TopologyAffinityError", "SMTAlignmentError", "UnexpectedAdmissionError"]
-DeviceMap = Mapping[str, Mapping[str, Iterable[int]]]
-
-
-def _parse_bool(value: str, field_name: str) -> bool:
-    v = str(value).strip().lower()
-    if v in ("true", "1", "t"):
-        return True
-    if v in ("false", "0", "f"):
-        return False
-    raise ConfigError(f"{field_name}: {value!r} is not a boolean (true or false)")
+# {container: {device or resource: its NUMA nodes}} (a list of node sets for several devices of one resource)
+DeviceMap = Mapping[str, Mapping[str, Iterable[int] | Iterable[Iterable[int]]]]
 
 
 @dataclass(frozen=True)
@@ -85,27 +79,22 @@ class NodeConfig:
                 f"topologyManagerScope: unknown scope {self.topology_manager_scope!r} "
                 f"(allowed: {', '.join(TM_SCOPES)})"
             )
-        for name in self.topology_manager_policy_options:
-            if name not in TM_POLICY_OPTIONS:
-                raise ConfigError(
-                    f"topologyManagerPolicyOptions: unknown option {name!r} (allowed: {', '.join(TM_POLICY_OPTIONS)})"
-                )
-        if self.prefer_closest_numa_nodes and self.topology.numa_distances is None:
-            raise ConfigError(
-                "topologyManagerPolicyOptions: prefer-closest-numa-nodes needs NUMA distances, and this "
-                "topology has none"
+        try:  # options and machine checks: the topology manager package's own rules
+            TopologyManager.from_config(
+                numa_nodes=self.topology.numa_nodes,
+                policy=self.topology_manager_policy,
+                scope=self.topology_manager_scope,
+                options=dict(self.topology_manager_policy_options),
+                distances=self.topology.numa_distances,
             )
-        limit = self.max_allowable_numa_nodes
-        if self.topology_manager_policy != "none" and self.topology.num_numa_nodes > limit:
-            raise ConfigError(
-                f"topologyManagerPolicy {self.topology_manager_policy!r}: unsupported on machines with more than "
-                f"{limit} NUMA Nodes (this one has {self.topology.num_numa_nodes}); raise "
-                f"topologyManagerPolicyOptions max-allowable-numa-nodes"
+        except ConfigError as e:
+            raise ConfigError(f"topologyManagerPolicyOptions: {e}") from None
+        try:
+            StaticPolicyOptions.parse(self.cpu_manager_policy_options).validate(
+                self.topology, self.topology_manager_policy
             )
-        if self.topology_manager_policy == "single-numa-node" and self.cpu_option_enabled("align-by-socket"):
-            raise ConfigError(
-                "cpuManagerPolicyOptions: align-by-socket cannot be used with topologyManagerPolicy single-numa-node"
-            )
+        except ConfigError as e:
+            raise ConfigError(f"cpuManagerPolicyOptions: {e}") from None
         if self.num_reserved_cpus < 0:
             raise ConfigError(f"numReservedCPUs must be >= 0, got {self.num_reserved_cpus}")
         if self.reserved_cpus is not None:
@@ -119,32 +108,38 @@ class NodeConfig:
                     f"numReservedCPUs ({self.num_reserved_cpus}) disagree; give one of them"
                 )
 
-    def cpu_option_enabled(self, name: str) -> bool:
-        value = self.cpu_manager_policy_options.get(name)
-        return value is not None and _parse_bool(value, f"cpuManagerPolicyOptions[{name!r}]")
 
-    @property
-    def prefer_closest_numa_nodes(self) -> bool:
-        value = self.topology_manager_policy_options.get("prefer-closest-numa-nodes")
-        return value is not None and _parse_bool(value, "topologyManagerPolicyOptions['prefer-closest-numa-nodes']")
+def hints_to_json(hints: Any, limit: int | None = None) -> Any:
+    """One resource's hints for JSON: None (no preference), a list of ``{numa, preferred}``, ``{"hints": [first
+    ``limit``], "total": n}`` when cut, or ``{"family": {...}}`` for a hint family (every NUMA set holding
+    ``required``, inside ``universe``, weighing at least ``threshold``)."""
+    if hints is None:
+        return None
+    if isinstance(hints, HintFamily):
+        return {"family": {
+            "universe": _bits(hints.universe),
+            "required": _bits(hints.required),
+            "weights": {str(n): w for n, w in hints.weights},
+            "threshold": hints.threshold,
+            "preferredSize": hints.preferred_size,
+            "preferredSockets": hints.preferred_sockets,
+        }}
+    items = [_hint_dict(h) for h in (hints if limit is None else hints[:limit])]
+    if limit is not None and len(hints) > limit:
+        return {"hints": items, "total": len(hints)}
+    return items
 
-    @property
-    def max_allowable_numa_nodes(self) -> int:
-        value = self.topology_manager_policy_options.get("max-allowable-numa-nodes")
-        if value is None:
-            return DEFAULT_MAX_NUMA_NODES
-        try:
-            n = int(str(value).strip())
-        except ValueError:
-            raise ConfigError(
-                f"topologyManagerPolicyOptions['max-allowable-numa-nodes']: {value!r} is not an integer"
-            ) from None
-        if n < DEFAULT_MAX_NUMA_NODES:
-            raise ConfigError(
-                f"topologyManagerPolicyOptions['max-allowable-numa-nodes']: {n} is less than the default "
-                f"{DEFAULT_MAX_NUMA_NODES}"
-            )
-        return n
+
+def _device_nodes(nodes: Any) -> Any:
+    """One device's NUMA nodes as a frozenset; several devices (a list of node sets) as a list of frozensets."""
+    items = list(nodes)
+    if all(isinstance(n, int) for n in items):
+        return [frozenset(items)]
+    return [frozenset(g) for g in items]
+
+
+def _bits(mask: int) -> list[int]:
+    return [i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
 @dataclass(frozen=True)
@@ -152,19 +147,18 @@ class ContainerDecision:
     name: str
     role: str
     mode: Mode
-    hints: Mapping[str, tuple[TopologyHint, ...] | None]  # per resource; None = no preference
+    # per resource: None = no preference, a tuple of hints, or a HintFamily (large machines, see compact_hints)
+    hints: Mapping[str, tuple[TopologyHint, ...] | HintFamily | None]
     affinity: TopologyHint | None  # merged hint (None under topology-manager policy none)
     cpus: CPUSet  # its own CPUs if pinned, else the shared pool (empty for a rejected pod)
     mems: CPUSet  # NUMA nodes of those CPUs
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, max_hints: int | None = None) -> dict[str, Any]:
         return {
             "name": self.name,
             "role": self.role,
             "mode": self.mode,
-            "hints": {
-                r: None if hs is None else [_hint_dict(h) for h in hs] for r, hs in sorted(self.hints.items())
-            },
+            "hints": {r: hints_to_json(hs, max_hints) for r, hs in sorted(self.hints.items())},
             "affinity": None if self.affinity is None else _hint_dict(self.affinity),
             "cpus": str(self.cpus),
             "mems": str(self.mems),
@@ -181,7 +175,7 @@ class PodDecision:
     message: str  # kubelet's message plus numapin's detail
     containers: tuple[ContainerDecision, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, max_hints: int | None = None) -> dict[str, Any]:
         return {
             "uid": self.uid,
             "namespace": self.namespace,
@@ -189,7 +183,7 @@ class PodDecision:
             "admitted": self.admitted,
             "reason": self.reason,
             "message": self.message,
-            "containers": [c.to_dict() for c in self.containers],
+            "containers": [c.to_dict(max_hints) for c in self.containers],
         }
 
     def container(self, name: str) -> ContainerDecision:
@@ -203,30 +197,10 @@ def _hint_dict(h: TopologyHint) -> dict[str, Any]:
     return {"numa": None if h.numa is None else sorted(h.numa), "preferred": h.preferred}
 
 
-def _cpu_hints(raw: Any) -> tuple[TopologyHint, ...] | None:
-    """The CPU provider's answer as one resource's hint list: None = no preference, () = impossible."""
-    if raw is None:
-        return None
-    if isinstance(raw, Mapping):  # a provider's {resource: hints} map
-        raw = raw.get("cpu")
-        if raw is None:
-            return None
-    return tuple(raw)
-
-
-class _Rejected(Exception):
-    def __init__(self, reason: Reason, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
 class NodeAllocator:
     """One node's CPU allocation: the state, the static policy and the topology manager together."""
 
     def __init__(self, config: NodeConfig, state: CPUState | None = None) -> None:
-        from .static_policy import StaticPolicy
-
         config.validate()
         self.config = config
         self.topology = config.topology
@@ -236,6 +210,13 @@ class NodeAllocator:
             num_reserved_cpus=config.num_reserved_cpus,
             options=dict(config.cpu_manager_policy_options),
             topology_manager_policy=config.topology_manager_policy,
+        )
+        self.topology_manager = TopologyManager.from_config(
+            numa_nodes=config.topology.numa_nodes,
+            policy=config.topology_manager_policy,
+            scope=config.topology_manager_scope,
+            options=dict(config.topology_manager_policy_options),
+            distances=config.topology.numa_distances,
         )
         work = state.copy() if state is not None else CPUState()
         self.policy.start(work)
@@ -272,176 +253,73 @@ class NodeAllocator:
         devices: DeviceMap | None = None,
         dry_run: bool = False,
     ) -> PodDecision:
-        """Admit ``pod`` as kubelet would (see the module doc). Raises PodSpecError for a pod it cannot read."""
+        """Admit ``pod`` as kubelet would (see the module doc). Raises PodSpecError for a pod it cannot read,
+        ConfigError for devices on NUMA nodes the machine does not have."""
         info = pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod)
-        devices = devices or {}
         work = self.state.copy()
-        # The policy keeps one piece of state of its own, the init-container CPU reuse of the pod being admitted;
-        # it holds immutable values, so a shallow copy keeps a rejected admission from touching it.
-        policy = copy.copy(self.policy)
+        # The policy keeps one piece of state of its own, the init-container CPU reuse of the pod being admitted:
+        # saved here and put back unless the admission is committed.
+        saved_reuse = self.policy.reusable_cpus
         if info.bypass:
-            return self._decision(info, work, {}, {}, True, None, "bypassed (numapin.io/bypass)")
-        hints: dict[str, dict[str, tuple[TopologyHint, ...] | None]] = {}
-        affinity: dict[str, TopologyHint | None] = {}
+            return self._decision(info, work, None, True, None, "bypassed (numapin.io/bypass)")
+        device_map = {c: {r: _device_nodes(n) for r, n in d.items()} for c, d in (devices or {}).items()}
+        providers = [self.policy, MemoryHintProvider(), DeviceHintProvider(device_map, self.topology.numa_nodes)]
         try:
-            if self.config.topology_manager_policy == "none":
-                for c in info.containers:
-                    hints[c.name] = {}
-                    affinity[c.name] = None
-                    self._allocate(policy, work, info, c, None)
-            elif self.config.topology_manager_scope == "pod":
-                per_resource = self._pod_resources(policy, work, info, devices)
-                for c in info.containers:
-                    hints[c.name] = per_resource
-                merged = self._merge(per_resource, "pod", info, None, work)
-                for c in info.containers:
-                    affinity[c.name] = merged
-                for c in info.containers:
-                    self._allocate(policy, work, info, c, merged)
-            else:
-                for c in info.containers:
-                    per_resource = self._container_resources(policy, work, info, c, devices)
-                    hints[c.name] = per_resource
-                    affinity[c.name] = merged = self._merge(per_resource, f"container {c.name!r}", info, c, work)
-                    self._allocate(policy, work, info, c, merged)
-        except _Rejected as r:
-            return self._decision(info, self.state, hints, affinity, False, r.reason, r.message)
-        decision = self._decision(info, work, hints, affinity, True, None, "admitted")
-        if not dry_run:
+            result = self.topology_manager.admit(work, info, providers)
+        except BaseException:
+            self.policy.restore_reusable(saved_reuse)
+            raise
+        if not result.admitted:
+            self.policy.restore_reusable(saved_reuse)
+            return self._decision(info, self.state, result, False, result.reason,
+                                  self._reject_message(result, info, work))
+        decision = self._decision(info, work, result, True, None, "admitted")
+        if dry_run:
+            self.policy.restore_reusable(saved_reuse)
+        else:
             self.state = work
-            self.policy = policy
             self._pods[info.uid] = info
         return decision
 
-    def _container_resources(
-        self, policy: Any, work: CPUState, pod: PodInfo, c: ContainerInfo, devices: DeviceMap
-    ) -> dict[str, tuple[TopologyHint, ...] | None]:
-        cpu = _cpu_hints(policy.topology_hints(work, pod, c.name))
-        return self._resources(cpu, devices.get(c.name, {}))
-
-    def _pod_resources(
-        self, policy: Any, work: CPUState, pod: PodInfo, devices: DeviceMap
-    ) -> dict[str, tuple[TopologyHint, ...] | None]:
-        cpu = _cpu_hints(policy.pod_topology_hints(work, pod))
-        union: dict[str, set[int]] = {}
-        for c in pod.containers:
-            for resource, nodes in devices.get(c.name, {}).items():
-                union.setdefault(resource, set()).update(nodes)
-        return self._resources(cpu, union)
-
-    def _resources(
-        self, cpu: Iterable[TopologyHint] | None, devices: Mapping[str, Iterable[int]]
-    ) -> dict[str, tuple[TopologyHint, ...] | None]:
-        out: dict[str, tuple[TopologyHint, ...] | None] = {"cpu": None if cpu is None else tuple(cpu)}
-        # numapin's memory follows the CPUs (cpuset.mems = their NUMA nodes): it never narrows the choice.
-        out["memory"] = None
-        for resource, nodes in sorted(devices.items()):
-            out[resource] = self._device_hints(frozenset(nodes), resource)
-        return out
-
-    def _device_hints(self, nodes: frozenset[int], resource: str) -> tuple[TopologyHint, ...] | None:
-        """kubelet's hints for devices already allocated on ``nodes``: every NUMA mask holding them all;
-        preferred when it holds nothing else."""
-        if not nodes:
-            return None
-        unknown = nodes - set(self.topology.numa_nodes)
-        if unknown:
-            raise ConfigError(f"devices[{resource!r}]: NUMA nodes {sorted(unknown)} are not on this machine")
-        all_nodes = self.topology.numa_nodes
-        others = [n for n in all_nodes if n not in nodes]
-        out: list[TopologyHint] = []
-        for bits in range(1 << len(others)):
-            extra = frozenset(others[i] for i in range(len(others)) if bits >> i & 1)
-            out.append(TopologyHint(nodes | extra, preferred=not extra))
-        out.sort(key=lambda h: (len(h.numa or ()), h.mask))
-        return tuple(out)
-
-    def _merge(
-        self,
-        per_resource: Mapping[str, tuple[TopologyHint, ...] | None],
-        what: str,
-        pod: PodInfo,
-        c: ContainerInfo | None,
-        work: CPUState,
-    ) -> TopologyHint:
-        from .merge import merge_hints
-
-        providers: list[Mapping[str, list[TopologyHint] | None] | None] = [
-            {"cpu": None if per_resource["cpu"] is None else list(per_resource["cpu"])},
-            None,  # memory: no preference
-        ]
-        devices = {r: list(h) if h is not None else None for r, h in per_resource.items() if r not in ("cpu",
-                                                                                                         "memory")}
-        if devices:
-            providers.append(devices)
-        options: dict[str, str] = dict(self.config.topology_manager_policy_options)
-        hint, admit = merge_hints(
-            providers,
-            policy=self.config.topology_manager_policy,
-            numa_nodes=self.topology.numa_nodes,
-            distances=self.topology.numa_distances,
-            options=options,
-        )
-        if not admit:
-            raise _Rejected("TopologyAffinityError", self._affinity_message(per_resource, what, pod, c, hint, work))
-        return hint
-
-    def _affinity_message(
-        self,
-        per_resource: Mapping[str, tuple[TopologyHint, ...] | None],
-        what: str,
-        pod: PodInfo,
-        c: ContainerInfo | None,
-        hint: TopologyHint,
-        work: CPUState,
-    ) -> str:
-        from .pod import guaranteed_cpus, pod_guaranteed_cpus
-
-        cpus = pod_guaranteed_cpus(pod) if c is None else guaranteed_cpus(pod, c)
+    def _reject_message(self, result: Any, pod: PodInfo, work: CPUState) -> str:
+        message = result.message
+        who = result.failed_container
+        if result.reason != "TopologyAffinityError":
+            where = f"container {who!r} of pod {pod.ref}" if who else f"pod {pod.ref}"
+            return f"{message} ({where})"
+        cpus = guaranteed_cpus(pod, pod.container(who)) if who else pod_guaranteed_cpus(pod)
         free = ", ".join(f"{n}: {k}" for n, k in self._free_per_numa(work).items())
-        cpu_hints = per_resource.get("cpu")
-        preferred = [h for h in cpu_hints or () if h.preferred]
-        detail = (
-            f"topology manager policy {self.config.topology_manager_policy}, scope "
-            f"{self.config.topology_manager_scope}: {what} of pod {pod.ref} needs {cpus} exclusive CPU(s); "
-        )
-        if cpu_hints is not None and not cpu_hints:
-            detail += "no NUMA affinity can hold them now; "
-        elif cpu_hints is not None and not preferred and self.config.topology_manager_policy != "best-effort":
-            detail += "no preferred (narrowest) NUMA affinity can hold them now; "
-        detail += f"best merged hint {hint}; free CPUs per NUMA node {{{free}}}"
-        return f"{TOPOLOGY_AFFINITY_MESSAGE} ({detail})"
+        detail = f"pod {pod.ref}; {cpus} exclusive CPU(s) asked; free CPUs per NUMA node {{{free}}}"
+        if message.endswith(")"):
+            return f"{message[:-1]}; {detail})"
+        return f"{message} ({detail})"
 
-    def _allocate(self, policy: Any, work: CPUState, pod: PodInfo, c: ContainerInfo,
-                  affinity: TopologyHint | None) -> None:
-        from .errors import SMTAlignmentError
-
-        mode = container_mode(pod, c)
-        try:
-            cpus = policy.allocate(work, pod, c.name, affinity)
-        except SMTAlignmentError as e:
-            raise _Rejected("SMTAlignmentError", f"{e} (container {c.name!r} of pod {pod.ref})") from None
-        except AllocationError as e:
-            raise _Rejected(
-                "UnexpectedAdmissionError",
-                f"Allocate failed due to {e}, which is unexpected (container {c.name!r} of pod {pod.ref})",
-            ) from None
-        if mode != "shared" and cpus and work.mode(pod.uid, c.name) != mode:
-            work.set(pod.uid, c.name, work.get(pod.uid, c.name) or CPUSet(cpus), mode)
+    def _hints_of(self, hints: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for resource, h in hints.items():
+            if isinstance(h, HintFamily) and self.topology.num_numa_nodes <= 8:
+                h = tuple(h.hints())  # listed in full on machines where that stays small
+            elif h is not None and not isinstance(h, HintFamily):
+                h = tuple(h)
+            out[resource] = h
+        if self.config.topology_manager_policy != "none":
+            out.setdefault("memory", None)
+        return out
 
     def _decision(
         self,
         pod: PodInfo,
         work: CPUState,
-        hints: Mapping[str, Mapping[str, tuple[TopologyHint, ...] | None]],
-        affinity: Mapping[str, TopologyHint | None],
+        result: Any,
         admitted: bool,
         reason: Reason | None,
         message: str,
     ) -> PodDecision:
+        per_container = {c.name: c for c in (result.containers if result is not None else ())}
         pool = work.shared_pool()
         out: list[ContainerDecision] = []
         for c in pod.containers:
+            r = per_container.get(c.name)
             own = work.get(pod.uid, c.name) if admitted else None
             mode: Mode = "shared" if pod.bypass else container_mode(pod, c)
             if not admitted:
@@ -455,8 +333,8 @@ class NodeAllocator:
                 name=c.name,
                 role=c.role,
                 mode=mode,
-                hints=dict(hints.get(c.name, {})),
-                affinity=affinity.get(c.name),
+                hints=self._hints_of(r.hints) if r is not None else {},
+                affinity=r.affinity if r is not None else None,
                 cpus=cpus,
                 mems=self.topology.numa_of(cpus),
             ))

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .compact_hints import COMPACT_ABOVE_NUMA_NODES, HintFamily, cpu_hint_family
 from .cpu_assignment import CPUTaker
 from .cpu_hints import generate_cpu_hints
 from .cpuset import CPUSet
@@ -32,7 +33,7 @@ __all__ = ["CPU_RESOURCE", "StaticPolicy"]
 
 CPU_RESOURCE = "cpu"
 
-Hints = dict[str, list[TopologyHint] | None]
+Hints = dict[str, list[TopologyHint] | HintFamily | None]
 
 _ZERO_RESERVED = (
     "the static policy requires systemreserved.cpu + kubereserved.cpu to be greater than zero "
@@ -261,7 +262,10 @@ class StaticPolicy:
         reusable = self._reusable(info.uid) | assigned
         return {CPU_RESOURCE: self._hints(self.available_cpus(state), reusable, requested)}
 
-    def _hints(self, available: CPUSet, reusable: CPUSet, request: int) -> list[TopologyHint]:
+    def _hints(self, available: CPUSet, reusable: CPUSet, request: int) -> list[TopologyHint] | HintFamily:
+        if len(self.topology.cpu_numa_nodes) > COMPACT_ABOVE_NUMA_NODES:
+            # many NUMA nodes: the same hints as a family (no 2^N masks); the merge result is the same
+            return cpu_hint_family(self.topology, available, reusable, request, self.options.align_by_socket)
         return generate_cpu_hints(self.topology, available, reusable, request, self.options.align_by_socket)
 
     # -- helpers --------------------------------------------------------------------------------------------

@@ -100,6 +100,8 @@ def read_topology(root: str | os.PathLike[str] = "/sys") -> Topology:
         d = cpu_root / f"cpu{cpu}"
         topo = d / "topology"
         socket = _read_int(topo / "physical_package_id")
+        if socket < 0:  # some arm64 kernels report -1 when the firmware gives no package: one socket
+            socket = 0
         siblings_file = topo / "thread_siblings_list"
         if not siblings_file.exists():
             siblings_file = topo / "core_cpus_list"

@@ -77,10 +77,76 @@ def topology(cpu_nodes: int, cores_per_node: int, threads: int = 2, sockets: int
                                "numaDistances": {str(a): [dist(a, b) for b in range(n)] for a in range(n)}})
 
 
-# -- static policy (owned by the static-policy engineer) ------------------------------------------------
+# -- static policy: allocate + hints on 2 sockets, 8 NUMA nodes, 384 CPUs ------------------------------
+# (this section may be replaced by the static-policy engineer's own; it only uses StaticPolicy's public API)
+def _pod(uid: str, cpus: int, name: str = "c") -> Any:
+    from allocator.pod import ContainerInfo, PodInfo
+
+    c = ContainerInfo(name, "app", cpus * 1000, cpus * 1000, 1 << 30, 1 << 30)
+    return PodInfo(uid=uid, namespace="bench", name=uid, qos_class="Guaranteed", cpu_manager=None, bypass=False,
+                   containers=(c,))
+
+
 def section_static_policy(quick: bool) -> dict[str, Any]:
-    """Allocate + hints on a 2-socket, 8-NUMA, 384-CPU topology: filled in by the static-policy owner."""
-    return {"status": "not implemented here: section owned by the static-policy engineer"}
+    """StaticPolicy on the 2-socket, 8-NUMA, 384-CPU machine (8-core L3 groups): CPU topology hints and
+    allocate, per option set, filling the machine with random 1-48 CPU containers, then a whole admission
+    (hints + merge + allocate) through the topology manager."""
+    import copy
+
+    from allocator.memory_hints import MemoryHintProvider
+    from allocator.state import CPUState
+    from allocator.static_policy import StaticPolicy
+    from allocator.topology_manager import TopologyManager
+    from tests.topologies import large_384
+
+    topo = large_384()
+    rng = random.Random(1)
+    pods = 30 if quick else 120
+    out: dict[str, Any] = {"topology": "2 sockets x 4 NUMA x 24 cores x 2 threads = 384 CPUs, 8-core L3 groups",
+                           "reserved_cpus": 2, "by_options": {}}
+    option_sets = {
+        "default": {},
+        "full-pcpus-only": {"full-pcpus-only": "true"},
+        "distribute-cpus-across-numa": {"distribute-cpus-across-numa": "true"},
+        "prefer-align-cpus-by-uncorecache": {"prefer-align-cpus-by-uncorecache": "true"},
+    }
+    for label, options in option_sets.items():
+        policy = StaticPolicy(topo, num_reserved_cpus=2, options=options)
+        state = CPUState()
+        policy.start(state)
+        hints_t: list[float] = []
+        alloc_t: list[float] = []
+        for i in range(pods):
+            n = rng.choice([2, 4, 8, 16, 24, 48])
+            pod = _pod(f"p{i}", n)
+            t = time.perf_counter()
+            hints = policy.topology_hints(state, pod, "c")
+            hints_t.append(time.perf_counter() - t)
+            if len(state.default_cpuset) < n + 2:
+                break
+            t = time.perf_counter()
+            affinity = next((h for h in (hints or {}).get("cpu") or () if h.preferred), None)
+            policy.allocate(state, pod, "c", affinity)
+            alloc_t.append(time.perf_counter() - t)
+        out["by_options"][label] = {"topology_hints": _stats(hints_t), "allocate": _stats(alloc_t)}
+    rows = {}
+    for tm_policy in ("best-effort", "single-numa-node"):
+        policy = StaticPolicy(topo, num_reserved_cpus=2, topology_manager_policy=tm_policy)
+        tm = TopologyManager.from_config(numa_nodes=topo.numa_nodes, policy=tm_policy, distances=topo.numa_distances)
+        state = CPUState()
+        policy.start(state)
+        samples: list[float] = []
+        for i in range(pods):
+            pod = _pod(f"q{i}", rng.choice([2, 4, 8, 16, 24]))
+            work, sp = state.copy(), copy.copy(policy)
+            t = time.perf_counter()
+            r = tm.admit(work, pod, [sp, MemoryHintProvider()])
+            samples.append(time.perf_counter() - t)
+            if r.admitted:
+                state, policy = work, sp
+        rows[tm_policy] = _stats(samples)
+    out["admission_through_topology_manager"] = rows
+    return out
 
 
 # -- one merge at 8 NUMA nodes, 4 providers x 255 hints ----------------------------------------------
@@ -158,14 +224,6 @@ SHAPES = {
 }
 
 
-def _static_policy_available() -> bool:
-    try:
-        import allocator.static_policy  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _one_admission(topo: Topology, rng: random.Random, fits: int, policy: str,
                    closest: bool) -> Callable[[], tuple[TopologyHint, bool]]:
     """hints (CPU family over the free CPUs, device hints for one GPU, memory None) + merge."""
@@ -186,30 +244,66 @@ def _one_admission(topo: Topology, rng: random.Random, fits: int, policy: str,
     return run
 
 
+def _prefilled(topo: Topology, rng: random.Random, policy_name: str) -> tuple[Any, Any]:
+    """A StaticPolicy and its state with about a quarter of the CPUs already given to 1-8 CPU containers."""
+    from allocator.state import CPUState
+    from allocator.static_policy import StaticPolicy
+
+    policy = StaticPolicy(topo, num_reserved_cpus=2, topology_manager_policy=policy_name)
+    state = CPUState()
+    policy.start(state)
+    target = len(state.default_cpuset) * 3 // 4
+    i = 0
+    while len(state.default_cpuset) > target:
+        free = sorted(state.default_cpuset)
+        n = min(rng.randint(1, 8), len(free) - target)
+        numa = topo.cpu(rng.choice(free)).numa
+        policy.allocate(state, _pod(f"fill{i}", max(n, 1)), "c", TopologyHint(frozenset({numa}), True))
+        i += 1
+    return policy, state
+
+
 def section_scale(quick: bool) -> dict[str, Any]:
+    """Whole pod admissions: StaticPolicy (CPU hints as a family beyond 8 NUMA nodes) + memory + a GPU
+    already bound on one NUMA node, merged and allocated through the topology manager."""
+    import copy
+
+    from allocator.device_hints import DeviceHintProvider
+    from allocator.memory_hints import MemoryHintProvider
+    from allocator.topology_manager import TopologyManager
+
     rng = random.Random(7)
-    runs = 10 if quick else 60
-    out: dict[str, Any] = {"measured": "CPU hint family + device hints + merge (StaticPolicy admission: "
-                                       + ("available, not yet wired" if _static_policy_available()
-                                          else "not on main yet") + ")", "shapes": {}}
+    runs = 8 if quick else 80
+    out: dict[str, Any] = {"measured": "whole pod admission: StaticPolicy + memory + device providers, topology "
+                                       "manager merge, allocation (state copy excluded)", "shapes": {}}
     for name, shape in SHAPES.items():
         topo = topology(**shape)
+        per_node = len(topo.cpus_in_numa(topo.cpu_numa_nodes[0]))
         rows: dict[str, Any] = {}
         for policy in ("best-effort", "restricted", "single-numa-node"):
             for closest in (False, True):
                 if closest and policy == "single-numa-node":
                     continue
+                base_policy, base_state = _prefilled(topo, rng, policy)
+                tm = TopologyManager.from_config(
+                    numa_nodes=topo.numa_nodes, policy=policy, distances=topo.numa_distances,
+                    options={"prefer-closest-numa-nodes": "true" if closest else "false"})
                 samples: list[float] = []
                 results: dict[int, str] = {}
-                for fits in (1, 2, 3, 4):
-                    for _ in range(runs // 4 or 1):
-                        fn = _one_admission(topo, rng, fits, policy, closest)
+                sizes = range(1, min(4, len(topo.cpu_numa_nodes)) + 1)
+                for fits in sizes:
+                    request = fits * per_node - per_node // 2  # needs `fits` NUMA nodes by capacity
+                    for i in range(runs // len(sizes) or 1):
+                        pod = _pod(f"s{fits}-{i}", request)
+                        gpu = {"c": {"nvidia.com/gpu": {rng.choice(topo.numa_nodes)}}}
+                        work, sp = base_state.copy(), copy.copy(base_policy)
                         t = time.perf_counter()
-                        hint, admit = fn()
+                        r = tm.admit(work, pod, [sp, MemoryHintProvider(), DeviceHintProvider(gpu, topo.numa_nodes)])
                         samples.append(time.perf_counter() - t)
-                        results[fits] = f"{hint} admit={admit}"
+                        aff = r.containers[0].affinity if r.containers else None
+                        results[fits] = f"{request} CPUs: {aff} admitted={r.admitted}"
                 key = policy + (" +prefer-closest" if closest else "")
-                rows[key] = {**_stats(samples), "example_results_by_nodes_needed": results}
+                rows[key] = {**_stats(samples), "example_by_nodes_needed": results}
         out["shapes"][name] = rows
     return out
 

@@ -10,12 +10,13 @@ import grpc.aio
 
 from allocator.checkpoint import CheckpointStore, import_kubelet_state
 from allocator.node import NodeAllocator, NodeConfig
+from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
 from .config import ProxyConfig
 from .metrics import ProxyMetrics
 from .narrowing import CpusetPusher
-from .nrt import ApiPublisher, build_nrt, write_nrt
+from .nrt import ApiPublisher, write_nrt
 from .pinning import Pinning, PinningOptions
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry
@@ -93,30 +94,45 @@ class CriProxy:
         self._tasks.append(loop.create_task(self._nrt_loop()))
         return self
 
+    async def reconcile_once(self) -> ReconcileReport:
+        async with self.pinning.lock:
+            report = await reconcile(
+                self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
+                lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
+            await self.pinning.save()
+        log.info("reconcile: %s", report)  # after the state is on disk
+        self.last_reconcile = report
+        self._nrt_dirty.set()
+        return report
+
     async def _reconcile_loop(self) -> None:
         backoff = 0.2
-        while True:
+        while not self.reconciled.is_set():
             try:
-                async with self.pinning.lock:
-                    self.last_reconcile = await reconcile(
-                        self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
-                        lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
-                    await self.pinning.save()
-                self._nrt_dirty.set()
+                await self.reconcile_once()
                 self.reconciled.set()
-                return
+                break
             except grpc.aio.AioRpcError as e:
                 log.warning("reconcile: runtime not reachable (%s: %s); retrying in %.1f s", e.code().name,
                             e.details(), backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
+        period = self.config.reconcile_period
+        while period > 0:
+            await asyncio.sleep(period)
+            try:
+                await self.reconcile_once()
+            except grpc.aio.AioRpcError as e:
+                log.warning("reconcile: runtime not reachable (%s: %s)", e.code().name, e.details())
 
     def nrt_document(self) -> dict:
         nc = self.node_config
-        return build_nrt(self.config.node_name, nc.topology, assigned=self.allocator.state.assigned_cpus(),
-                         free_per_numa=self.allocator.free_cpus_per_numa(),
-                         policy=nc.topology_manager_policy, scope=nc.topology_manager_scope,
-                         policy_options=nc.topology_manager_policy_options)
+        reserved = self.allocator.reserved_cpus
+        return build_nrt(self.config.node_name, nc.topology, free_cpus=self.allocator.state.default_cpuset - reserved,
+                         reserved_cpus=reserved, topology_manager_policy=nc.topology_manager_policy,
+                         topology_manager_scope=nc.topology_manager_scope,
+                         topology_manager_policy_options=nc.topology_manager_policy_options,
+                         cpu_manager_policy_options=nc.cpu_manager_policy_options)
 
     async def _nrt_loop(self) -> None:
         while True:

@@ -38,6 +38,8 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      {"help": "key=value,... (e.g. prefer-closest-numa-nodes=true)"}),
     ("--cpu-manager-policy-options", "cpu_manager_policy_options",
      {"help": "key=value,... (e.g. full-pcpus-only=true)"}),
+    ("--reconcile-period", "reconcile_period",
+     {"help": "seconds between reconciles that repair drifted cpusets (default 0: only at start)"}),
     ("--node-name", "node_name", {"help": "NodeResourceTopology object name (default $NODE_NAME or hostname)"}),
     ("--nrt-file", "nrt_file", {"help": "where the NodeResourceTopology JSON goes (default in --state-dir)"}),
     ("--kubeconfig", "kubeconfig", {"help": "publish the NodeResourceTopology to this cluster"}),

@@ -50,6 +50,7 @@ class ProxyConfig:
     topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
     cpu_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
     lift_cfs_quota: bool = True
+    reconcile_period: float = 0.0  # seconds between drift repairs after the start-up reconcile; 0 = only at start
     node_name: str = ""
     nrt_file: str = ""
     kubeconfig: str | None = None
@@ -67,7 +68,9 @@ class ProxyConfig:
 
     @property
     def nrt_path(self) -> Path:
-        return Path(self.nrt_file) if self.nrt_file else Path(self.state_dir) / "noderesourcetopology.json"
+        if self.nrt_file:
+            return Path(self.nrt_file)
+        return Path(self.state_dir) / "nrt" / f"{self.node_name or 'node'}.json"  # a directory the webhook can read
 
     @property
     def self_pod(self) -> tuple[str, str] | None:
@@ -100,6 +103,14 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"{where}: {e}") from None
     if name in ("topology_manager_policy_options", "cpu_manager_policy_options"):
         return parse_options(value, where)
+    if name == "reconcile_period":
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected seconds, got {value!r}") from None
+        if f < 0:
+            raise ConfigError(f"{where}: must not be negative, got {value!r}")
+        return f
     if name == "num_reserved_cpus":
         try:
             n = int(value)

@@ -1,6 +1,6 @@
-"""The node's NodeResourceTopology (``topology.node.k8s.io/v1alpha2``): one zone per NUMA node with CPU
-capacity, allocatable and available; costs from NUMA distances; the topology manager's policy and scope as
-attributes. Written atomically to a file on every change, and to the API server when credentials are given.
+"""Publishing the node's NodeResourceTopology (``topology.node.k8s.io/v1alpha2``, built by
+``allocator.nrt.build_nrt``, the layout the webhook reads): written atomically to a file on every change, and
+to the API server when credentials are given.
 """
 
 from __future__ import annotations
@@ -10,70 +10,15 @@ import contextlib
 import json
 import logging
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from allocator.cpuset import CPUSet
-from allocator.topology import Topology
+from allocator.nrt import NRT_GROUP, NRT_PLURAL, NRT_VERSION
 
-__all__ = ["NRT_GROUP", "NRT_PLURAL", "NRT_VERSION", "ApiPublisher", "build_nrt", "write_nrt"]
+__all__ = ["ApiPublisher", "write_nrt"]
 
 log = logging.getLogger("numapin.criproxy")
-
-NRT_GROUP = "topology.node.k8s.io"
-NRT_VERSION = "v1alpha2"
-NRT_PLURAL = "noderesourcetopologies"
-
-_LEGACY_POLICY = {  # deprecated topologyPolicies values
-    ("none", "container"): "None", ("none", "pod"): "None",
-    ("best-effort", "container"): "BestEffort", ("best-effort", "pod"): "BestEffort",
-    ("restricted", "container"): "Restricted", ("restricted", "pod"): "Restricted",
-    ("single-numa-node", "container"): "SingleNUMANodeContainerLevel",
-    ("single-numa-node", "pod"): "SingleNUMANodePodLevel",
-}
-
-
-def _camel(option: str) -> str:
-    return "".join(p[:1].upper() + p[1:] for p in re.split(r"[-_]", option) if p)
-
-
-def build_nrt(node_name: str, topology: Topology, *, assigned: CPUSet, free_per_numa: Mapping[int, int],
-              policy: str, scope: str,
-              policy_options: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The NodeResourceTopology object of ``node_name`` (a plain dict, ready for JSON or the API).
-
-    ``free_per_numa`` is the allocator's allocatable-and-unassigned count per NUMA node, ``assigned`` the CPUs
-    pinned to containers; allocatable = both together (capacity minus reserved CPUs)."""
-    zones = []
-    for n in topology.numa_nodes:
-        cpus = topology.cpus_in_numa(n) if n in topology.cpu_numa_nodes else CPUSet()
-        capacity = len(cpus)
-        available = free_per_numa.get(n, 0)  # allocatable CPUs nobody holds
-        allocatable = available + len(cpus & assigned)  # reserved CPUs excluded
-        zone: dict[str, Any] = {
-            "name": f"node-{n}",
-            "type": "Node",
-            "resources": [{"name": "cpu", "capacity": str(capacity), "allocatable": str(allocatable),
-                           "available": str(available)}],
-        }
-        if topology.numa_distances is not None:
-            zone["costs"] = [{"name": f"node-{m}", "value": topology.distance(n, m)} for m in topology.numa_nodes]
-        zones.append(zone)
-    attributes = [{"name": "topologyManagerPolicy", "value": policy},
-                  {"name": "topologyManagerScope", "value": scope}]
-    for k, v in sorted((policy_options or {}).items()):
-        attributes.append({"name": f"topologyManagerOption{_camel(k)}", "value": str(v)})
-    return {
-        "apiVersion": f"{NRT_GROUP}/{NRT_VERSION}",
-        "kind": "NodeResourceTopology",
-        "metadata": {"name": node_name},
-        "topologyPolicies": [_LEGACY_POLICY.get((policy, scope), "None")],
-        "attributes": attributes,
-        "zones": zones,
-    }
-
 
 def write_nrt(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
     """Write ``doc`` as JSON atomically (temp file, fsync, rename)."""

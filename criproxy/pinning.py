@@ -75,6 +75,7 @@ class Pinning:
         return {
             "CreateContainer": self.create_container,
             "UpdateContainerResources": self.update_container_resources,
+            "StopContainer": self.stop_container,
             "RemoveContainer": self.remove_container,
             "StopPodSandbox": self.stop_pod_sandbox,
             "RemovePodSandbox": self.remove_pod_sandbox,
@@ -120,7 +121,7 @@ class Pinning:
         try:
             pod = pod_from_cri(req, self.registry.pod_containers.get(ident.uid, {}))
         except PodSpecError as e:
-            self.on_decision("invalid", "rejected")
+            self.on_decision("InvalidIntent", "rejected")
             raise Rejection(grpc.StatusCode.INVALID_ARGUMENT,
                             f"numapin: pod {ident.ref} container {name}: {e}") from None
         devices = devices_numa_nodes([d.host_path for d in req.config.devices], self.options.sysfs)
@@ -130,7 +131,7 @@ class Pinning:
                 decision = await asyncio.to_thread(self.allocator.admit_pod, pod,
                                                    devices={name: devices} if devices else None)
             except AllocatorError as e:
-                self.on_decision("unknown", "rejected")
+                self.on_decision(getattr(e, "reason", type(e).__name__), "rejected")
                 raise Rejection(grpc.StatusCode.FAILED_PRECONDITION,
                                 f"numapin: pod {ident.ref} container {name}: {e}") from None
             if not decision.admitted:
@@ -141,14 +142,18 @@ class Pinning:
                                 f"numapin: pod {ident.ref}: the allocator made no decision for container {name}")
             if pod.has_container(name) and ident.annotations.get("numapin.io/cpu-intent") is None:
                 self.registry.pod_containers.setdefault(ident.uid, {})[name] = pod.container(name)
-            pinned = cd.mode in ("exclusive", "share")
+            # what the state says wins: a container holding CPUs runs on them (kubelet keeps an existing
+            # assignment even if the container's request changed), anything else on the shared pool
+            own = self.allocator.container_cpus(ident.uid, name)
+            pinned = own is not None
+            mode = self.allocator.state.mode(ident.uid, name) if pinned else "shared"
             if pinned:
-                cpus, mems = cd.cpus, cd.mems
+                cpus, mems = own, self._mems_of(own)
             else:
                 cpus, mems = self.shared_pool()
             await self.save()  # the allocation is on disk before the runtime hears of the container
             self.on_change()
-            if cd.mode == "exclusive":
+            if mode == "exclusive":
                 await self._resize_shared()
             updates = {_CPUS: wire.encode_string(_CPUS, str(cpus)), _MEMS: wire.encode_string(_MEMS, str(mems))}
             if pinned and self.options.lift_cfs_quota:
@@ -166,14 +171,14 @@ class Pinning:
                          ident.ref, name, e.code().name)
                 raise
             cid = cri_pb2.CreateContainerResponse.FromString(response).container_id
-            self.registry.add(Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, cd.mode, cpus, mems))
-            self.on_decision(cd.mode, "admitted")
+            self.registry.add(Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, mode, cpus, mems))
+            self.on_decision(mode, "admitted")
             log.info("decision pod=%s container=%s id=%s mode=%s cpus=%s mems=%s reason=%s", ident.ref, name,
-                     cid[:13], cd.mode, cpus, mems, "reused" if had_cpus else "allocated")
+                     cid[:13], mode, cpus, mems, "reused" if had_cpus else "allocated" if pinned else "shared pool")
             return response
 
     def _reject(self, decision: PodDecision, ident: PodIdentity, name: str) -> None:
-        self.on_decision("rejected", "rejected")
+        self.on_decision(decision.reason or "Rejected", "rejected")
         code = (grpc.StatusCode.RESOURCE_EXHAUSTED if decision.reason == "UnexpectedAdmissionError"
                 else grpc.StatusCode.FAILED_PRECONDITION)
         msg = (f"numapin: pod {ident.ref} container {name} rejected ({decision.reason}) by topology manager "
@@ -188,17 +193,28 @@ class Pinning:
         t = self.registry.containers.get(req.container_id)
         if t is None or t.mode == "bypass" or t.cpus is None:
             return await forward(request)
-        updates = {_CPUS: wire.encode_string(_CPUS, str(t.cpus))}
-        if t.mems is not None:
-            updates[_MEMS] = wire.encode_string(_MEMS, str(t.mems))
+        # the cpuset numapin wants now (for a shared container: the current pool, even mid-narrowing)
+        cpus, mems = (t.cpus, t.mems) if t.pinned else self.shared_pool()
+        updates = {_CPUS: wire.encode_string(_CPUS, str(cpus))}
+        if mems is not None:
+            updates[_MEMS] = wire.encode_string(_MEMS, str(mems))
         if t.pinned and self.options.lift_cfs_quota and req.linux.cpu_quota:
             updates[_QUOTA] = wire.encode_int64(_QUOTA, UNLIMITED_QUOTA)
-        if (req.linux.cpuset_cpus, req.linux.cpuset_mems) != (str(t.cpus), str(t.mems or "")):
+        if (req.linux.cpuset_cpus, req.linux.cpuset_mems) != (str(cpus), str(mems or "")):
             log.info("update pod=%s container=%s: cpuset %r kept as %s (numapin owns cpusets)", t.pod_ref, t.name,
-                     req.linux.cpuset_cpus, t.cpus)
+                     req.linux.cpuset_cpus, cpus)
         return await forward(wire.set_fields(request, _UPDATE_RESOURCES, updates))
 
     # -- removal --------------------------------------------------------------------------------------------
+    async def stop_container(self, request: bytes, forward: Forward) -> bytes:
+        """A stopped container never runs again (kubelet creates a new one): it leaves the shared pool's
+        narrowing set; its CPUs stay with the pod until RemoveContainer."""
+        response = await forward(request)
+        t = self.registry.containers.get(cri_pb2.StopContainerRequest.FromString(request).container_id)
+        if t is not None:
+            t.exited = True
+        return response
+
     async def remove_container(self, request: bytes, forward: Forward) -> bytes:
         cid = cri_pb2.RemoveContainerRequest.FromString(request).container_id
         response = await forward(request)

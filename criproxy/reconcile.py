@@ -7,8 +7,12 @@ containers are adopted into the registry, and cpusets that drifted from the stat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
+
+import grpc
+import grpc.aio
 
 from allocator.cpuset import CPUSet
 from allocator.node import NodeAllocator
@@ -34,6 +38,12 @@ class ReconcileReport:
     dropped: tuple[tuple[str, str], ...]   # (pod uid, container) assignments released
     adopted: int
     repaired: int
+    failed: int = 0
+
+    def __str__(self) -> str:
+        return (f"{self.sandboxes} sandboxes, {self.containers} containers, dropped "
+                f"{list(self.dropped) or 'nothing'}, adopted {self.adopted}, repaired {self.repaired} cpusets "
+                f"({self.failed} failed)")
 
 
 def _parse_cpus(text: str) -> CPUSet | None:
@@ -76,6 +86,7 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
     pool = allocator.shared_pool()
     pool_mems = topology.numa_of(pool)
     push: list[tuple[Tracked, CPUSet, CPUSet | None, int | None]] = []
+    live: list[tuple[Tracked, CPUSet | None]] = []
     adopted = 0
     for c in containers:
         sb = sandboxes.get(c.pod_sandbox_id)
@@ -96,11 +107,26 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
         t = Tracked(c.id, c.pod_sandbox_id, uid, ref, c.metadata.name, mode, exited=exited)  # type: ignore[arg-type]
         registry.add(t)
         adopted += 1
-        if exited or bypass:
+        if not (exited or bypass):
+            live.append((t, cpus))
+    sem = asyncio.Semaphore(16)
+
+    async def status(cid: str) -> cri_pb2.LinuxContainerResources | None:
+        async with sem:
+            try:
+                raw = await upstream.call(_RT + "ContainerStatus", cri_pb2.ContainerStatusRequest(
+                    container_id=cid).SerializeToString(), timeout=timeout)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    return None  # removed while we looked
+                raise
+        return cri_pb2.ContainerStatusResponse.FromString(raw).status.resources.linux
+
+    statuses = await asyncio.gather(*(status(t.id) for t, _ in live))
+    for (t, cpus), res in zip(live, statuses, strict=True):
+        if res is None:
+            registry.remove(t.id)
             continue
-        st_raw = await upstream.call(_RT + "ContainerStatus", cri_pb2.ContainerStatusRequest(
-            container_id=c.id).SerializeToString(), timeout=timeout)
-        res = cri_pb2.ContainerStatusResponse.FromString(st_raw).status.resources.linux
         t.cpus = _parse_cpus(res.cpuset_cpus) if res.cpuset_cpus else None
         t.mems = _parse_cpus(res.cpuset_mems) if res.cpuset_mems else None
         if cpus is not None:
@@ -112,7 +138,4 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
         else:
             push.append((t, pool, pool_mems, None))
     result = await pusher.push(push)
-    report = ReconcileReport(len(sandboxes), len(containers), tuple(dropped), adopted, result.changed)
-    log.info("reconcile: %d sandboxes, %d containers, dropped %s, adopted %d, repaired %d cpusets (%d failed)",
-             report.sandboxes, report.containers, list(dropped) or "nothing", adopted, result.changed, result.failed)
-    return report
+    return ReconcileReport(len(sandboxes), len(containers), tuple(dropped), adopted, result.changed, result.failed)

@@ -9,12 +9,16 @@ interceptor first: it sees the request bytes and decides what (if anything) goes
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
+
+from .wire import WireError
 
 __all__ = [
     "CRI_SERVICES",
@@ -26,6 +30,8 @@ __all__ = [
     "Upstream",
     "normalize_endpoint",
 ]
+
+log = logging.getLogger("numapin.criproxy")
 
 CRI_SERVICES = (
     "runtime.v1.RuntimeService",
@@ -181,6 +187,7 @@ class RelayHandler(grpc.GenericRpcHandler):
 
     def _unary_behavior(self, method: str, interceptor: Interceptor | None):
         upstream = self.upstream
+        name = method.rsplit("/", 1)[-1]
 
         async def behavior(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             t0 = time.perf_counter()
@@ -197,6 +204,17 @@ class RelayHandler(grpc.GenericRpcHandler):
             except Rejection as e:
                 code = e.code
                 await context.abort(e.code, e.message)
+                raise
+            except (DecodeError, WireError) as e:
+                code = grpc.StatusCode.INVALID_ARGUMENT
+                await context.abort(code, f"numapin: cannot parse the {name} request: {e}")
+                raise
+            except grpc.aio.AbortError:
+                raise
+            except Exception as e:
+                code = grpc.StatusCode.INTERNAL
+                log.exception("%s: unexpected error in numapin's interceptor", method)
+                await context.abort(code, f"numapin: internal error handling {name}: {type(e).__name__}: {e}")
                 raise
             finally:
                 self._done(method, t0, code)

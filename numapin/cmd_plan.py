@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from allocator.compact_hints import HintFamily
     from allocator.hints import TopologyHint
     from allocator.node import NodeAllocator, PodDecision
 
@@ -38,11 +39,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="scenario file (.json, .yaml or .yml)")
     parser.add_argument("--format", choices=("summary", "text", "json"), default="summary",
                         help="output format (default: summary)")
+    parser.add_argument("--max-hints", type=int, default=256, metavar="N",
+                        help="JSON: list at most N hints per resource (default 256; 0 = all)")
 
 
-def _hint_list(hints: Sequence[TopologyHint] | None) -> str:
+def _hint_list(hints: Sequence[TopologyHint] | HintFamily | None) -> str:
+    from allocator.compact_hints import HintFamily
+
     if hints is None:
         return "any (no preference)"
+    if isinstance(hints, HintFamily):
+        required = ",".join(str(n) for n in range(hints.required.bit_length()) if hints.required >> n & 1)
+        text = f"every NUMA set holding {{{required}}}" if required else "every NUMA set"
+        if hints.threshold:
+            text += f" with at least {hints.threshold} free"
+        if hints.preferred_size is not None:
+            text += f"; preferred: {hints.preferred_size} node(s)"
+        return text
     if not hints:
         return "none possible"
     shown = " ".join(str(h) for h in hints[:MAX_HINTS_SHOWN])
@@ -84,29 +97,14 @@ def _summary(scenario: Scenario, node: NodeAllocator, decisions: Sequence[PodDec
 
 
 def _marks(node: NodeAllocator, decisions: Sequence[PodDecision]) -> tuple[dict[int, str], list[tuple[str, str]]]:
-    from .render import MARK_LETTERS
+    from .render import assignment_marks
 
-    marks: dict[int, str] = {}
-    legend: list[tuple[str, str]] = []
-    for cpu in node.reserved_cpus:
-        marks[cpu] = "*"
-    if node.reserved_cpus:
-        legend.append(("*", "reserved"))
-    i = 0
-    for d in decisions:
-        if not d.admitted:
-            continue
-        for c in d.containers:
-            if c.mode == "shared":
-                continue
-            letter = MARK_LETTERS[i % len(MARK_LETTERS)]
-            i += 1
-            for cpu in c.cpus:
-                marks[cpu] = letter
-            legend.append((letter, f"{d.namespace}/{d.name} {c.name} ({c.mode})" if d.namespace
-                           else f"{d.name} {c.name} ({c.mode})"))
-    legend.append((".", "shared pool"))
-    return marks, legend
+    items = [
+        (f"{d.namespace}/{d.name} {c.name} ({c.mode})" if d.namespace else f"{d.name} {c.name} ({c.mode})", c.cpus)
+        for d in decisions if d.admitted
+        for c in d.containers if c.mode != "shared"
+    ]
+    return assignment_marks(items, node.reserved_cpus)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
 
     from .scenario import ScenarioError, load_scenario
 
+    if args.max_hints < 0:
+        print(f"numapin plan: --max-hints must be >= 0, got {args.max_hints}", file=sys.stderr)
+        return 2
     try:
         scenario = load_scenario(args.scenario)
     except ScenarioError as e:
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.format == "json":
         doc = {
-            "pods": [d.to_dict() for d in decisions],
+            "pods": [d.to_dict(args.max_hints or None) for d in decisions],
             "reservedCPUs": str(node.reserved_cpus),
             "sharedPool": str(node.shared_pool()),
             "freeCPUsPerNUMA": {str(n): k for n, k in node.free_cpus_per_numa().items()},
@@ -149,16 +150,20 @@ def run(args: argparse.Namespace) -> int:
 
 def plan(scenario: Scenario) -> tuple[NodeAllocator, list[PodDecision]]:
     """Admit every pod of the scenario in order; ScenarioError/AllocatorError for a node that cannot start."""
-    from allocator.errors import AllocatorError
+    from allocator.errors import AllocatorError, CheckpointError, ConfigError
     from allocator.node import NodeAllocator
 
     from .scenario import ScenarioError
 
     try:
         node = NodeAllocator(scenario.config, scenario.state)
+    except CheckpointError as e:  # the state does not fit this node (kubelet's validateState)
+        raise ScenarioError(f"state: {e}") from None
+    except ConfigError as e:  # options were checked with the scenario: what is left is the reservation
+        field = "reservedCPUs" if scenario.config.reserved_cpus is not None else "numReservedCPUs"
+        raise ScenarioError(f"{field}: {e}") from None
     except AllocatorError as e:
-        where = "state" if scenario.state is not None and "state" in str(e).lower() else "configuration"
-        raise ScenarioError(f"{where}: {e}") from None
+        raise ScenarioError(f"configuration: {e}") from None
     decisions: list[PodDecision] = []
     for i, pod in enumerate(scenario.pods):
         try:

@@ -4,14 +4,48 @@ marks on CPUs (whose they are). Used by ``numapin topology``, ``numapin plan`` a
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from allocator.cpuset import CPUSet
+from allocator.state import CPUState
 from allocator.topology import Topology
 
-__all__ = ["MARK_LETTERS", "core_cell", "render_topology", "summary_line"]
+__all__ = ["MARK_LETTERS", "assignment_marks", "core_cell", "render_topology", "state_marks", "summary_line"]
 
 MARK_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def assignment_marks(
+    assignments: Iterable[tuple[str, CPUSet]], reserved: CPUSet | None = None
+) -> tuple[dict[int, str], list[tuple[str, str]]]:
+    """Marks and legend for ``render_topology``: ``*`` for reserved CPUs, one letter per ``(label, cpus)``
+    (later ones win on shared CPUs), ``.`` for the rest (the shared pool)."""
+    marks: dict[int, str] = {}
+    legend: list[tuple[str, str]] = []
+    if reserved:
+        for cpu in reserved:
+            marks[cpu] = "*"
+        legend.append(("*", "reserved"))
+    for i, (label, cpus) in enumerate(assignments):
+        letter = MARK_LETTERS[i % len(MARK_LETTERS)]
+        for cpu in cpus:
+            marks[cpu] = letter
+        legend.append((letter, label))
+    legend.append((".", "shared pool"))
+    return marks, legend
+
+
+def state_marks(state: CPUState, reserved: CPUSet | None = None,
+                names: Mapping[str, str] | None = None) -> tuple[dict[int, str], list[tuple[str, str]]]:
+    """Marks for every container holding CPUs in ``state``, labelled ``<pod> <container> (<mode>)``;
+    ``names`` maps pod UIDs to a readable name (``namespace/name``)."""
+    names = names or {}
+    items = [
+        (f"{names.get(uid, uid)} {name} ({state.mode(uid, name)})", cpus)
+        for uid, containers in sorted(state.assignments.items())
+        for name, cpus in sorted(containers.items())
+    ]
+    return assignment_marks(items, reserved)
 
 
 def summary_line(topo: Topology) -> str:

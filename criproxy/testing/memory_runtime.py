@@ -55,7 +55,8 @@ class MemoryRuntime:
         self.sandboxes: dict[str, pb.PodSandboxConfig] = {}
         self.sandbox_state: dict[str, int] = {}
         self.containers: dict[str, _Container] = {}
-        self.fail_next: dict[str, tuple[grpc.StatusCode, str]] = {}
+        # method -> (code, message[, trailing metadata]): the next call of that method fails so
+        self.fail_next: dict[str, tuple] = {}
         self.hooks: dict[str, Callable[[bytes], None]] = {}  # called with the raw request before handling
         self.record = True
         self._ids = itertools.count(1)
@@ -103,7 +104,7 @@ class MemoryRuntime:
                 hook(raw)
             fail = self.fail_next.pop(name, None)
             if fail is not None:
-                await context.abort(fail[0], fail[1])
+                await context.abort(fail[0], fail[1], tuple(fail[2]) if len(fail) > 2 else ())
             try:
                 resp = await fn(req_type.FromString(raw), context)
             except _NotFound as e:

@@ -114,3 +114,89 @@ def test_gb200_like_machine_admits_quickly() -> None:
     gpu_mem = HintFamily(universe=(1 << 34) - 1, required=1 << 5, preferred_size=1)
     hint, admit = merge_hints([{"cpu": fam}, {"gpu": gpu_mem}], policy="restricted", numa_nodes=topo.numa_nodes)
     assert not admit
+
+
+def test_wide_families_refuse_to_be_listed() -> None:
+    fam = HintFamily(universe=(1 << 34) - 1, required=1)
+    with pytest.raises(ValueError, match="too wide to list"):
+        fam.hints()
+    assert len(HintFamily(universe=0b111, required=1).hints()) == 4
+
+
+@pytest.mark.parametrize("align", [False, True])
+def test_cpu_family_lists_the_static_policy_generator(align: bool) -> None:
+    """Cross-check with allocator.cpu_hints.generate_cpu_hints (the static policy's exact generator)."""
+    from allocator.cpu_hints import generate_cpu_hints
+
+    rng = random.Random(21 if align else 22)
+    for sockets, per_socket, cores, threads, cpu_less in [(2, 2, 2, 2, 1), (2, 4, 1, 2, 0), (1, 6, 2, 1, 2),
+                                                           (2, 5, 2, 2, 0)]:
+        topo = make_topology(sockets, per_socket, cores, threads, cpu_less)
+        for _ in range(25):
+            available = _random_available(rng, topo.all_cpus)
+            reusable = CPUSet(c for c in topo.all_cpus - available if rng.random() < 0.2)
+            request = rng.randint(1, topo.num_cpus)
+            fam = cpu_hint_family(topo, available, reusable, request, align_by_socket=align)
+            assert fam is not None
+            assert fam.hints() == generate_cpu_hints(topo, available, reusable, request, align)
+
+
+@pytest.mark.parametrize("align", [False, True])
+def test_family_and_full_list_merge_alike_on_10_numa_nodes(align: bool) -> None:
+    """Where the full list is still small enough (10 CPU NUMA nodes: 1023 masks), a CPU family and its full
+    list merge to the same result, with a device and for every policy."""
+    from allocator.cpu_hints import generate_cpu_hints
+    from allocator.device_hints import device_hints
+
+    rng = random.Random(31 if align else 32)
+    topo = make_topology(2, 5, 2, 2, cpu_less=1)
+    for _ in range(8):
+        available = _random_available(rng, topo.all_cpus)
+        request = rng.randint(1, 24)
+        fam = cpu_hint_family(topo, available, CPUSet(), request, align_by_socket=align)
+        full = generate_cpu_hints(topo, available, CPUSet(), request, align)
+        gpu = device_hints("gpu", {rng.choice(topo.numa_nodes)}, topo.numa_nodes, compact_above=64)
+        for policy in POLICIES:
+            for closest in ("false", "true"):
+                opts = {"prefer-closest-numa-nodes": closest}
+                kw = {"policy": policy, "numa_nodes": topo.numa_nodes, "distances": topo.numa_distances,
+                      "options": opts}
+                assert merge_hints([{"cpu": fam}, None, {"gpu": gpu}], **kw) == \
+                    merge_hints([{"cpu": full}, None, {"gpu": gpu}], **kw), (policy, closest, request)
+
+
+def test_small_families_read_like_lists() -> None:
+    fam = HintFamily(universe=0b111, required=0b1, preferred_size=1)
+    assert len(fam) == 4 and fam[0] == TopologyHint(frozenset({0}), True) and list(fam) == fam.hints()
+    assert fam and not HintFamily(universe=0b1, required=0b10)
+    wide = HintFamily(universe=(1 << 40) - 1, required=1)
+    assert wide  # truth without listing 2^40 masks
+    with pytest.raises(ValueError, match="too wide"):
+        len(wide)
+
+
+def test_static_policy_hands_families_on_many_numa_nodes() -> None:
+    from allocator.pod import ContainerInfo, PodInfo
+    from allocator.state import CPUState
+    from allocator.static_policy import StaticPolicy
+
+    topo = make_topology(2, 17, 4, 2, cpu_less=0)  # 34 NUMA nodes with CPUs
+    policy = StaticPolicy(topo, num_reserved_cpus=2)
+    state = CPUState()
+    policy.start(state)
+    c = ContainerInfo("c", "app", 12000, 12000, 1 << 30, 1 << 30)
+    pod = PodInfo("u", "ns", "p", "Guaranteed", None, False, (c,))
+    hints = policy.topology_hints(state, pod, "c")
+    assert hints is not None and isinstance(hints["cpu"], HintFamily)
+    hint, admit = merge_hints([hints, None], policy="restricted", numa_nodes=topo.numa_nodes)
+    assert admit and hint.numa is not None and len(hint.numa) == 2  # 12 CPUs need two 8-CPU nodes
+    cpus = policy.allocate(state, pod, "c", hint)
+    assert len(cpus) == 12 and topo.numa_of(cpus) == CPUSet(hint.numa)
+
+
+def test_family_description() -> None:
+    fam = HintFamily(universe=0b1111, required=0b10, weights=((0, 4), (1, 0), (2, 8)), threshold=6,
+                     preferred_size=2)
+    assert str(fam) == "{every mask of NUMA 0,1,2,3 holding 1 with weight >= 6; preferred at width 2}"
+    assert fam.to_dict() == {"family": {"nodes": [0, 1, 2, 3], "required": [1], "weights": {"0": 4, "2": 8},
+                                        "threshold": 6, "preferredWidth": 2}}

@@ -12,6 +12,7 @@ import pytest
 
 from allocator.bitmask import bits_of
 from allocator.compact_hints import HintFamily
+from allocator.device_hints import device_hints
 from allocator.hints import TopologyHint
 from allocator.merge import POLICIES, merge_hints
 from tests.allocator.merge_reference import reference_merge
@@ -118,10 +119,15 @@ def test_families_equal_their_full_lists(seed: int) -> None:
         compact: list = []
         full: list = []
         for _ in range(rng.randint(1, 3)):
-            if rng.random() < 0.25:
+            r = rng.random()
+            if r < 0.2:
                 hints = [_random_hint(rng, nodes, []) for _ in range(rng.randint(1, 3))]
                 compact.append({"x": hints})
                 full.append({"x": hints})
+            elif r < 0.3:  # a long explicit list (a device's supersets): families get listed on small machines
+                dev = device_hints("dev", {rng.choice(nodes)}, nodes)
+                compact.append({"d": dev})
+                full.append({"d": dev})
             else:
                 fam = _random_family(rng, nodes)
                 compact.append({"f": fam})

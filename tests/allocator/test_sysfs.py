@@ -101,3 +101,11 @@ def test_bad_files_named(tmp_path):
     (root / "devices/system/node/node0/distance").write_text("ten\n")
     with pytest.raises(TopologyError, match="node0/distance: expected integers"):
         Topology.from_sysfs(root)
+
+
+def test_unknown_package_id_is_socket_0(tmp_path):
+    root = build(MACHINES["vm-2"], tmp_path)
+    for cpu in (0, 1):
+        (root / f"devices/system/cpu/cpu{cpu}/topology/physical_package_id").write_text("-1\n")
+    t = Topology.from_sysfs(root)
+    assert t.sockets == (0,) and t.cpus_in_socket(0) == S("0-1")

@@ -244,7 +244,9 @@ def test_device_hints_for_allocated_devices() -> None:
     two = device_hints("gpu", [{0}, {2}], [0, 1, 2, 3])
     assert isinstance(two, list)
     assert [h for h in two if h.preferred] == [H([0, 2], True)] and len(two) == 4
-    spanning = device_hints("gpu", {0, 1}, [0, 1, 2])  # a device on two nodes: any mask touching it
+    both = device_hints("gpu", {0, 1}, [0, 1, 2])  # devices on nodes 0 and 1: masks holding both
+    assert both == [H([0, 1], True), H([0, 1, 2], False)]
+    spanning = device_hints("gpu", [{0, 1}], [0, 1, 2])  # one device on two nodes: any mask touching it
     assert isinstance(spanning, list)
     assert [h for h in spanning if h.preferred] == [H([0], True), H([1], True)]
     assert len(spanning) == 6

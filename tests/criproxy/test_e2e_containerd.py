@@ -1,8 +1,9 @@
 """End to end: a kubelet-like client -> `numapin criproxy` (a real process) -> a real containerd + runc.
 
 Assertions read the container processes' real ``Cpus_allowed_list`` and cgroup cpusets. The machine's real
-topology is used (``--sysfs /sys``, 2 CPUs): with CPU 0 reserved, an exclusive container gets CPU 1 and the
-shared pool narrows to CPU 0. These tests FAIL (never skip) when containerd, runc or busybox-static is missing.
+topology is used (``--sysfs /sys``): every CPU but the last is reserved, so on this 2-CPU machine CPU 0 is
+reserved, an exclusive container gets CPU 1 and the shared pool narrows to CPU 0 (on a bigger machine: the
+last CPU, and all the others). These tests FAIL (never skip) when containerd, runc or busybox-static is missing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from allocator.cpuset import CPUSet
 from allocator.topology import Topology
 from criproxy.testing.client import CRIClient
 from criproxy.testing.lab import ContainerdLab
@@ -44,11 +46,15 @@ def lab() -> Iterator[ContainerdLab]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+ALL = Topology.from_sysfs("/sys").all_cpus
+EXCL = str(ALL.max())            # the one allocatable CPU
+SHARED = str(ALL - CPUSet([ALL.max()]))  # the reserved CPUs: where shared containers go when EXCL is taken
+
+
 @pytest.fixture(scope="module")
 def machine_cpus() -> str:
-    cpus = Topology.from_sysfs("/sys").all_cpus
-    assert len(cpus) >= 2, "the end-to-end tests need at least 2 CPUs"
-    return str(cpus)
+    assert len(ALL) >= 2, "the end-to-end tests need at least 2 CPUs"
+    return str(ALL)
 
 
 class ProxyProcess:
@@ -68,7 +74,7 @@ class ProxyProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "numapin", "criproxy", "--listen", self.socket,
                  "--runtime-endpoint", f"unix://{self.runtime_socket}", "--state-dir", str(self.state_dir),
-                 "--sysfs", "/sys", "--reserved-cpus", "0", "--metrics-address", "", "--node-name", "lab"],
+                 "--sysfs", "/sys", "--reserved-cpus", SHARED, "--metrics-address", "", "--node-name", "lab"],
                 cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=log)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -175,14 +181,14 @@ async def test_exclusive_container_is_isolated_from_shared_ones_and_released(
     assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
     db_sid, db = await start_pod(kubelet, "db", 1000, 1000)
     db_pid = await pid_of(kubelet, db)
-    assert cpus_of(db_pid) == ("1", "1")
+    assert cpus_of(db_pid) == (EXCL, EXCL)
     assert cgroup_file(db_pid, "cpu", "cpu.cfs_quota_us") == "-1"  # quota lifted for the pinned container
-    assert cpus_of(web_pid)[0] == "0" and "1" not in cpus_of(web_pid)[1].split(",")
+    assert cpus_of(web_pid) == (SHARED, SHARED)  # narrowed off the exclusive CPU
     entries = proxy.state()["entries"]
-    assert [v for pod in entries.values() for v in pod.values()] == ["1"]
+    assert [v for pod in entries.values() for v in pod.values()] == [EXCL]
     # a late shared container starts narrowed too
     _, late = await start_pod(kubelet, "late", 100, qos="besteffort")
-    assert cpus_of(await pid_of(kubelet, late)) == ("0", "0")
+    assert cpus_of(await pid_of(kubelet, late)) == (SHARED, SHARED)
     await delete_pod(kubelet, db_sid, db)
     assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
     assert proxy.state().get("entries", {}) == {}
@@ -193,7 +199,7 @@ async def test_share_mode_is_pinned_but_shared_containers_keep_its_cpu(
     _, web = await start_pod(kubelet, "web", 200, qos="burstable")
     _, cache = await start_pod(kubelet, "cache", 1000, 1000, qos="burstable",
                                annotations={"qos.gocrane.io/cpu-manager": "share"})
-    assert cpus_of(await pid_of(kubelet, cache)) == ("1", "1")
+    assert cpus_of(await pid_of(kubelet, cache)) == (EXCL, EXCL)
     assert cpus_of(await pid_of(kubelet, web)) == (machine_cpus, machine_cpus)
 
 
@@ -208,8 +214,8 @@ async def test_proxy_killed_and_restarted_in_the_middle_of_a_pods_life(
         await direct.update_container_resources(web, pb.LinuxContainerResources(cpuset_cpus=machine_cpus))
     assert cpus_of(web_pid)[0] == machine_cpus
     await asyncio.to_thread(proxy.start)
-    assert cpus_of(web_pid) == ("0", "0")  # re-applied by reconcile
-    assert cpus_of(db_pid) == ("1", "1")
+    assert cpus_of(web_pid) == (SHARED, SHARED)  # re-applied by reconcile
+    assert cpus_of(db_pid) == (EXCL, EXCL)
     async with CRIClient(proxy.socket) as k2:
         with pytest.raises(grpc.aio.AioRpcError) as err:  # CPU 1 is still taken: no double assignment
             await start_pod(k2, "db2", 1000, 1000)
@@ -217,7 +223,7 @@ async def test_proxy_killed_and_restarted_in_the_middle_of_a_pods_life(
         await delete_pod(k2, db_sid, db)
         assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
         _, db3 = await start_pod(k2, "db3", 1000, 1000)
-        assert cpus_of(await pid_of(k2, db3)) == ("1", "1")
+        assert cpus_of(await pid_of(k2, db3)) == (EXCL, EXCL)
 
 
 async def test_containerd_restarted_under_the_proxy(
@@ -236,15 +242,15 @@ async def test_containerd_restarted_under_the_proxy(
         assert proxy.state() == state_before  # nothing allocated, nothing leaked
     finally:
         await asyncio.to_thread(lab.start_containerd)
-    for _ in range(100):  # the proxy reconnects by itself (back-off at most 2 s)
+    for _ in range(300):  # the proxy reconnects by itself (back-off at most 2 s)
         try:
             await kubelet.version()
             break
         except grpc.aio.AioRpcError:
             await asyncio.sleep(0.1)
     _, db = await start_pod(kubelet, "db", 1000, 1000)
-    assert cpus_of(await pid_of(kubelet, db)) == ("1", "1")
-    assert cpus_of(web_pid) == ("0", "0")
+    assert cpus_of(await pid_of(kubelet, db)) == (EXCL, EXCL)
+    assert cpus_of(web_pid) == (SHARED, SHARED)
 
 
 def test_lab_cleanup_leaves_nothing_behind() -> None:

@@ -303,19 +303,25 @@ async def test_restart_reconciles_dropped_adopted_and_drifted(
 
 async def test_nrt_document_and_metrics(proxy: CriProxy, kubelet: CRIClient) -> None:
     await run_pod(kubelet, "db", 2000, 2000)
-    for _ in range(200):
+    for _ in range(1500):
         doc = json.loads(proxy.config.nrt_path.read_text()) if proxy.config.nrt_path.exists() else {}
         if doc and doc["zones"][0]["resources"][0]["available"] == "1":
             break
         await asyncio.sleep(0.02)
     assert doc["apiVersion"] == "topology.node.k8s.io/v1alpha2" and doc["metadata"]["name"] == "node-a"
-    assert {a["name"]: a["value"] for a in doc["attributes"]} == {"topologyManagerPolicy": "none",
-                                                                  "topologyManagerScope": "container"}
+    attrs = {a["name"]: a["value"] for a in doc["attributes"]}
+    assert (attrs["topologyManagerPolicy"], attrs["topologyManagerScope"]) == ("none", "container")
     z0, z1 = doc["zones"]
     assert (z0["name"], z0["type"]) == ("node-0", "Node")
     assert z0["resources"] == [{"name": "cpu", "capacity": "4", "allocatable": "3", "available": "1"}]
     assert z1["resources"] == [{"name": "cpu", "capacity": "4", "allocatable": "4", "available": "4"}]
     assert z0["costs"] == [{"name": "node-0", "value": 10}, {"name": "node-1", "value": 20}]
+    # the webhook reads it back
+    from allocator.nrt import parse_nrt
+
+    node = parse_nrt(doc)
+    assert node.total_available == 5
+    assert proxy.config.nrt_path.parent.name == "nrt"
     text = await asyncio.to_thread(
         lambda: urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/metrics", timeout=10).read().decode())
     assert 'numapin_criproxy_allocations_total{mode="exclusive"} 1.0' in text
@@ -362,3 +368,79 @@ async def test_kubelet_state_is_imported_once(short_tmp: Path, runtime: MemoryRu
         assert CPUSet.parse(created_resources(runtime, ids["app"]).cpuset_cpus).isdisjoint(CPUSet.parse("3-4"))
     finally:
         await p.stop()
+
+
+async def test_stopped_shared_containers_are_not_narrowed(proxy: CriProxy, kubelet: CRIClient,
+                                                          runtime: MemoryRuntime) -> None:
+    _, done, _ = await run_pod(kubelet, "job", 100, qos="besteffort")
+    _, live, _ = await run_pod(kubelet, "web", 100, qos="besteffort")
+    await kubelet.stop_container(done["app"])
+    await run_pod(kubelet, "db", 1000, 1000)
+    narrowed = {pb.UpdateContainerResourcesRequest.FromString(r).container_id
+                for r in runtime.requests("UpdateContainerResources")}
+    assert narrowed == {live["app"]}
+
+
+async def test_garbage_request_is_invalid_argument(proxy: CriProxy, runtime: MemoryRuntime) -> None:
+    async with grpc.aio.insecure_channel("unix:" + proxy.config.listen) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await ch.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(b"\x12\x05ab", timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "CreateContainer" in err.value.details()
+    assert runtime.requests("CreateContainer") == []
+
+
+@pytest.mark.parametrize("proxy", [{"reconcile_period": "0.1"}], indirect=True)
+async def test_periodic_reconcile_repairs_drift(proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, ids, _ = await run_pod(kubelet, "db", 2000, 2000)
+    _, web, _ = await run_pod(kubelet, "web", 100, qos="besteffort")
+    runtime.containers[ids["app"]].resources.cpuset_cpus = "0-7"  # someone else wrote the cpusets
+    runtime.containers[web["app"]].resources.cpuset_cpus = "1"
+    for _ in range(1500):
+        if (runtime.containers[ids["app"]].resources.cpuset_cpus, runtime.containers[web["app"]].resources.cpuset_cpus
+                ) == ("1-2", "0,3-7"):
+            break
+        await asyncio.sleep(0.02)
+    assert runtime.containers[ids["app"]].resources.cpuset_cpus == "1-2"
+    assert runtime.containers[web["app"]].resources.cpuset_cpus == "0,3-7"
+
+
+async def test_relay_never_waits_on_the_allocation_lock(proxy: CriProxy, kubelet: CRIClient,
+                                                        runtime: MemoryRuntime) -> None:
+    _, ids, _ = await run_pod(kubelet, "web", 100, qos="besteffort")
+    async with proxy.pinning.lock:  # an allocation in progress (e.g. a slow narrowing)
+        assert (await kubelet.version()).runtime_name == "memory"
+        assert [c.id for c in await kubelet.list_containers()] == [ids["app"]]
+        await kubelet.container_status(ids["app"])
+        await kubelet.update_container_resources(ids["app"], pb.LinuxContainerResources(cpu_shares=4))
+        await kubelet.stop_container(ids["app"])
+
+
+@pytest.mark.parametrize("proxy", [{"topology_manager_policy": "single-numa-node"}], indirect=True)
+async def test_rejections_are_counted_by_reason(proxy: CriProxy, kubelet: CRIClient) -> None:
+    cfg = kubelet.sandbox_config("big", "uid-big")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await kubelet.create_container(sid, kubelet.container_config("app", cpu_milli=5000, limit_milli=5000), cfg)
+    text = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{proxy.metrics_port}/metrics", timeout=10).read().decode())
+    assert 'numapin_criproxy_rejections_total{reason="TopologyAffinityError"} 1.0' in text
+
+
+@pytest.mark.parametrize("proxy", [{"topology_manager_policy": "single-numa-node"}], indirect=True)
+async def test_device_numa_node_steers_the_cpus(proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime,
+                                                two_numa_sysfs: Path) -> None:
+    import os
+
+    st = os.stat("/dev/null")
+    dev = two_numa_sysfs / f"dev/char/{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}/device"
+    dev.mkdir(parents=True)
+    (dev / "numa_node").write_text("1\n")
+    cfg = kubelet.sandbox_config("gpu", "uid-gpu")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    cc = kubelet.container_config("app", cpu_milli=2000, limit_milli=2000,
+                                  devices=[pb.Device(container_path="/dev/accel0", host_path="/dev/null",
+                                                     permissions="rw")])
+    cid = await kubelet.create_container(sid, cc, cfg)
+    res = created_resources(runtime, cid)
+    assert CPUSet.parse(res.cpuset_cpus).issubset(CPUSet.parse("4-7")) and res.cpuset_mems == "1"

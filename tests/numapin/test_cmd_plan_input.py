@@ -48,14 +48,26 @@ BAD = [
     ("tm-policy-type", base(topologyManagerPolicy=3), "topologyManagerPolicy must be a string"),
     ("tm-scope", base(topologyManagerScope="node"), "topologyManagerScope: unknown scope 'node'"),
     ("tm-option", base(topologyManagerPolicyOptions={"fast": "true"}),
-     "topologyManagerPolicyOptions: unknown option 'fast'"),
+     "topologyManagerPolicyOptions: unknown topology manager policy option 'fast'"),
     ("tm-max-numa", base(topologyManagerPolicyOptions={"max-allowable-numa-nodes": "4"}),
-     "max-allowable-numa-nodes']: 4 is less than the default 8"),
+     "topologyManagerPolicyOptions: topology manager option max-allowable-numa-nodes: the minimum value is 8"),
     ("tm-closest-bool", base(topologyManagerPolicyOptions={"prefer-closest-numa-nodes": "yes please"}),
-     "prefer-closest-numa-nodes']: 'yes please' is not a boolean"),
+     "topologyManagerPolicyOptions: topology manager option prefer-closest-numa-nodes: bad value 'yes please'"),
     ("tm-align-single", base(topologyManagerPolicy="single-numa-node",
                              cpuManagerPolicyOptions={"align-by-socket": "true"}),
-     "align-by-socket cannot be used with topologyManagerPolicy single-numa-node"),
+     "cpuManagerPolicyOptions: Topology manager single-numa-node policy is incompatible"),
+    ("cpu-option-unknown", base(cpuManagerPolicyOptions={"bogus": "true"}),
+     'cpuManagerPolicyOptions: unknown CPU Manager Policy option: "bogus"'),
+    ("cpu-option-bool", base(cpuManagerPolicyOptions={"full-pcpus-only": "maybe"}),
+     'cpuManagerPolicyOptions: bad value for option "full-pcpus-only"'),
+    ("cpu-option-pair", base(cpuManagerPolicyOptions={"full-pcpus-only": "true",
+                                                      "distribute-cpus-across-cores": "true"}),
+     "cpuManagerPolicyOptions: static policy options full-pcpus-only and distribute-cpus-across-cores"),
+    ("no-reserved", base(reservedCPUs=None), "numReservedCPUs: the static policy requires"),
+    ("num-reserved-too-many", base(reservedCPUs=None, numReservedCPUs=113), "numReservedCPUs: [cpumanager] unable"),
+    ("state-reserved-missing", base(state={"defaultCpuSet": "0-50"}), "state: not all reserved cpus"),
+    ("state-overlap", base(state={"defaultCpuSet": "0-111", "entries": {"u": {"c": "1"}}}),
+     "state: pod: u, container: c cpuset: \"1\" overlaps"),
     ("cpu-options-type", base(cpuManagerPolicyOptions=["full-pcpus-only"]), "cpuManagerPolicyOptions must be a"),
     ("pods-missing", base(pods=None), "pods must be a list"),
     ("pod-annotation", base(pods=[pod(annotations={"qos.gocrane.io/cpu-manager": "turbo"})]),
@@ -99,3 +111,8 @@ def test_no_traceback_from_the_real_command(tmp_path):
                           cwd=REPO, check=False)
     assert proc.returncode == 2, proc.stderr
     assert "topologyManagerScope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bad_max_hints(capsys):
+    assert main(["plan", TOPOLOGY, "--max-hints", "-1"]) == 2
+    assert "--max-hints must be >= 0" in capsys.readouterr().err

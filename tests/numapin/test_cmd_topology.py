@@ -53,3 +53,15 @@ def test_marks():
     t = Topology.from_dict({"cpus": [{"cpu": i, "core": i, "socket": 0, "numa": 0} for i in range(2)]})
     drawing = render_topology(t, marks={1: "A"}, legend=[("A", "default/p app")])
     assert "Marks: A = default/p app" in drawing and "[0.] [1A]" in drawing
+
+
+def test_state_marks():
+    from allocator import CPUState
+    from numapin.render import state_marks
+
+    state = CPUState(default_cpuset=CPUSet.parse("0,3"))
+    state.set("u1", "app", CPUSet.parse("1"), "share")
+    state.set("u2", "db", CPUSet.parse("2"))
+    marks, legend = state_marks(state, CPUSet.parse("0"), names={"u1": "ns/web"})
+    assert marks == {0: "*", 1: "A", 2: "B"}
+    assert legend == [("*", "reserved"), ("A", "ns/web app (share)"), ("B", "u2 db (exclusive)"), (".", "shared pool")]

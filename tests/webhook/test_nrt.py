@@ -90,22 +90,29 @@ def test_legacy_topology_policies_understood() -> None:
 
 
 def test_documents_the_node_proxy_publishes_are_understood() -> None:
-    """Contract with criproxy/nrt.py (the proxy's own builder): the webhook reads what the proxy writes."""
-    from criproxy.nrt import build_nrt as proxy_build_nrt
+    """Contract with the proxy: it publishes ``build_nrt`` of its NodeAllocator (criproxy/app.py nrt_document);
+    the webhook reads that back with the same free CPUs per NUMA node."""
+    from allocator.node import NodeAllocator, NodeConfig
 
     t = two_numa_smt()
-    reserved = CPUSet.parse("0,16")
-    assigned = CPUSet.parse("8-11,24-27")
-    free = t.all_cpus - reserved - assigned
-    doc = proxy_build_nrt("worker-9", t, assigned=assigned,
-                          free_per_numa={n: len(free & t.cpus_in_numa(n)) for n in t.numa_nodes},
-                          policy="single-numa-node", scope="pod", policy_options={"prefer-closest-numa-nodes": "true"})
+    node = NodeAllocator(NodeConfig(topology=t, reserved_cpus=CPUSet.parse("0,16"),
+                                    topology_manager_policy="single-numa-node", topology_manager_scope="pod",
+                                    topology_manager_policy_options={"prefer-closest-numa-nodes": "true"}))
+    pinned = {"metadata": {"uid": "u1", "name": "p", "namespace": "d"},
+              "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "8", "memory": "1Gi"}}}]}}
+    assert node.admit_pod(pinned).admitted
+    nc = node.config
+    doc = build_nrt("worker-9", t, free_cpus=node.state.default_cpuset - node.reserved_cpus,
+                    reserved_cpus=node.reserved_cpus, topology_manager_policy=nc.topology_manager_policy,
+                    topology_manager_scope=nc.topology_manager_scope,
+                    topology_manager_policy_options=nc.topology_manager_policy_options,
+                    cpu_manager_policy_options=nc.cpu_manager_policy_options)
     n = parse_nrt(doc)
     assert n.name == "worker-9"
     assert (n.topology_manager_policy, n.topology_manager_scope) == ("single-numa-node", "pod")
     assert n.topology_manager_policy_options == {"prefer-closest-numa-nodes": "true"}
-    assert [(z.numa, z.capacity, z.allocatable, z.available) for z in n.zones] == [(0, 16, 14, 14), (1, 16, 16, 8)]
+    assert {z.numa: z.available for z in n.zones} == node.free_cpus_per_numa()
     st = n.synthetic_topology()
     assert st.distance(0, 1) == 21
     state = n.synthetic_state(st)
-    assert len(state.default_cpuset - n.synthetic_reserved(st)) == 22
+    assert len(state.default_cpuset - n.synthetic_reserved(st)) == sum(node.free_cpus_per_numa().values())
