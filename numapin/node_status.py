@@ -34,7 +34,15 @@ __all__ = ["Assignment", "CheckedContainer", "NodeStatus", "StatusError", "check
            "from_state_dir", "render_text"]
 
 STATE_FILE = "cpu_manager_state"
-NRT_FILE = "noderesourcetopology.json"
+NRT_DIR = "nrt"                      # the proxy's default: <state-dir>/nrt/<node name>.json
+OLD_NRT_FILE = "noderesourcetopology.json"
+
+
+def default_nrt_file(state_dir: str | Path) -> Path:
+    """Where the proxy publishes by default: the newest ``<state-dir>/nrt/*.json`` (one per node name)."""
+    d = Path(state_dir)
+    found = sorted((d / NRT_DIR).glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return found[0] if found else d / OLD_NRT_FILE if (d / OLD_NRT_FILE).exists() else d / NRT_DIR / "<node>.json"
 
 
 class StatusError(Exception):
@@ -178,7 +186,7 @@ def from_state_dir(state_dir: str | Path, *, sysfs: str = "/sys", nrt_file: str 
     except AllocatorError as e:
         raise StatusError(f"--sysfs {sysfs}: {e}") from None
     notes: list[str] = []
-    nrt_path = Path(nrt_file) if nrt_file else Path(state_dir) / NRT_FILE
+    nrt_path = Path(nrt_file) if nrt_file else default_nrt_file(state_dir)
     node, policy, scope = "", "unknown", "unknown"
     free: dict[int, int] | None = None
     try:
