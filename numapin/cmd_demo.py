@@ -59,6 +59,8 @@ def _fail(msg: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    import grpc.aio
+
     from allocator.cpuset import CPUSet
     from allocator.errors import AllocatorError
     from allocator.topology import Topology
@@ -119,10 +121,17 @@ def run(args: argparse.Namespace) -> int:
         interrupted = True
         say("")
         say("interrupted: stopping and cleaning up")
-    except StackError as e:
+    except (StackError, LabError) as e:
         print(f"numapin demo: {e}", file=sys.stderr)
         code = 1
+    except (grpc.aio.AioRpcError, OSError) as e:  # a part failed under us: say what, still clean up
+        detail = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else str(e)
+        print(f"numapin demo: failed: {detail} (logs in {stack.logs})", file=sys.stderr)
+        code = 1
     finally:
+        # a second Ctrl-C (or a signal sent to the whole process group) must not cut the clean-up short
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             if demo is not None and demo.pods and args.keep:
                 with contextlib.suppress(Exception):
@@ -132,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             left = stack.stop()
         finally:
             signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if left:
             say("LEFT BEHIND: " + "; ".join(left))
             code = 1

@@ -115,3 +115,25 @@ def test_demo_bad_input_exits_2(workdir: Path) -> None:
                        text=True, timeout=60)
     assert r.returncode == 2 and "--reserved-cpus" in r.stderr and "Traceback" not in r.stderr
     assert (workdir / "something").exists()
+
+
+def test_demo_interrupted_mid_run_by_ctrl_c_twice_cleans_up(workdir: Path) -> None:
+    """Ctrl-C in a terminal reaches the whole foreground process group; an impatient user presses it twice."""
+    proc = subprocess.Popen(_cmd("demo", "--workdir", str(workdir)), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    out = []
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if "kubelet   pod web:" in line:  # pods are running
+                break
+        assert workdir.exists(), "".join(out)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(out) + rest
+    assert "interrupted: stopping and cleaning up" in rest and "nothing left behind" in rest
+    assert_nothing_left(workdir)
