@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -30,6 +32,11 @@ from .conftest import Cluster, make_pod
 pytestmark = pytest.mark.containerd
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
 
 
 def numapin(*args: str) -> subprocess.CompletedProcess[str]:
@@ -89,6 +96,17 @@ async def test_shared_share_and_exclusive_pods_take_turns_with_denied_bindings(
     doc = json.loads(r.stdout)
     assert doc["disagreements"] == [] and doc["sharedPool"] == str(everything - e2_cpus)
     assert {p["pod"] for p in doc["pinned"]} >= {"default/e2"}
+    # docs/metrics.md: the proxy's metrics, on the same port as /status
+    metrics = await asyncio.to_thread(_get, cluster.stack.status_url.rsplit("/", 1)[0] + "/metrics")
+    def value(sample: str) -> float:
+        m = re.search(re.escape(sample) + r" (\S+)", metrics)
+        assert m, f"{sample} not in\n{metrics}"
+        return float(m.group(1))
+
+    assert value('numapin_criproxy_allocations_total{mode="share"}') >= 2  # (the proxy serves every test here)
+    assert value('numapin_criproxy_allocations_total{mode="exclusive"}') >= 2
+    assert value('numapin_criproxy_free_cpus{numa_node="0"}') == doc["freeCPUsPerNUMA"]["0"]
+    assert 'numapin_criproxy_relay_seconds_count{code="OK",method="CreateContainer"}' in metrics
 
 
 async def test_a_pod_no_numa_node_can_hold_is_refused_by_validate_binding_and_proxy(
