@@ -110,7 +110,7 @@ class Demo:
 
     # -- entry points ---------------------------------------------------------------------------------------------
     def play(self, *, keep: bool = False) -> int:
-        """Steps 2-5, then (unless ``keep``) step 6: the pods deleted as kubelet does. 1 if a check failed."""
+        """Steps 2-6, then (unless ``keep``) step 7: the pods deleted as kubelet does. 1 if a check failed."""
         asyncio.run(self._play())
         if not keep:
             say("")
