@@ -21,6 +21,7 @@ from .reconcile import ReconcileReport, reconcile
 from .registry import Registry
 from .relay import RelayHandler, Upstream
 from .server import listen_path, start_server
+from .status import status_from_thread
 
 __all__ = ["CriProxy", "node_config_of"]
 
@@ -78,7 +79,10 @@ class CriProxy:
             self._api = ApiPublisher(cfg.kubeconfig)
         endpoint = cfg.metrics_endpoint()
         if endpoint is not None:
-            self.metrics_port = self.metrics.serve(*endpoint)
+            loop = asyncio.get_running_loop()
+            self.metrics_port = self.metrics.serve(*endpoint, status=lambda: status_from_thread(self, loop))
+            log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
+                     self.metrics_port, endpoint[0], self.metrics_port)
         self._server = await start_server(listen_path(cfg.listen), [handler])
         log.info("numapin criproxy listening on %s, runtime %s, topology manager %s/%s, reserved %s",
                  cfg.listen, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,

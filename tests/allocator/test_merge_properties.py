@@ -79,3 +79,21 @@ def test_order_of_providers_resources_and_hints_does_not_matter(providers: list,
     want = reference_merge(providers, policy=policy, numa_nodes=NODES, distances=distances, options=opts)
     assert reference_merge(shuffled, policy=policy, numa_nodes=NODES, distances=distances, options=opts) == want
     assert merge_hints(shuffled, policy=policy, numa_nodes=NODES, distances=distances, options=opts) == want
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(1, 9), st.data())
+def test_subset_transform_finds_exactly_the_reachable_ands(n: int, data: st.DataObject) -> None:
+    """The zeta/Möbius path (used for long lists on small machines) against the plain DP over ANDs, on
+    machines with possibly non-contiguous node ids."""
+    from allocator.merge import _reachable_zeta
+
+    ids = sorted(data.draw(st.sets(st.integers(0, 63), min_size=n, max_size=n)))
+    default = sum(1 << i for i in ids)
+    submask = st.lists(st.sampled_from(ids), min_size=1, max_size=n).map(lambda xs: sum(1 << i for i in set(xs)))
+    mask_sets = data.draw(st.lists(st.frozensets(submask, min_size=1, max_size=12), min_size=1, max_size=4))
+    reach = {default}
+    for ms in mask_sets:
+        reach = {r & m for r in reach for m in ms}
+    reach.discard(0)
+    assert _reachable_zeta(mask_sets, default) == reach
