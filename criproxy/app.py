@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 
 import grpc.aio
 
@@ -55,6 +56,9 @@ class CriProxy:
         self._tasks: list[asyncio.Task[None]] = []
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
+        # numapinStateVersion of the published NRT: unique to this process, bumped on every publication
+        self._nrt_epoch = uuid.uuid4().hex[:12]
+        self._nrt_generation = 0
 
     async def start(self) -> CriProxy:
         cfg = self.config
@@ -132,12 +136,14 @@ class CriProxy:
                          reserved_cpus=reserved, topology_manager_policy=nc.topology_manager_policy,
                          topology_manager_scope=nc.topology_manager_scope,
                          topology_manager_policy_options=nc.topology_manager_policy_options,
-                         cpu_manager_policy_options=nc.cpu_manager_policy_options)
+                         cpu_manager_policy_options=nc.cpu_manager_policy_options,
+                         attributes={"numapinStateVersion": f"{self._nrt_epoch}-{self._nrt_generation}"})
 
     async def _nrt_loop(self) -> None:
         while True:
             await self._nrt_dirty.wait()
             self._nrt_dirty.clear()
+            self._nrt_generation += 1
             doc = self.nrt_document()
             self.metrics.set_free(self.allocator.free_cpus_per_numa())
             try:
