@@ -10,7 +10,9 @@ One document per node, named after the node. Layout (what ``build_nrt`` writes a
 - top-level ``attributes``: ``topologyManagerPolicy``, ``topologyManagerScope`` (kubelet's spelling),
   ``topologyManagerOption<CamelName>`` per topology-manager option (the scheduler plugin's convention),
   ``cpuManagerPolicy`` (``static``: numapin emulates it), ``cpuManagerPolicyOption<CamelName>`` per CPU-manager
-  option, and numapin extras ``numapinReservedCPUs`` (cpu list) and ``numapinThreadsPerCore``.
+  option, and numapin extras ``numapinReservedCPUs`` (cpu list), ``numapinThreadsPerCore`` and
+  ``numapinStateVersion`` (changes with every allocation change on the node, never repeats: the webhook uses it to
+  know when the CPUs of pods it just let bind are in the published counts).
 - ``topologyPolicies`` (deprecated upstream) is still written for older readers.
 
 ``parse_nrt`` turns a document into a ``NodeTopology`` value; ``NodeTopology.synthetic_topology()`` and
@@ -193,6 +195,7 @@ class NodeTopology:
     cpu_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
     threads_per_core: int = 1
     labels: Mapping[str, str] = field(default_factory=dict)
+    state_version: str | None = None  # numapinStateVersion: a new value on every allocation change
 
     # -- summaries --------------------------------------------------------------------------------------------
     @property
@@ -230,6 +233,12 @@ class NodeTopology:
     def state_key(self) -> tuple[Any, ...]:
         """``shape_key`` plus the free CPUs: equal keys, equal answers now."""
         return (self.shape_key, tuple((z.available, z.available_cores) for z in self.zones))
+
+    @property
+    def publication_key(self) -> tuple[Any, ...]:
+        """Which publication of the node this is: ``state_key`` plus the proxy's state version (free CPUs can
+        return to earlier counts; the version does not)."""
+        return (self.state_key, self.state_version)
 
     # -- synthetic machine for the simulation ----------------------------------------------------------------
     def synthetic_topology(self) -> Topology:
@@ -496,5 +505,5 @@ def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None
     return NodeTopology(
         name=name, zones=tuple(zones), topology_manager_policy=policy, topology_manager_scope=scope,
         topology_manager_policy_options=tm_options, cpu_manager_policy_options=cpu_options,
-        threads_per_core=tpc, labels=node_labels,
+        threads_per_core=tpc, labels=node_labels, state_version=attrs.get("numapinStateVersion"),
     )

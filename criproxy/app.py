@@ -5,17 +5,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 
 import grpc.aio
 
 from allocator.checkpoint import CheckpointStore, import_kubelet_state
 from allocator.node import NodeAllocator, NodeConfig
+from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
 from .config import ProxyConfig
 from .metrics import ProxyMetrics
 from .narrowing import CpusetPusher
-from .nrt import ApiPublisher, build_nrt, write_nrt
+from .nrt import ApiPublisher, write_nrt
 from .pinning import Pinning, PinningOptions
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry
@@ -54,6 +56,9 @@ class CriProxy:
         self._tasks: list[asyncio.Task[None]] = []
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
+        # numapinStateVersion of the published NRT: unique to this process, bumped on every publication
+        self._nrt_epoch = uuid.uuid4().hex[:12]
+        self._nrt_generation = 0
 
     async def start(self) -> CriProxy:
         cfg = self.config
@@ -127,16 +132,18 @@ class CriProxy:
     def nrt_document(self) -> dict:
         nc = self.node_config
         reserved = self.allocator.reserved_cpus
-        return build_nrt(self.config.node_name, nc.topology, assigned=self.allocator.state.assigned_cpus(),
-                         free_per_numa=self.allocator.free_cpus_per_numa(), policy=nc.topology_manager_policy,
-                         scope=nc.topology_manager_scope, policy_options=nc.topology_manager_policy_options,
+        return build_nrt(self.config.node_name, nc.topology, free_cpus=self.allocator.state.default_cpuset - reserved,
+                         reserved_cpus=reserved, topology_manager_policy=nc.topology_manager_policy,
+                         topology_manager_scope=nc.topology_manager_scope,
+                         topology_manager_policy_options=nc.topology_manager_policy_options,
                          cpu_manager_policy_options=nc.cpu_manager_policy_options,
-                         free_cpus=self.allocator.state.default_cpuset - reserved, reserved_cpus=reserved)
+                         attributes={"numapinStateVersion": f"{self._nrt_epoch}-{self._nrt_generation}"})
 
     async def _nrt_loop(self) -> None:
         while True:
             await self._nrt_dirty.wait()
             self._nrt_dirty.clear()
+            self._nrt_generation += 1
             doc = self.nrt_document()
             self.metrics.set_free(self.allocator.free_cpus_per_numa())
             try:

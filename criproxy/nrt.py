@@ -14,37 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from allocator.cpuset import CPUSet
 from allocator.nrt import NRT_GROUP, NRT_PLURAL, NRT_VERSION
-from allocator.nrt import build_nrt as _build_nrt
-from allocator.topology import Topology
 
-__all__ = ["ApiPublisher", "build_nrt", "write_nrt"]
+__all__ = ["ApiPublisher", "write_nrt"]
 
 log = logging.getLogger("numapin.criproxy")
-
-def build_nrt(node_name: str, topology: Topology, *, assigned: CPUSet, free_per_numa: Mapping[int, int],
-              policy: str, scope: str, policy_options: Mapping[str, str] | None = None,
-              cpu_manager_policy_options: Mapping[str, str] | None = None, free_cpus: CPUSet | None = None,
-              reserved_cpus: CPUSet | None = None) -> dict[str, Any]:
-    """The proxy's NodeResourceTopology document (``allocator.nrt.build_nrt``'s layout, which the webhook reads).
-
-    ``free_cpus``/``reserved_cpus`` are the exact sets; without them they are derived from ``assigned`` and the
-    per-NUMA free counts (the lowest-numbered unassigned CPUs of each node count as free, the rest as reserved).
-    """
-    if free_cpus is None or reserved_cpus is None:
-        free = CPUSet()
-        for n in topology.cpu_numa_nodes:
-            candidates = sorted(topology.cpus_in_numa(n) - assigned)
-            free |= CPUSet(candidates[:free_per_numa.get(n, 0)])
-        free_cpus = free if free_cpus is None else free_cpus
-        if reserved_cpus is None:
-            reserved_cpus = topology.all_cpus - assigned - free_cpus
-    return _build_nrt(node_name, topology, free_cpus=free_cpus, reserved_cpus=reserved_cpus,
-                      topology_manager_policy=policy, topology_manager_scope=scope,
-                      topology_manager_policy_options=policy_options,
-                      cpu_manager_policy_options=cpu_manager_policy_options)
-
 
 def write_nrt(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
     """Write ``doc`` as JSON atomically (temp file, fsync, rename)."""

@@ -9,7 +9,8 @@ topology, node configuration numapin cannot emulate) is allowed and logged: the 
 The published free CPUs lag behind bindings (the node proxy publishes once the containers exist), and the
 scheduler, which does not see NUMA nodes, may bind several pods to a node in quick succession. So the validator
 remembers the pinned pods whose binding it allowed to each node, and admits them on the simulated node before the
-pod being judged, until the node publishes a new topology or ``pending_seconds`` pass. This is per replica (each
+pod being judged, until the node publishes a new topology (a new ``numapinStateVersion``, or other free CPUs) or
+``pending_seconds`` pass. This is per replica (each
 replica sees the bindings routed to it).
 """
 
@@ -112,14 +113,14 @@ class BindingValidator:
             return Verdict.allow()
 
         key = (namespace or "", name or "")
-        prior = self._prior(node_name, node.state_key, key)
+        prior = self._prior(node_name, node.publication_key, key)
         answer = self.simulator.cached(node, info, occupied=True, prior=prior)
         if answer is None:
             answer = await asyncio.to_thread(self.simulator.admit, node, info, occupied=True, prior=prior)
         if answer.admitted:
             if not req.dry_run and answer.known:
                 self._pending.setdefault(node_name, []).append(
-                    _Pending(time.monotonic(), key, info, node.state_key))
+                    _Pending(time.monotonic(), key, info, node.publication_key))
             return Verdict.allow()
         free = ", ".join(f"node-{z.numa}={z.available}" for z in node.zones)
         also = f"; counting {len(prior)} pod(s) just bound to it" if prior else ""

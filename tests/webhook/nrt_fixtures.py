@@ -27,12 +27,13 @@ def machine(numa_nodes: int, cores_per_numa: int, threads: int = 2) -> Topology:
 
 def nrt(name: str, topo: Topology, *, policy: str = "single-numa-node", scope: str = "container",
         reserved: str = "0", busy: str = "", cpu_options: dict[str, str] | None = None,
-        labels: dict[str, str] | None = None) -> dict[str, Any]:
+        labels: dict[str, str] | None = None, version: str | None = None) -> dict[str, Any]:
     reserved_set = CPUSet.parse(reserved) if reserved else CPUSet()
     busy_set = CPUSet.parse(busy) if busy else CPUSet()
     return build_nrt(name, topo, free_cpus=topo.all_cpus - reserved_set - busy_set, reserved_cpus=reserved_set,
                      topology_manager_policy=policy, topology_manager_scope=scope,
-                     cpu_manager_policy_options=cpu_options, labels=labels)
+                     cpu_manager_policy_options=cpu_options, labels=labels,
+                     attributes={"numapinStateVersion": version} if version else None)
 
 
 def node_doc(name: str, labels: dict[str, str]) -> dict[str, Any]:

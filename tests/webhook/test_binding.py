@@ -113,3 +113,26 @@ async def test_pods_just_bound_count_until_the_node_publishes_again(nodes: Webho
     resp = await client.admit("/validate", binding_request("default", "r3", "empty"))
     assert resp["allowed"] is False and "just bound" not in resp["status"]["message"]
     assert nodes.binding_validator.pending("empty") == []
+
+
+async def test_pod_bound_started_and_ended_between_two_bindings_is_not_counted(
+        nodes: WebhookApp, client: Client, nrt_dir: Path) -> None:
+    """A pod is bound, runs and ends with no binding judged in between: the node's free CPUs are back to what they
+    were at the binding, but its state version moved on, so the pod no longer counts as just bound."""
+    write_docs(nrt_dir / "empty.yaml", [nrt("empty", BIG, reserved="0,28", version="a-1")])
+    for s in nodes.sources:
+        await s.sync()
+    for name in ("r1", "r2", "r3"):
+        await _create(client, make_pod(name, [container("c", "16")]))
+    assert (await client.admit("/validate", binding_request("default", "r1", "empty")))["allowed"] is True
+    assert (await client.admit("/validate", binding_request("default", "r2", "empty")))["allowed"] is True
+    # r1 and r2 ran and ended: the same free CPUs as at their bindings, published under a newer version
+    write_docs(nrt_dir / "empty.yaml", [nrt("empty", BIG, reserved="0,28", version="a-3")])
+    for s in nodes.sources:
+        await s.sync()
+    resp = await client.admit("/validate", binding_request("default", "r3", "empty"))
+    assert resp["allowed"] is True, resp
+    # without a version change, the same counts still mean the pods just bound have not started yet
+    assert (await client.admit("/validate", binding_request("default", "r1", "empty")))["allowed"] is True
+    resp = await client.admit("/validate", binding_request("default", "r2", "empty"))
+    assert resp["allowed"] is False and "counting 2 pod(s) just bound" in resp["status"]["message"]
