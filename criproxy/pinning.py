@@ -21,6 +21,7 @@ from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
 from allocator.devices import devices_numa_nodes
 from allocator.errors import AllocatorError, PodSpecError
+from allocator.intent import INTENT_ANNOTATION
 from allocator.node import NodeAllocator, NodeConfig, PodDecision
 from protos import cri_pb2
 
@@ -141,7 +142,7 @@ class Pinning:
             if cd is None:
                 raise Rejection(grpc.StatusCode.INTERNAL,
                                 f"numapin: pod {ident.ref}: the allocator made no decision for container {name}")
-            if pod.has_container(name) and ident.annotations.get("numapin.io/cpu-intent") is None:
+            if pod.has_container(name) and ident.annotations.get(INTENT_ANNOTATION) is None:
                 self.registry.pod_containers.setdefault(ident.uid, {})[name] = pod.container(name)
             # what the state says wins: a container holding CPUs runs on them (kubelet keeps an existing
             # assignment even if the container's request changed), anything else on the shared pool
