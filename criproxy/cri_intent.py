@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from allocator.cfs import quota_to_milli_cpu, shares_to_milli_cpu
 from allocator.errors import PodSpecError
@@ -89,9 +89,14 @@ def container_from_cri(name: str, resources: cri_pb2.LinuxContainerResources, qo
                          memory_request=mem if qos == "Guaranteed" else None, memory_limit=mem)
 
 
-def pod_from_cri(req: cri_pb2.CreateContainerRequest, known: Mapping[str, ContainerInfo]) -> PodInfo:
+def pod_from_cri(req: cri_pb2.CreateContainerRequest, known: Mapping[str, ContainerInfo],
+                 exited: frozenset[str] = frozenset()) -> PodInfo:
     """The pod model for ``req``: from the intent annotation if present (PodSpecError if it is bad), else
-    from CRI with ``known`` (earlier containers of the pod, by name) plus this container."""
+    from CRI with ``known`` (earlier containers of the pod, by name) plus this container.
+
+    Known containers named in ``exited`` (they ran to completion before this one is created) count as init
+    containers, as kubelet runs init containers to completion before the app containers: their CPUs can pass
+    to the app containers, as kubelet's CPU manager does."""
     ident = identity_of(req.sandbox_config)
     name = req.config.metadata.name
     intent = ident.annotations.get(INTENT_ANNOTATION)
@@ -105,6 +110,8 @@ def pod_from_cri(req: cri_pb2.CreateContainerRequest, known: Mapping[str, Contai
     raw_mode = ident.annotations.get(CPU_MANAGER_ANNOTATION)
     mode = None if raw_mode is None else normalize_cpu_manager(raw_mode)
     this = container_from_cri(name, req.config.linux.resources, qos)
-    containers = [c for n, c in known.items() if n != name] + [this]
+    earlier = [c for n, c in known.items() if n != name]
+    inits = [replace(c, role="init") for c in earlier if c.name in exited]
+    containers = inits + [c for c in earlier if c.name not in exited] + [this]
     return PodInfo(uid=ident.uid, namespace=ident.namespace, name=ident.name, qos_class=qos, cpu_manager=mode,
                    bypass=ident.bypass, containers=tuple(containers))

@@ -119,8 +119,10 @@ class Pinning:
             self.registry.add(Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, "bypass"))
             log.info("decision pod=%s container=%s mode=bypass (passed through untouched)", ident.ref, name)
             return response
+        known = self.registry.pod_containers.get(ident.uid, {})
+        exited = await self._exited_containers(req.pod_sandbox_id, forward) if set(known) - {name} else frozenset()
         try:
-            pod = pod_from_cri(req, self.registry.pod_containers.get(ident.uid, {}))
+            pod = pod_from_cri(req, known, exited)
         except PodSpecError as e:
             self.on_decision("InvalidIntent", "rejected")
             raise Rejection(grpc.StatusCode.INVALID_ARGUMENT,
@@ -180,6 +182,20 @@ class Pinning:
                      cid[:13], mode, cpus, mems, "reused" if had_cpus else "allocated" if pinned else "shared pool")
             return response
 
+    async def _exited_containers(self, sandbox_id: str, forward: Forward) -> frozenset[str]:
+        """Names of the sandbox's containers that have exited (for the CRI-only pod model); empty when the
+        runtime cannot tell."""
+        api = forward.method.lstrip("/").split(".RuntimeService/")[0]
+        req = cri_pb2.ListContainersRequest(filter=cri_pb2.ContainerFilter(pod_sandbox_id=sandbox_id))
+        try:
+            raw = await self.pusher.upstream.call(f"/{api}.RuntimeService/ListContainers", req.SerializeToString(),
+                                                  timeout=10.0)
+        except grpc.aio.AioRpcError:
+            return frozenset()
+        items = cri_pb2.ListContainersResponse.FromString(raw).containers
+        running = {c.metadata.name for c in items if c.state != cri_pb2.CONTAINER_EXITED}
+        return frozenset(c.metadata.name for c in items if c.state == cri_pb2.CONTAINER_EXITED) - running
+
     def _reject(self, decision: PodDecision, ident: PodIdentity, name: str) -> None:
         self.on_decision(decision.reason or "Rejected", "rejected")
         code = (grpc.StatusCode.RESOURCE_EXHAUSTED if decision.reason == "UnexpectedAdmissionError"
@@ -222,7 +238,10 @@ class Pinning:
         cid = cri_pb2.RemoveContainerRequest.FromString(request).container_id
         response = await forward(request)
         t = self.registry.remove(cid)
-        if t is not None and t.pinned and not self.registry.instances(t.pod_uid, t.name):
+        if t is None or self.registry.instances(t.pod_uid, t.name):
+            return response
+        self.registry.pod_containers.get(t.pod_uid, {}).pop(t.name, None)  # gone from the pod model too
+        if t.pinned:
             async with self.lock:
                 if self.allocator.container_cpus(t.pod_uid, t.name) is not None:
                     freed = self.allocator.release_container(t.pod_uid, t.name)

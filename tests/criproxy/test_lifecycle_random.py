@@ -78,7 +78,8 @@ async def test_random_lifecycles_keep_the_invariants(seed: int, short_tmp: Path,
                 cpu = rng.choice([1000, 2000, 3000]) if "besteffort" not in sb.linux.cgroup_parent else 0
                 guaranteed = "burstable" not in sb.linux.cgroup_parent and "besteffort" not in sb.linux.cgroup_parent
                 share = bool(sb.annotations)
-                name = f"c{len(conts)}"
+                n += 1
+                name = f"c{n}"
                 cc = k.container_config(name, cpu_milli=cpu or None,
                                         limit_milli=cpu if (guaranteed or share) and cpu else None)
                 try:

@@ -468,3 +468,34 @@ async def test_restart_keeps_cpus_admitted_for_containers_not_created_yet(
         assert CPUSet.parse(created_resources(runtime, app).cpuset_cpus) == CPUSet.parse(admitted["app"])
     finally:
         await p.stop()
+
+
+async def test_without_intent_an_exited_earlier_container_passes_its_cpus_on(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    cfg = kubelet.sandbox_config("job", "uid-job")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    init = await kubelet.create_container(sid, kubelet.container_config("init", cpu_milli=2000, limit_milli=2000), cfg)
+    await kubelet.start_container(init)
+    await kubelet.stop_container(init)  # ran to completion
+    app = await kubelet.create_container(sid, kubelet.container_config("app", cpu_milli=2000, limit_milli=2000), cfg)
+    assert created_resources(runtime, app).cpuset_cpus == created_resources(runtime, init).cpuset_cpus == "1-2"
+    assert proxy.allocator.free_cpus_per_numa() == {0: 1, 1: 4}
+    # a second app container while the first still runs gets CPUs of its own
+    app2 = await kubelet.create_container(sid, kubelet.container_config("app2", cpu_milli=1000, limit_milli=1000),
+                                          cfg)
+    assert created_resources(runtime, app2).cpuset_cpus == "3"
+
+
+async def test_a_removed_container_is_not_allocated_again(proxy: CriProxy, kubelet: CRIClient,
+                                                          runtime: MemoryRuntime) -> None:
+    cfg = kubelet.sandbox_config("p", "uid-p")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    ids = {}
+    for n in ("c0", "c1"):
+        ids[n] = await kubelet.create_container(sid, kubelet.container_config(n, cpu_milli=1000, limit_milli=1000),
+                                                cfg)
+        await kubelet.start_container(ids[n])
+    await kubelet.stop_container(ids["c0"])
+    await kubelet.remove_container(ids["c0"])
+    await kubelet.create_container(sid, kubelet.container_config("c2", cpu_milli=1000, limit_milli=1000), cfg)
+    assert set(state_file(proxy)["entries"]["uid-p"]) == {"c1", "c2"}
