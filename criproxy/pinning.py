@@ -267,6 +267,7 @@ class Pinning:
         ref = next((t.pod_ref for t in self.registry.of_pod(uid)), uid)
         for t in self.registry.of_pod(uid):
             t.exited = True  # a stopped sandbox's containers are dead: never narrowed again
+        self.registry.pod_containers.pop(uid, None)  # a new sandbox of the pod starts a new pod model
         async with self.lock:
             had = uid in self.allocator.state.assignments
             freed = self.allocator.release_pod(uid)
