@@ -35,8 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from criproxy.testing.client import CRIClient  # noqa: E402
-from criproxy.testing.lab import ContainerdLab  # noqa: E402
+from criproxy.lab.client import CRIClient  # noqa: E402
+from criproxy.lab.lab import ContainerdLab  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -53,7 +53,7 @@ def _wait_socket(path: str, proc: subprocess.Popen, what: str, timeout: float = 
 
 
 def start_runtime(path: str, bulk: int = 0) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "criproxy.testing.memory_runtime", path, "--bulk", str(bulk)],
+    p = subprocess.Popen([sys.executable, "-m", "criproxy.lab.memory_runtime", path, "--bulk", str(bulk)],
                          cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert p.stdout is not None
     p.stdout.readline()

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from allocator.cpuset import CPUSet
     from allocator.errors import AllocatorError
     from allocator.topology import Topology
-    from criproxy.testing.lab import ContainerdLab, LabError
+    from criproxy.lab.lab import ContainerdLab, LabError
 
     from .demo_play import Demo, say
     from .stack import LocalStack, StackError, StackOptions

@@ -19,7 +19,7 @@ from allocator.cpuset import CPUSet
 from allocator.intent import INTENT_ANNOTATION
 from allocator.pod import CPU_MANAGER_ANNOTATION
 from allocator.topology import Topology
-from criproxy.testing.client import CRIClient
+from criproxy.lab.client import CRIClient
 
 from .admission import AdmissionAnswer, AdmissionClient
 from .cri_view import list_runtime_containers

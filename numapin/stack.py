@@ -1,4 +1,4 @@
-"""numapin's whole stack on one machine, as real processes: a private containerd (the lab of criproxy.testing),
+"""numapin's whole stack on one machine, as real processes: a private containerd (the lab of criproxy.lab),
 ``numapin criproxy`` in front of it, and ``numapin webhook`` over HTTPS with certificates made by ``numapin certs``.
 The proxy publishes the node's NodeResourceTopology into a directory the webhook reads.
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from criproxy.testing.lab import ContainerdLab
+from criproxy.lab.lab import ContainerdLab
 
 __all__ = ["LocalStack", "ManagedProcess", "StackError", "StackOptions", "cgroup_mounts"]
 

@@ -22,8 +22,8 @@ import grpc.aio
 import pytest
 
 from allocator.cpuset import CPUSet
-from criproxy.testing.client import CRIClient, pb
-from criproxy.testing.memory_runtime import MemoryRuntime
+from criproxy.lab.client import CRIClient, pb
+from criproxy.lab.memory_runtime import MemoryRuntime
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -26,8 +26,8 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from criproxy.testing.client import CRIClient
-from criproxy.testing.lab import ContainerdLab
+from criproxy.lab.client import CRIClient
+from criproxy.lab.lab import ContainerdLab
 
 pytestmark = pytest.mark.containerd
 
@@ -227,7 +227,7 @@ async def test_proxy_killed_and_restarted_in_the_middle_of_a_pods_life(
     web_pid, db_pid = await pid_of(kubelet, web), await pid_of(kubelet, db)
     proxy.kill()
     async with CRIClient(lab.socket) as direct:  # while the proxy is dead, the web container drifts back
-        from criproxy.testing.client import pb
+        from criproxy.lab.client import pb
         await direct.update_container_resources(web, pb.LinuxContainerResources(cpuset_cpus=machine_cpus))
     assert cpus_of(web_pid)[0] == machine_cpus
     await asyncio.to_thread(proxy.start)

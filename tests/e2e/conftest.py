@@ -17,7 +17,7 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from criproxy.testing.client import CRIClient
+from criproxy.lab.client import CRIClient
 from numapin.admission import AdmissionAnswer, AdmissionClient
 from numapin.cri_view import list_runtime_containers
 from numapin.demo_play import make_pod, webhook_sees_published

@@ -23,8 +23,8 @@ from allocator.checkpoint import serialize_checkpoint
 from allocator.cpuset import CPUSet
 from allocator.state import CPUState
 from allocator.topology import Topology
-from criproxy.testing.client import CRIClient
-from criproxy.testing.lab import ContainerdLab
+from criproxy.lab.client import CRIClient
+from criproxy.lab.lab import ContainerdLab
 from numapin.pod_runner import PodRunner, RunningPod, cgroup_parent
 from numapin.proc_cpus import process_cpus
 from numapin.stack import ManagedProcess, cgroup_mounts

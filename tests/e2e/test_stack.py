@@ -23,7 +23,7 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from criproxy.testing.client import CRIClient, pb
+from criproxy.lab.client import CRIClient, pb
 from numapin.admission import AdmissionClient
 from numapin.stack import SERVER_NAME, LocalStack, StackOptions, cgroup_mounts
 

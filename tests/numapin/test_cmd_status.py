@@ -17,8 +17,8 @@ from allocator.intent import INTENT_ANNOTATION, encode_intent
 from allocator.pod import ContainerInfo, PodInfo
 from criproxy.app import CriProxy
 from criproxy.config import load_config
-from criproxy.testing.client import CRIClient, pb
-from criproxy.testing.memory_runtime import MemoryRuntime
+from criproxy.lab.client import CRIClient, pb
+from criproxy.lab.memory_runtime import MemoryRuntime
 from numapin.cli import main
 from tests.criproxy.conftest import make_sysfs
 
