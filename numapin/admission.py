@@ -144,7 +144,7 @@ def pod_request(pod: Mapping[str, Any], *, operation: str = "CREATE", dry_run: b
 
 def binding_request(namespace: str, name: str, node: str, *, pod_uid: str | None = None) -> dict[str, Any]:
     """``request`` of a pods/binding CREATE review (the scheduler binding a pod): only the Binding, no pod."""
-    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "creationTimestamp": None}
     if pod_uid:
         meta["uid"] = pod_uid
     return {

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import jsonpatch
 
+from numapin.admission import binding_request as binding_request  # one builder for the demo and the tests
 from webhook.certs import make_ca, make_serving_cert, service_dns_names
 
 SERVICE, NAMESPACE = "numapin-webhook", "numapin"
@@ -84,29 +85,6 @@ def pod_request(pod: dict[str, Any], *, operation: str = "CREATE", old: dict[str
     }
 
 
-def binding_request(namespace: str, name: str, node: str, *, pod_uid: str | None = None) -> dict[str, Any]:
-    """``request`` of a pods/binding CREATE review: the object is only the Binding (no pod spec)."""
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "creationTimestamp": None}
-    if pod_uid:
-        meta["uid"] = pod_uid
-    return {
-        "uid": str(uuid.uuid4()),
-        "kind": {"group": "", "version": "v1", "kind": "Binding"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "subResource": "binding",
-        "requestKind": {"group": "", "version": "v1", "kind": "Binding"},
-        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-        "requestSubResource": "binding",
-        "name": name,
-        "namespace": namespace,
-        "operation": "CREATE",
-        "userInfo": {"username": "system:kube-scheduler", "groups": ["system:authenticated"]},
-        "object": {"kind": "Binding", "apiVersion": "v1", "metadata": meta,
-                   "target": {"kind": "Node", "name": node}},
-        "oldObject": None,
-        "dryRun": False,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
-    }
 
 
 def container(name: str, cpu: str | None = None, mem: str | None = "1Gi", *, limits_only: bool = False,
