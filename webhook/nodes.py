@@ -28,6 +28,8 @@ import yaml
 from allocator.errors import TopologyError
 from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
 
+from .sources import api_client, poll_until_stopped
+
 __all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
 
 log = logging.getLogger("numapin.webhook.nodes")
@@ -228,13 +230,7 @@ class DirectorySource:
         self.store.mark_synced(self.name)
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.sync()
-            except Exception:
-                log.exception("reading %s failed", self.directory)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.poll_seconds)
+        await poll_until_stopped(self.sync, stop, self.poll_seconds, str(self.directory))
 
 
 class APISource:
@@ -253,14 +249,7 @@ class APISource:
             store.register(self.name + "/nodes")
 
     async def _client(self) -> Any:
-        from kubernetes_asyncio import client, config
-
-        if self.kubeconfig:
-            api = await config.new_client_from_config(config_file=self.kubeconfig)
-        else:
-            config.load_incluster_config()
-            api = client.ApiClient()
-        return api
+        return await api_client(self.kubeconfig)
 
     async def run(self, stop: asyncio.Event) -> None:
         api = await self._client()

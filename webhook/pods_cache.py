@@ -29,6 +29,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import PodInfo
 
 from .nodes import load_documents
+from .sources import api_client, poll_until_stopped
 
 __all__ = ["CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "pod_model"]
 
@@ -157,13 +158,7 @@ class PodDirectorySource:
             self._keys[path] = keys
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await self.sync()
-            except Exception:
-                log.exception("reading %s failed", self.directory)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.poll_seconds)
+        await poll_until_stopped(self.sync, stop, self.poll_seconds, str(self.directory))
 
 
 class PodAPISource:
@@ -177,13 +172,7 @@ class PodAPISource:
         self.retry_seconds = retry_seconds
 
     async def run(self, stop: asyncio.Event) -> None:
-        from kubernetes_asyncio import client, config
-
-        if self.kubeconfig:
-            api = await config.new_client_from_config(config_file=self.kubeconfig)
-        else:
-            config.load_incluster_config()
-            api = client.ApiClient()
+        api = await api_client(self.kubeconfig)
         try:
             while not stop.is_set():
                 try:
