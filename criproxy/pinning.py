@@ -127,7 +127,8 @@ class Pinning:
             self.on_decision("InvalidIntent", "rejected")
             raise Rejection(grpc.StatusCode.INVALID_ARGUMENT,
                             f"numapin: pod {ident.ref} container {name}: {e}") from None
-        devices = devices_numa_nodes([d.host_path for d in req.config.devices], self.options.sysfs)
+        paths = [d.host_path for d in req.config.devices]
+        devices = await asyncio.to_thread(devices_numa_nodes, paths, self.options.sysfs) if paths else {}
         async with self.lock:
             had_cpus = self.allocator.container_cpus(ident.uid, name) is not None
             before = self.allocator.state.copy()
