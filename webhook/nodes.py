@@ -73,8 +73,14 @@ class NodeStore:
         self._labels[name] = dict(labels)
         self.version += 1
 
+    def replace_labels(self, labels: Mapping[str, Mapping[str, str]]) -> None:
+        """All Nodes' labels at once (a fresh list): labels of Nodes not in it are dropped."""
+        self._labels = {k: dict(v) for k, v in labels.items()}
+        self.version += 1
+
     def delete_labels(self, name: str) -> None:
-        self._labels.pop(name, None)
+        if self._labels.pop(name, None) is not None:
+            self.version += 1
 
     # -- query side -----------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -317,8 +323,8 @@ class APISource:
 
         core = client.CoreV1Api(api)
         listing = await core.list_node()
-        for node in listing.items:
-            self.store.put_labels(node.metadata.name, node.metadata.labels or {})
+        # a relist replaces every Node's labels: a Node deleted while not watching must not keep its old labels
+        self.store.replace_labels({node.metadata.name: node.metadata.labels or {} for node in listing.items})
         self.store.mark_synced(self.name + "/nodes")
         w = watch.Watch()
         async with w.stream(core.list_node, resource_version=listing.metadata.resource_version,

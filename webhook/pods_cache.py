@@ -170,21 +170,32 @@ class PodAPISource:
         self.cache = cache
         self.kubeconfig = kubeconfig
         self.retry_seconds = retry_seconds
+        self.synced = False  # the first list is in the cache
 
     async def run(self, stop: asyncio.Event) -> None:
         api = await api_client(self.kubeconfig)
         try:
-            while not stop.is_set():
-                try:
-                    await self._once(api)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:
-                    log.warning("watching pending pods failed (%s); retrying in %ss", e, self.retry_seconds)
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=self.retry_seconds)
+            # the watch blocks until the server ends it: run it beside ``stop`` so that setting ``stop`` ends it
+            task = asyncio.create_task(self._loop(stop, api))
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+            for t in (task, stopped):
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
         finally:
             await api.close()
+
+    async def _loop(self, stop: asyncio.Event, api: Any) -> None:
+        while not stop.is_set():
+            try:
+                await self._once(api)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("watching pending pods failed (%s); retrying in %ss", e, self.retry_seconds)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.retry_seconds)
 
     async def _once(self, api: Any) -> None:
         from kubernetes_asyncio import client, watch
@@ -200,6 +211,7 @@ class PodAPISource:
             if self.cache.remember(item, namespace=meta.get("namespace", ""), source=self.name):
                 keep.add((meta.get("namespace", ""), meta.get("name", "")))
         self.cache.drop_source(self.name, keep)
+        self.synced = True
         rv = listing.get("metadata", {}).get("resourceVersion")
         w = watch.Watch()
         async with w.stream(core.list_pod_for_all_namespaces, field_selector=selector, resource_version=rv,
