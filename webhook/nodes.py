@@ -28,7 +28,7 @@ import yaml
 from allocator.errors import TopologyError
 from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
 
-from .sources import api_client, poll_until_stopped
+from .sources import api_client, poll_until_stopped, watch_until_stopped
 
 __all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
 
@@ -260,9 +260,11 @@ class APISource:
     async def run(self, stop: asyncio.Event) -> None:
         api = await self._client()
         try:
-            tasks = [asyncio.create_task(self._loop(stop, self._nrt_once, api))]
+            tasks = [asyncio.create_task(watch_until_stopped(lambda: self._nrt_once(api), stop, self.retry_seconds,
+                                                             "NodeResourceTopologies"))]
             if self.watch_nodes:
-                tasks.append(asyncio.create_task(self._loop(stop, self._nodes_once, api)))
+                tasks.append(asyncio.create_task(watch_until_stopped(lambda: self._nodes_once(api), stop,
+                                                                     self.retry_seconds, "Nodes")))
             await stop.wait()
             for t in tasks:
                 t.cancel()
@@ -271,17 +273,6 @@ class APISource:
                     await t
         finally:
             await api.close()
-
-    async def _loop(self, stop: asyncio.Event, once: Any, api: Any) -> None:
-        while not stop.is_set():
-            try:
-                await once(api)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("watching the API server failed (%s); retrying in %ss", e, self.retry_seconds)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self.retry_seconds)
 
     async def _nrt_once(self, api: Any) -> None:
         from kubernetes_asyncio import client, watch

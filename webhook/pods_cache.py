@@ -29,7 +29,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import PodInfo
 
 from .nodes import load_documents
-from .sources import api_client, poll_until_stopped
+from .sources import api_client, poll_until_stopped, watch_until_stopped
 
 __all__ = ["CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "pod_model"]
 
@@ -176,7 +176,8 @@ class PodAPISource:
         api = await api_client(self.kubeconfig)
         try:
             # the watch blocks until the server ends it: run it beside ``stop`` so that setting ``stop`` ends it
-            task = asyncio.create_task(self._loop(stop, api))
+            task = asyncio.create_task(watch_until_stopped(lambda: self._once(api), stop, self.retry_seconds,
+                                                           "pending pods"))
             stopped = asyncio.create_task(stop.wait())
             await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
             for t in (task, stopped):
@@ -185,17 +186,6 @@ class PodAPISource:
                     await t
         finally:
             await api.close()
-
-    async def _loop(self, stop: asyncio.Event, api: Any) -> None:
-        while not stop.is_set():
-            try:
-                await self._once(api)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("watching pending pods failed (%s); retrying in %ss", e, self.retry_seconds)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self.retry_seconds)
 
     async def _once(self, api: Any) -> None:
         from kubernetes_asyncio import client, watch

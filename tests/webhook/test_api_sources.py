@@ -158,6 +158,26 @@ async def test_closed_watch_and_gone_are_survived(kube: FakeKubeAPI, kubeconfig:
     await until(lambda: kube.open_watches == 0, "watches closed after stop")
 
 
+async def test_gone_lists_again_without_the_retry_pause(kube: FakeKubeAPI, kubeconfig: str) -> None:
+    """410 Gone is routine (the API server compacted the watch's version away): both sources list again at once,
+    not after the pause meant for failures (30 s here; the test waits at most 5)."""
+    await kube.put(NRT_PATH, nrt("w-0", SMALL))
+    await kube.put(PODS_PATH, _pod("a", "1"))
+    store, cache = NodeStore(), PodCache()
+    pods = PodAPISource(cache, kubeconfig=kubeconfig, retry_seconds=30)
+    runs = [Running(APISource(store, kubeconfig=kubeconfig, retry_seconds=30, watch_nodes=False)), Running(pods)]
+    try:
+        await until(lambda: store.synced and pods.synced and kube.open_watches == 2, "both watching")
+        await kube.inject(GONE)
+        await kube.put(NRT_PATH, nrt("w-1", SMALL), record=False)
+        await kube.put(PODS_PATH, _pod("b", "1"), record=False)
+        await until(lambda: store.get("w-1") is not None and cache.get("default", "b") is not None,
+                    "relisted after 410")
+    finally:
+        for run in runs:
+            await run.stop()
+
+
 async def test_api_source_without_server_retries_until_it_comes(tmp_path: Path) -> None:
     kube = FakeKubeAPI()
     await kube.start()
