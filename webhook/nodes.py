@@ -28,7 +28,7 @@ import yaml
 from allocator.errors import TopologyError
 from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
 
-from .sources import api_client, poll_until_stopped
+from .sources import api_client, poll_until_stopped, watch_until_stopped
 
 __all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
 
@@ -73,8 +73,14 @@ class NodeStore:
         self._labels[name] = dict(labels)
         self.version += 1
 
+    def replace_labels(self, labels: Mapping[str, Mapping[str, str]]) -> None:
+        """All Nodes' labels at once (a fresh list): labels of Nodes not in it are dropped."""
+        self._labels = {k: dict(v) for k, v in labels.items()}
+        self.version += 1
+
     def delete_labels(self, name: str) -> None:
-        self._labels.pop(name, None)
+        if self._labels.pop(name, None) is not None:
+            self.version += 1
 
     # -- query side -----------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -254,9 +260,11 @@ class APISource:
     async def run(self, stop: asyncio.Event) -> None:
         api = await self._client()
         try:
-            tasks = [asyncio.create_task(self._loop(stop, self._nrt_once, api))]
+            tasks = [asyncio.create_task(watch_until_stopped(lambda: self._nrt_once(api), stop, self.retry_seconds,
+                                                             "NodeResourceTopologies"))]
             if self.watch_nodes:
-                tasks.append(asyncio.create_task(self._loop(stop, self._nodes_once, api)))
+                tasks.append(asyncio.create_task(watch_until_stopped(lambda: self._nodes_once(api), stop,
+                                                                     self.retry_seconds, "Nodes")))
             await stop.wait()
             for t in tasks:
                 t.cancel()
@@ -265,17 +273,6 @@ class APISource:
                     await t
         finally:
             await api.close()
-
-    async def _loop(self, stop: asyncio.Event, once: Any, api: Any) -> None:
-        while not stop.is_set():
-            try:
-                await once(api)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                log.warning("watching the API server failed (%s); retrying in %ss", e, self.retry_seconds)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=self.retry_seconds)
 
     async def _nrt_once(self, api: Any) -> None:
         from kubernetes_asyncio import client, watch
@@ -317,8 +314,8 @@ class APISource:
 
         core = client.CoreV1Api(api)
         listing = await core.list_node()
-        for node in listing.items:
-            self.store.put_labels(node.metadata.name, node.metadata.labels or {})
+        # a relist replaces every Node's labels: a Node deleted while not watching must not keep its old labels
+        self.store.replace_labels({node.metadata.name: node.metadata.labels or {} for node in listing.items})
         self.store.mark_synced(self.name + "/nodes")
         w = watch.Watch()
         async with w.stream(core.list_node, resource_version=listing.metadata.resource_version,

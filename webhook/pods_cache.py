@@ -29,7 +29,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import PodInfo
 
 from .nodes import load_documents
-from .sources import api_client, poll_until_stopped
+from .sources import api_client, poll_until_stopped, watch_until_stopped
 
 __all__ = ["CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "pod_model"]
 
@@ -170,19 +170,20 @@ class PodAPISource:
         self.cache = cache
         self.kubeconfig = kubeconfig
         self.retry_seconds = retry_seconds
+        self.synced = False  # the first list is in the cache
 
     async def run(self, stop: asyncio.Event) -> None:
         api = await api_client(self.kubeconfig)
         try:
-            while not stop.is_set():
-                try:
-                    await self._once(api)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:
-                    log.warning("watching pending pods failed (%s); retrying in %ss", e, self.retry_seconds)
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop.wait(), timeout=self.retry_seconds)
+            # the watch blocks until the server ends it: run it beside ``stop`` so that setting ``stop`` ends it
+            task = asyncio.create_task(watch_until_stopped(lambda: self._once(api), stop, self.retry_seconds,
+                                                           "pending pods"))
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+            for t in (task, stopped):
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
         finally:
             await api.close()
 
@@ -200,6 +201,7 @@ class PodAPISource:
             if self.cache.remember(item, namespace=meta.get("namespace", ""), source=self.name):
                 keep.add((meta.get("namespace", ""), meta.get("name", "")))
         self.cache.drop_source(self.name, keep)
+        self.synced = True
         rv = listing.get("metadata", {}).get("resourceVersion")
         w = watch.Watch()
         async with w.stream(core.list_pod_for_all_namespaces, field_selector=selector, resource_version=rv,

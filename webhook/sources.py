@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["api_client", "poll_until_stopped"]
+__all__ = ["api_client", "poll_until_stopped", "watch_until_stopped"]
 
 log = logging.getLogger("numapin.webhook.sources")
 
@@ -22,6 +22,31 @@ async def poll_until_stopped(sync: Callable[[], Awaitable[None]], stop: asyncio.
             log.exception("reading %s failed", what)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=every)
+
+
+async def watch_until_stopped(once: Callable[[], Awaitable[None]], stop: asyncio.Event, retry_seconds: float,
+                              what: str) -> None:
+    """Call ``once`` (a list then a watch) again and again until ``stop`` is set. After a failure wait
+    ``retry_seconds``, except after a 410 Gone (the watch's version was compacted away, routine on a busy API server):
+    list again at once, unless the previous attempt ended the same way."""
+    gone_before = False
+    while not stop.is_set():
+        try:
+            await once()
+            gone_before = False
+            continue
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            gone = getattr(e, "status", None) == 410
+            if gone and not gone_before:
+                log.info("watching %s: 410 Gone; listing again", what)
+                gone_before = True
+                continue
+            gone_before = gone
+            log.warning("watching %s failed (%s); retrying in %ss", what, e, retry_seconds)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=retry_seconds)
 
 
 async def api_client(kubeconfig: str | None) -> Any:
