@@ -28,7 +28,7 @@ import yaml
 from allocator.errors import TopologyError
 from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
 
-from .sources import api_client, poll_until_stopped, watch_until_stopped
+from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, watch_until_stopped
 
 __all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
 
@@ -295,7 +295,8 @@ class APISource:
         rv = listing.get("metadata", {}).get("resourceVersion")
         w = watch.Watch()
         async with w.stream(custom.list_cluster_custom_object, NRT_GROUP, NRT_VERSION, NRT_PLURAL,
-                            resource_version=rv, timeout_seconds=300) as stream:
+                            resource_version=rv, timeout_seconds=WATCH_SECONDS,
+                            _request_timeout=WATCH_REQUEST_TIMEOUT) as stream:
             async for event in stream:
                 kind, obj = event.get("type"), event.get("raw_object")
                 if not isinstance(obj, Mapping) or kind == "BOOKMARK":
@@ -319,7 +320,7 @@ class APISource:
         self.store.mark_synced(self.name + "/nodes")
         w = watch.Watch()
         async with w.stream(core.list_node, resource_version=listing.metadata.resource_version,
-                            timeout_seconds=300) as stream:
+                            timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT) as stream:
             async for event in stream:
                 node = event.get("object")
                 if event.get("type") == "BOOKMARK" or getattr(node, "metadata", None) is None:

@@ -29,7 +29,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import PodInfo
 
 from .nodes import load_documents
-from .sources import api_client, poll_until_stopped, watch_until_stopped
+from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, watch_until_stopped
 
 __all__ = ["CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "pod_model"]
 
@@ -205,7 +205,7 @@ class PodAPISource:
         rv = listing.get("metadata", {}).get("resourceVersion")
         w = watch.Watch()
         async with w.stream(core.list_pod_for_all_namespaces, field_selector=selector, resource_version=rv,
-                            timeout_seconds=300) as stream:
+                            timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT) as stream:
             async for event in stream:
                 obj = event.get("raw_object")
                 if not isinstance(obj, Mapping) or event.get("type") == "BOOKMARK":

@@ -8,9 +8,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["api_client", "poll_until_stopped", "watch_until_stopped"]
+__all__ = ["WATCH_REQUEST_TIMEOUT", "WATCH_SECONDS", "api_client", "poll_until_stopped", "watch_until_stopped"]
 
 log = logging.getLogger("numapin.webhook.sources")
+
+# A watch asks the API server to end it after WATCH_SECONDS; the client gives up a little later, so a connection
+# that died without being closed (no FIN, e.g. a node gone) is noticed and the source lists and watches again.
+WATCH_SECONDS = 300
+WATCH_REQUEST_TIMEOUT = WATCH_SECONDS + 30
 
 
 async def poll_until_stopped(sync: Callable[[], Awaitable[None]], stop: asyncio.Event, every: float, what: str) -> None:
