@@ -54,23 +54,21 @@ def parse_quantity(value: str | int | float) -> Fraction:
     return -q if sign == "-" else q
 
 
-def cpu_milli(value: str | int | float, *, field: str = "cpu") -> int:
-    """A non-negative CPU quantity in milli-CPUs, rounded up as Kubernetes' MilliValue() does."""
+def _non_negative(value: str | int | float, field: str) -> Fraction:
     try:
         q = parse_quantity(value)
     except PodSpecError as e:
         raise PodSpecError(f"{field}: {e}") from None
     if q < 0:
         raise PodSpecError(f"{field}: quantity {value!r} must not be negative")
-    return math.ceil(q * 1000)
+    return q
+
+
+def cpu_milli(value: str | int | float, *, field: str = "cpu") -> int:
+    """A non-negative CPU quantity in milli-CPUs, rounded up as Kubernetes' MilliValue() does."""
+    return math.ceil(_non_negative(value, field) * 1000)
 
 
 def memory_bytes(value: str | int | float, *, field: str = "memory") -> int:
     """A non-negative memory quantity in bytes, rounded up as Kubernetes' Value() does."""
-    try:
-        q = parse_quantity(value)
-    except PodSpecError as e:
-        raise PodSpecError(f"{field}: {e}") from None
-    if q < 0:
-        raise PodSpecError(f"{field}: quantity {value!r} must not be negative")
-    return math.ceil(q)
+    return math.ceil(_non_negative(value, field))

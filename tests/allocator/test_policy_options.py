@@ -67,7 +67,8 @@ def test_pairs(a, b):
 
 
 def test_forbidden_pair_off_is_fine():
-    StaticPolicyOptions.parse({"full-pcpus-only": "true", "distribute-cpus-across-cores": "false"})
+    opts = StaticPolicyOptions.parse({"full-pcpus-only": "true", "distribute-cpus-across-cores": "false"})
+    assert opts.full_pcpus_only and not opts.distribute_cpus_across_cores
 
 
 def test_first_forbidden_pair_is_reported_in_kubelets_order():
