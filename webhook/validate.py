@@ -175,7 +175,7 @@ class PodValidator:
                     f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free "
                     "CPUs are too few or too scattered for their topology manager policy; it stays Pending until "
                     "CPUs free up")
-        if not req.dry_run:
+        if not req.dry_run and info.name:
             self.pods.put(info, uid=info.uid)  # for its binding (dry-run creates never get one)
         return Verdict.allow(*warnings)
 
