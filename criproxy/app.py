@@ -89,7 +89,11 @@ class CriProxy:
                            self_pod_uid=cfg.self_pod_uid),
             on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
-        interceptors = {**self.pinning.interceptors(), "StartContainer": self.starts.start_container}
+        interceptors = dict(self.pinning.interceptors())
+        interceptors["StartContainer"] = self.starts.start_container
+        # kubelet's own cpuset-bearing update is sent with the pool gate held (shared): never between a
+        # narrowing's decision and its updates, which would put the wide pool back
+        interceptors["UpdateContainerResources"] = self.starts.gated(interceptors["UpdateContainerResources"])
         handler = RelayHandler(self.upstream, interceptors, observe=self.metrics.observe_call)
         if cfg.publish_nrt or cfg.kubeconfig:
             self._api = ApiPublisher(cfg.kubeconfig)

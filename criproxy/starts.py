@@ -23,7 +23,7 @@ from allocator.cpuset import CPUSet
 from . import wire
 from .converge import Converger, Decision
 from .registry import Registry, Tracked
-from .relay import Forward, Rejection
+from .relay import Forward, Interceptor, Rejection
 
 __all__ = ["StartGuard"]
 
@@ -66,6 +66,15 @@ class StartGuard:
             response = await forward(request)
             await self.converger.repair([t], "after start")
         return response
+
+    def gated(self, interceptor: Interceptor) -> Interceptor:
+        """``interceptor`` run with the pool gate held shared (for calls that carry a container's cpuset)."""
+
+        async def call(request: bytes, forward: Forward) -> bytes:
+            async with self.converger.pusher.gate.shared():
+                return await interceptor(request, forward)
+
+        return call
 
     def _overlaps(self, t: Tracked, cpus: CPUSet, views: dict) -> list[tuple[Tracked, CPUSet]]:
         out = []
