@@ -233,3 +233,5 @@ class Converger:
                             e.details(), self.period)
             except OSError as e:
                 log.warning("converge: cannot read the kernel's cpusets: %s", e)
+            except Exception:  # a bug must not end the convergence for the life of the proxy
+                log.exception("converge: pass failed; next pass in %.1f s", self.period)
