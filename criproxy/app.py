@@ -77,7 +77,10 @@ class CriProxy:
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
         self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick())
-        layout = CgroupLayout.detect(KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        problem = await asyncio.to_thread(layout.problem)
+        if problem is not None:
+            log.warning("converge: %s; running containers' cpusets cannot be checked in the kernel", problem)
         self.converger = Converger(self.upstream, self.registry, self.pusher, layout, self.decide,
                                    period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
                                    on_pass=self.metrics.observe_converge)
