@@ -136,6 +136,7 @@ class CriProxy:
         while not self.reconciled.is_set():
             try:
                 await self.reconcile_once()
+                await self.starts.note_unstarted()
                 self.reconciled.set()
                 self._tasks.append(asyncio.get_running_loop().create_task(self.converger.run()))
                 break
