@@ -62,7 +62,7 @@ class StartGuard:
         live = self.converger.live()
         views = await self.converger.views(live)
         until = time.monotonic() + self.suspect_window
-        self._suspects = {t.id: until for t in live if views.get(t.id) is None}
+        self._suspects = {t.id: until for t in live if views.get(t.id) is None and self.converger.knows(t.id)}
         if self._suspects:
             log.info("start guard: %d containers are created but not running; for %g s an exclusive start waits "
                      "for any start of them the previous proxy forwarded", len(self._suspects), self.suspect_window)
