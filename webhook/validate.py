@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -29,6 +30,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.nrt import NodeTopology
 from allocator.pod import (
     CPU_MANAGER_ANNOTATION,
+    CPU_MANAGER_VALUES,
     PodInfo,
     container_mode,
     guaranteed_cpus,
@@ -38,7 +40,7 @@ from allocator.pod import (
 
 from .nodes import NodeStore
 from .pods_cache import PodCache
-from .review import AdmissionRequest, Verdict
+from .review import AdmissionRequest, FieldCause, Verdict
 from .simulate import Simulation, Simulator
 
 __all__ = ["Feasibility", "PodValidator", "feasibility"]
@@ -140,14 +142,20 @@ class PodValidator:
         if raw_mode is not None and (req.operation == "CREATE" or raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)):
             try:
                 normalize_cpu_manager(raw_mode)
-            except PodSpecError as e:
-                return Verdict.deny(str(e), code=400, reason="Invalid")
+            except PodSpecError:
+                supported = ", ".join(json.dumps(v) for v in CPU_MANAGER_VALUES)
+                return _invalid(pod, req, FieldCause(
+                    _annotation_field(CPU_MANAGER_ANNOTATION),
+                    f"Unsupported value: {json.dumps(raw_mode)}: supported values: {supported} (numapin)",
+                    "FieldValueNotSupported"))
 
         intent = ann.get(INTENT_ANNOTATION)
         intent_changed = req.operation == "UPDATE" and intent != old_ann.get(INTENT_ANNOTATION)
         if intent_changed and intent is None:
-            return Verdict.deny(f"annotation {INTENT_ANNOTATION} is set by numapin and cannot be removed",
-                                code=400, reason="Invalid")
+            return _invalid(pod, req, FieldCause(
+                _annotation_field(INTENT_ANNOTATION),
+                "Forbidden: set by numapin; it cannot be removed (it changes only with the pod's mode)",
+                "FieldValueForbidden"))
 
         try:
             info = PodInfo.from_pod(pod)
@@ -160,8 +168,11 @@ class PodValidator:
         mode_changed = req.operation == "UPDATE" and raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)
         if (req.operation == "CREATE" or intent_changed or mode_changed) and intent is not None:
             problem = _intent_problem(intent, info, ann)
+            if problem and req.operation == "UPDATE":  # only numapin's /mutate may change it, to what the pod says
+                return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Forbidden: {problem}",
+                                                     "FieldValueForbidden"))
             if problem:
-                return Verdict.deny(problem, code=400, reason="Invalid")
+                return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Invalid value: {problem}"))
 
         warnings: list[str] = []
         if info.cpu_manager in ("exclusive", "share") and not any(guaranteed_cpus(info, c) for c in info.containers):
@@ -181,7 +192,7 @@ class PodValidator:
                     f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free "
                     "CPUs are too few or too scattered for their topology manager policy; it stays Pending until "
                     "CPUs free up")
-        if not req.dry_run:
+        if not req.dry_run and info.name:
             self.pods.put(info, uid=info.uid)  # for its binding (dry-run creates never get one)
         return Verdict.allow(*warnings)
 
@@ -222,6 +233,19 @@ class PodValidator:
                     f"manager policy {node.topology_manager_policy}: {now.reason or now.message}); its proxy refuses "
                     f"the change ({change}) and the pod keeps running as it was")
         return Verdict.allow(*warnings)
+
+
+def _annotation_field(key: str) -> str:
+    """The field path kube-apiserver uses for an annotation."""
+    return f"metadata.annotations[{key}]"
+
+
+def _invalid(pod: Mapping[str, Any], req: AdmissionRequest, cause: FieldCause) -> Verdict:
+    """An ``Invalid`` denial naming the pod (its name, or for a pod still to be named its generateName)."""
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    name = next((v for v in (meta.get("name"), req.name, meta.get("generateName")) if isinstance(v, str) and v), "")
+    return Verdict.invalid("Pod", name, (cause,))
 
 
 def _intent_problem(text: str, info: PodInfo, annotations: Mapping[str, Any]) -> str | None:
