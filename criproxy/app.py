@@ -79,7 +79,10 @@ class CriProxy:
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
         self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick())
-        layout = CgroupLayout.detect(KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        problem = await asyncio.to_thread(layout.problem)
+        if problem is not None:
+            log.warning("converge: %s; running containers' cpusets cannot be checked in the kernel", problem)
         self.converger = Converger(self.upstream, self.registry, self.pusher, layout, self.decide,
                                    period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
                                    on_pass=self.metrics.observe_converge)
@@ -91,7 +94,11 @@ class CriProxy:
                            self_pod_uid=cfg.self_pod_uid),
             on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
-        interceptors = {**self.pinning.interceptors(), "StartContainer": self.starts.start_container}
+        interceptors = dict(self.pinning.interceptors())
+        interceptors["StartContainer"] = self.starts.start_container
+        # kubelet's own cpuset-bearing update is sent with the pool gate held (shared): never between a
+        # narrowing's decision and its updates, which would put the wide pool back
+        interceptors["UpdateContainerResources"] = self.starts.gated(interceptors["UpdateContainerResources"])
         handler = RelayHandler(self.upstream, interceptors, observe=self.metrics.observe_call)
         if cfg.publish_nrt or cfg.kubeconfig:
             self._api = ApiPublisher(cfg.kubeconfig)
@@ -131,6 +138,7 @@ class CriProxy:
         while not self.reconciled.is_set():
             try:
                 await self.reconcile_once()
+                await self.starts.note_unstarted()
                 self.reconciled.set()
                 self._tasks.append(asyncio.get_running_loop().create_task(self.converger.run()))
                 break
