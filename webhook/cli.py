@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--client-ca", type=Path,
                      help="CA (PEM) of the client certificate kube-apiserver presents (its admission kubeconfig); "
                           "/mutate and /validate then refuse clients without one")
-    lim.add_argument("--max-connections", type=int, default=None, help="open connections at most (default 512)")
+    lim.add_argument("--max-connections", type=int, default=None, help="open connections at most (default 256)")
     lim.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                      help="close a keep-alive connection idle this long (default 60)")
     lim.add_argument("--header-timeout", type=float, default=None, metavar="SECONDS",
