@@ -101,8 +101,8 @@ async def test_hostile_traffic(tmp_path: Path) -> None:
         assert prober.failures == [], prober.summary()
         assert closed >= 5 * MAX_CONNECTIONS + 8 + 6, closed  # every idle, slowloris and half-body connection
         m = await metrics(port, ctx)
-        assert metric_sum(m, "numapin_webhook_connections_closed_total", why="evicted") >= 4 * MAX_CONNECTIONS
-        assert metric_sum(m, "numapin_webhook_connections_closed_total", why="timeout") >= 8
+        # evicted at the cap or timed out first (which depends on the machine's speed): closed by the server either way
+        assert metric_sum(m, "numapin_webhook_connections_closed_total") >= 5 * MAX_CONNECTIONS + 8
         assert metric_sum(m, "numapin_webhook_requests_total", endpoint="validate", verdict="timeout") >= 6
         # memory: what the limits allow for connections and bodies in flight, not what the attack sent
         assert peak - baseline <= MAX_CONNECTIONS * PER_CONNECTION_BYTES + 8 * MAX_BODY, (baseline, peak)
