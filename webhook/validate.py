@@ -39,9 +39,9 @@ from allocator.pod import (
 )
 
 from .nodes import NodeStore
-from .pods_cache import PodCache
 from .review import AdmissionRequest, FieldCause, Verdict
 from .simulate import Simulation, Simulator
+from .unjudged import UnjudgedRule
 
 __all__ = ["Feasibility", "PodValidator", "feasibility"]
 
@@ -125,10 +125,10 @@ def never_message(pod: PodInfo, f: Feasibility) -> str:
 
 
 class PodValidator:
-    def __init__(self, nodes: NodeStore, pods: PodCache, simulator: Simulator) -> None:
+    def __init__(self, nodes: NodeStore, simulator: Simulator, unjudged: UnjudgedRule) -> None:
         self.nodes = nodes
-        self.pods = pods
         self.simulator = simulator
+        self.unjudged = unjudged
 
     async def validate(self, req: AdmissionRequest) -> Verdict:
         pod = req.object
@@ -160,6 +160,8 @@ class PodValidator:
         try:
             info = PodInfo.from_pod(pod)
         except PodSpecError as e:
+            if req.operation == "CREATE":
+                return self.unjudged.verdict("validate", "pod_unreadable", f"pod not checked: {e}")
             log.info("validate: pod model cannot read %s (%s); allowed", req.describe(), e)
             return Verdict.allow(f"numapin: pod not checked: {e}")
         if (not info.namespace and req.namespace) or (not info.name and req.name):
@@ -192,8 +194,6 @@ class PodValidator:
                     f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free "
                     "CPUs are too few or too scattered for their topology manager policy; it stays Pending until "
                     "CPUs free up")
-        if not req.dry_run and info.name:
-            self.pods.put(info, uid=info.uid)  # for its binding (dry-run creates never get one)
         return Verdict.allow(*warnings)
 
 
