@@ -42,8 +42,12 @@ def test_round_trip_and_memory_only_nodes():
         ({"cpus": [{"cpu": -1, "core": 0, "socket": 0, "numa": 0}]}, "topology.cpus[0].cpu"),
         ({"cpus": [{"cpu": 1, "core": 1, "socket": 0, "numa": 0}] * 2}, "listed twice"),
         (
-            {"cpus": [{"cpu": 0, "core": 1, "socket": 0, "numa": 0}, {"cpu": 1, "core": 1, "socket": 0, "numa": 0}]},
-            "lowest cpu id",
+            {"cpus": [{"cpu": 0, "core": 1, "socket": 0, "numa": 0}, {"cpu": 1, "core": 1, "socket": 1, "numa": 0}]},
+            "cannot be threads of one core",
+        ),
+        (
+            {"cpus": [{"cpu": 0, "core": 1, "socket": 0, "numa": 0}, {"cpu": 1, "core": 1, "socket": 0, "numa": 1}]},
+            "cannot be threads of one core",
         ),
         ({"cpus": [{"cpu": 0, "core": 0, "socket": 0, "numa": 0}], "numaDistances": {"0": [10, 20]}},
          "one distance per NUMA node"),
@@ -53,3 +57,14 @@ def test_bad_documents(doc, fragment):
     with pytest.raises(TopologyError) as e:
         Topology.from_dict(doc)
     assert fragment in str(e.value)
+
+
+def test_core_ids_are_labels():
+    """kubelet's machines number cores freely (its quad-socket four-way-HT test machine gives CPU 1 core 64):
+    a core id need not be the lowest id of its threads, and it orders cores like kubelet does."""
+    cpus = [{"cpu": 0, "core": 7, "socket": 0, "numa": 0}, {"cpu": 2, "core": 7, "socket": 0, "numa": 0},
+            {"cpu": 1, "core": 3, "socket": 0, "numa": 0}, {"cpu": 3, "core": 3, "socket": 0, "numa": 0}]
+    t = Topology.from_dict({"cpus": cpus})
+    assert t.cores == (3, 7)
+    assert t.cpus_in_core(7) == CPUSet.parse("0,2") and t.cpus_in_core(3) == CPUSet.parse("1,3")
+    assert t.cpu(0).core == 7 and Topology.from_dict(t.to_dict()) == t
