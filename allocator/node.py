@@ -33,7 +33,7 @@ from .policy_options import StaticPolicyOptions
 from .state import CPUState
 from .static_policy import StaticPolicy
 from .topology import Topology
-from .topology_manager import TopologyManager
+from .topology_manager import POLICIES, SCOPES, TopologyManager
 
 __all__ = [
     "TM_POLICIES",
@@ -41,23 +41,34 @@ __all__ = [
     "ContainerDecision",
     "NodeAllocator",
     "NodeConfig",
+    "NodeParts",
     "PodDecision",
+    "build_node",
 ]
 
-TM_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
-TM_SCOPES = ("container", "pod")
-
-TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
+TM_POLICIES = POLICIES
+TM_SCOPES = SCOPES
 
 Mode = Literal["exclusive", "share", "shared"]
 Reason = Literal["TopologyAffinityError", "SMTAlignmentError", "UnexpectedAdmissionError"]
 # {container: {device or resource: its NUMA nodes}} (a list of node sets for several devices of one resource)
 DeviceMap = Mapping[str, Mapping[str, Iterable[int] | Iterable[Iterable[int]]]]
 
+# kubelet's container manager refuses the static policy without reserved CPUs (checked where it builds the CPU
+# manager, not in the policy).
+ZERO_RESERVED_MESSAGE = (
+    "the static policy requires systemreserved.cpu + kubereserved.cpu to be greater than zero "
+    "(set reservedCPUs or numReservedCPUs)"
+)
+
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """kubelet's CPU- and topology-manager configuration of one node (field names as in KubeletConfiguration)."""
+    """kubelet's CPU- and topology-manager configuration of one node (field names as in KubeletConfiguration).
+
+    ``require_reserved_cpus``: refuse a node without reserved CPUs, as kubelet's container manager does at
+    start-up (a node the proxy runs on, ``numapin plan``). A simulated node -- the webhook judging the
+    NodeResourceTopology of a node it does not configure -- turns it off."""
 
     topology: Topology
     reserved_cpus: CPUSet | None = None
@@ -66,47 +77,65 @@ class NodeConfig:
     topology_manager_policy: str = "none"
     topology_manager_scope: str = "container"
     topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
+    require_reserved_cpus: bool = True
 
     def validate(self) -> None:
         """Raise ConfigError (naming the kubelet setting) for what kubelet would refuse at startup."""
-        if self.topology_manager_policy not in TM_POLICIES:
-            raise ConfigError(
-                f"topologyManagerPolicy: unknown policy {self.topology_manager_policy!r} "
-                f"(allowed: {', '.join(TM_POLICIES)})"
-            )
-        if self.topology_manager_scope not in TM_SCOPES:
-            raise ConfigError(
-                f"topologyManagerScope: unknown scope {self.topology_manager_scope!r} "
-                f"(allowed: {', '.join(TM_SCOPES)})"
-            )
-        try:  # options and machine checks: the topology manager package's own rules
-            TopologyManager.from_config(
-                numa_nodes=self.topology.numa_nodes,
-                policy=self.topology_manager_policy,
-                scope=self.topology_manager_scope,
-                options=dict(self.topology_manager_policy_options),
-                distances=self.topology.numa_distances,
-            )
-        except ConfigError as e:
-            raise ConfigError(f"topologyManagerPolicyOptions: {e}") from None
-        try:
-            StaticPolicyOptions.parse(self.cpu_manager_policy_options).validate(
-                self.topology, self.topology_manager_policy
-            )
-        except ConfigError as e:
-            raise ConfigError(f"cpuManagerPolicyOptions: {e}") from None
-        if self.num_reserved_cpus < 0:
-            raise ConfigError(f"numReservedCPUs must be >= 0, got {self.num_reserved_cpus}")
-        if self.reserved_cpus is not None:
-            outside = self.reserved_cpus - self.topology.all_cpus
-            if outside:
-                raise ConfigError(f"reservedCPUs: CPUs {outside} are not on this machine "
-                                  f"(it has {self.topology.all_cpus})")
-            if self.num_reserved_cpus and self.num_reserved_cpus != len(self.reserved_cpus):
-                raise ConfigError(
-                    f"reservedCPUs ({self.reserved_cpus}, {len(self.reserved_cpus)} CPUs) and "
-                    f"numReservedCPUs ({self.num_reserved_cpus}) disagree; give one of them"
-                )
+        build_node(self)
+
+
+@dataclass(frozen=True)
+class NodeParts:
+    """A node's parts, built and checked once (``build_node``) and handed to one ``NodeAllocator``."""
+
+    config: NodeConfig
+    static_policy: StaticPolicy
+    topology_manager: TopologyManager
+
+
+def build_node(config: NodeConfig) -> NodeParts:
+    """The one construction path of a node: check the configuration against the machine as kubelet does at
+    start-up and build the static policy and the topology manager. ConfigError names the kubelet setting."""
+    if config.topology_manager_policy not in POLICIES:
+        raise ConfigError(
+            f"topologyManagerPolicy: unknown policy {config.topology_manager_policy!r} "
+            f"(allowed: {', '.join(POLICIES)})"
+        )
+    if config.topology_manager_scope not in SCOPES:
+        raise ConfigError(
+            f"topologyManagerScope: unknown scope {config.topology_manager_scope!r} "
+            f"(allowed: {', '.join(SCOPES)})"
+        )
+    topology = config.topology
+    try:  # options and machine checks: the topology manager package's own rules
+        manager = TopologyManager.from_config(
+            numa_nodes=topology.numa_nodes,
+            policy=config.topology_manager_policy,
+            scope=config.topology_manager_scope,
+            options=dict(config.topology_manager_policy_options),
+            distances=topology.numa_distances,
+        )
+    except ConfigError as e:
+        raise ConfigError(f"topologyManagerPolicyOptions: {e}") from None
+    try:
+        options = StaticPolicyOptions.parse(config.cpu_manager_policy_options)
+        options.validate(topology, config.topology_manager_policy)
+    except ConfigError as e:
+        raise ConfigError(f"cpuManagerPolicyOptions: {e}") from None
+    reserved_field = "reservedCPUs" if config.reserved_cpus is not None else "numReservedCPUs"
+    if config.require_reserved_cpus and not config.reserved_cpus and config.num_reserved_cpus == 0:
+        raise ConfigError(f"{reserved_field}: {ZERO_RESERVED_MESSAGE}")
+    try:  # the reserved-CPU checks are the static policy's (kubelet's wording)
+        policy = StaticPolicy(
+            topology,
+            reserved_cpus=config.reserved_cpus,
+            num_reserved_cpus=config.num_reserved_cpus,
+            options=options,
+            topology_manager_policy=config.topology_manager_policy,
+        )
+    except ConfigError as e:
+        raise ConfigError(f"{reserved_field}: {e}") from None
+    return NodeParts(config=config, static_policy=policy, topology_manager=manager)
 
 
 def hints_to_json(hints: Any, limit: int | None = None) -> Any:
@@ -200,24 +229,14 @@ def _hint_dict(h: TopologyHint) -> dict[str, Any]:
 class NodeAllocator:
     """One node's CPU allocation: the state, the static policy and the topology manager together."""
 
-    def __init__(self, config: NodeConfig, state: CPUState | None = None) -> None:
-        config.validate()
-        self.config = config
-        self.topology = config.topology
-        self.policy = StaticPolicy(
-            config.topology,
-            reserved_cpus=config.reserved_cpus,
-            num_reserved_cpus=config.num_reserved_cpus,
-            options=dict(config.cpu_manager_policy_options),
-            topology_manager_policy=config.topology_manager_policy,
-        )
-        self.topology_manager = TopologyManager.from_config(
-            numa_nodes=config.topology.numa_nodes,
-            policy=config.topology_manager_policy,
-            scope=config.topology_manager_scope,
-            options=dict(config.topology_manager_policy_options),
-            distances=config.topology.numa_distances,
-        )
+    def __init__(self, config: NodeConfig | NodeParts, state: CPUState | None = None) -> None:
+        """``config``: a configuration (built and checked here, ConfigError) or parts ``build_node`` made.
+        ``state``: the state to start from (copied; CheckpointError when it does not fit the node)."""
+        parts = config if isinstance(config, NodeParts) else build_node(config)
+        self.config = parts.config
+        self.topology = parts.config.topology
+        self.policy = parts.static_policy
+        self.topology_manager = parts.topology_manager
         work = state.copy() if state is not None else CPUState()
         self.policy.start(work)
         self.state: CPUState = work
