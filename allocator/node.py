@@ -20,20 +20,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from .compact_hints import HintFamily
 from .cpuset import CPUSet
 from .device_hints import DeviceHintProvider
-from .errors import ConfigError
+from .errors import AdmitReason, ConfigError
 from .hints import TopologyHint
 from .memory_hints import MemoryHintProvider
+from .modes import SHARED_POOL, ContainerMode
 from .pod import PodInfo, container_mode, guaranteed_cpus, pod_guaranteed_cpus
 from .policy_options import StaticPolicyOptions
 from .state import CPUState
 from .static_policy import StaticPolicy
 from .topology import Topology
-from .topology_manager import POLICIES, SCOPES, TopologyManager
+from .topology_manager import POLICIES, SCOPES, HintProvider, TopologyManager
 
 __all__ = [
     "TM_POLICIES",
@@ -49,8 +50,8 @@ __all__ = [
 TM_POLICIES = POLICIES
 TM_SCOPES = SCOPES
 
-Mode = Literal["exclusive", "share", "shared"]
-Reason = Literal["TopologyAffinityError", "SMTAlignmentError", "UnexpectedAdmissionError"]
+Mode = ContainerMode  # exclusive | share (own CPUs) | shared (the pool): allocator.modes
+Reason = AdmitReason
 # {container: {device or resource: its NUMA nodes}} (a list of node sets for several devices of one resource)
 DeviceMap = Mapping[str, Mapping[str, Iterable[int] | Iterable[Iterable[int]]]]
 
@@ -282,7 +283,8 @@ class NodeAllocator:
         if info.bypass:
             return self._decision(info, work, None, True, None, "bypassed (numapin.io/bypass)")
         device_map = {c: {r: _device_nodes(n) for r, n in d.items()} for c, d in (devices or {}).items()}
-        providers = [self.policy, MemoryHintProvider(), DeviceHintProvider(device_map, self.topology.numa_nodes)]
+        providers: list[HintProvider] = [self.policy, MemoryHintProvider(),
+                                         DeviceHintProvider(device_map, self.topology.numa_nodes)]
         try:
             result = self.topology_manager.admit(work, info, providers)
         except BaseException:
@@ -340,13 +342,13 @@ class NodeAllocator:
         for c in pod.containers:
             r = per_container.get(c.name)
             own = work.get(pod.uid, c.name) if admitted else None
-            mode: Mode = "shared" if pod.bypass else container_mode(pod, c)
+            mode: Mode = SHARED_POOL if pod.bypass else container_mode(pod, c)
             if not admitted:
                 cpus = CPUSet()  # a rejected pod gets nothing; mode says what it asked for
             elif own:
                 cpus = own
             else:
-                mode = "shared"
+                mode = SHARED_POOL
                 cpus = pool
             out.append(ContainerDecision(
                 name=c.name,

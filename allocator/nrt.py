@@ -330,10 +330,10 @@ class NodeTopology:
             idx += 1
         # the remaining free CPUs: one thread of each following core, then fill up
         extra = []
-        for core in cores[idx:]:
-            extra.append(core.min())
-        for core in cores[idx:]:
-            extra.extend(c for c in core if c != core.min())
+        for threads in cores[idx:]:
+            extra.append(threads.min())
+        for threads in cores[idx:]:
+            extra.extend(c for c in threads if c != threads.min())
         for cpu in extra[:left]:
             free |= 1 << cpu
         return CPUSet.from_mask(allocatable.mask & ~free)
