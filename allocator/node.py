@@ -28,11 +28,12 @@ from .device_hints import DeviceHintProvider
 from .errors import AdmitReason, ConfigError
 from .hints import TopologyHint
 from .memory_hints import MemoryHintProvider
+from .mode_change import ModeChange, plan_mode_change, with_pod_mode
 from .modes import SHARED_POOL, ContainerMode
 from .pod import PodInfo, container_mode, guaranteed_cpus, pod_guaranteed_cpus
 from .policy_options import StaticPolicyOptions
 from .state import CPUState
-from .static_policy import StaticPolicy
+from .static_policy import StaticPolicy, require_reserved
 from .topology import Topology
 from .topology_manager import POLICIES, SCOPES, HintProvider, TopologyManager
 
@@ -55,12 +56,6 @@ Reason = AdmitReason
 # {container: {device or resource: its NUMA nodes}} (a list of node sets for several devices of one resource)
 DeviceMap = Mapping[str, Mapping[str, Iterable[int] | Iterable[Iterable[int]]]]
 
-# kubelet's container manager refuses the static policy without reserved CPUs (checked where it builds the CPU
-# manager, not in the policy).
-ZERO_RESERVED_MESSAGE = (
-    "the static policy requires systemreserved.cpu + kubereserved.cpu to be greater than zero "
-    "(set reservedCPUs or numReservedCPUs)"
-)
 
 
 @dataclass(frozen=True)
@@ -68,8 +63,9 @@ class NodeConfig:
     """kubelet's CPU- and topology-manager configuration of one node (field names as in KubeletConfiguration).
 
     ``require_reserved_cpus``: refuse a node without reserved CPUs, as kubelet's container manager does at
-    start-up (a node the proxy runs on, ``numapin plan``). A simulated node -- the webhook judging the
-    NodeResourceTopology of a node it does not configure -- turns it off."""
+    start-up (``static_policy.require_reserved``): set where a node is configured (the proxy's node, ``numapin
+    plan``'s scenario). Off by default, as for kubelet's policy itself: the webhook judges NodeResourceTopology
+    documents of nodes it does not configure, some with no reserved CPU."""
 
     topology: Topology
     reserved_cpus: CPUSet | None = None
@@ -78,7 +74,7 @@ class NodeConfig:
     topology_manager_policy: str = "none"
     topology_manager_scope: str = "container"
     topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
-    require_reserved_cpus: bool = True
+    require_reserved_cpus: bool = False
 
     def validate(self) -> None:
         """Raise ConfigError (naming the kubelet setting) for what kubelet would refuse at startup."""
@@ -124,9 +120,9 @@ def build_node(config: NodeConfig) -> NodeParts:
     except ConfigError as e:
         raise ConfigError(f"cpuManagerPolicyOptions: {e}") from None
     reserved_field = "reservedCPUs" if config.reserved_cpus is not None else "numReservedCPUs"
-    if config.require_reserved_cpus and not config.reserved_cpus and config.num_reserved_cpus == 0:
-        raise ConfigError(f"{reserved_field}: {ZERO_RESERVED_MESSAGE}")
     try:  # the reserved-CPU checks are the static policy's (kubelet's wording)
+        if config.require_reserved_cpus:
+            require_reserved(config.reserved_cpus, config.num_reserved_cpus)
         policy = StaticPolicy(
             topology,
             reserved_cpus=config.reserved_cpus,
@@ -275,7 +271,7 @@ class NodeAllocator:
     ) -> PodDecision:
         """Admit ``pod`` as kubelet would (see the module doc). Raises PodSpecError for a pod it cannot read,
         ConfigError for devices on NUMA nodes the machine does not have."""
-        info = pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod)
+        info = with_pod_mode(pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod), self.state)
         work = self.state.copy()
         # The policy keeps one piece of state of its own, the init-container CPU reuse of the pod being admitted:
         # saved here and put back unless the admission is committed.
@@ -361,6 +357,21 @@ class NodeAllocator:
             ))
         return PodDecision(pod.uid, pod.namespace, pod.name, admitted, reason, message, tuple(out))
 
+    # -- mode transitions (allocator.mode_change) ---------------------------------------------------------
+    def change_mode(self, pod: PodInfo, target: str | None, *, dry_run: bool = False) -> ModeChange:
+        """Move a running pod to another ``qos.gocrane.io/cpu-manager`` mode (None or ``kubelet``: kubelet's rule),
+        transactionally: a refused transition (kubelet's reason in the outcome) changes nothing. Raises
+        PodSpecError for a target that is not a mode."""
+        change, work = plan_mode_change(self.state, self.policy, self.topology_manager, pod, target)
+        if work is not None and not dry_run:
+            self.state = work
+            self._pods[pod.uid] = with_pod_mode(pod, work)
+        return change
+
+    def pod_mode(self, pod_uid: str) -> str | None:
+        """The mode a transition gave the pod (``none``, ``exclusive``, ``share``, ``kubelet``), None if none did."""
+        return self.state.pod_modes.get(pod_uid)
+
     # -- release ----------------------------------------------------------------------
     def release_container(self, pod_uid: str, name: str) -> CPUSet:
         """Give back a container's CPUs (those no sibling still holds); returns the CPUs returned to the pool."""
@@ -371,5 +382,6 @@ class NodeAllocator:
         before = self.state.default_cpuset
         for name in names:
             self.policy.remove(self.state, pod_uid, name)
+        self.state.pod_modes.pop(pod_uid, None)
         self._pods.pop(pod_uid, None)
         return self.state.default_cpuset - before

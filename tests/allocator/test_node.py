@@ -231,9 +231,9 @@ def test_config_validation(xeon, tmp_path):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"reserved_cpus": None}, "numReservedCPUs: the static policy requires systemreserved.cpu + kubereserved.cpu "
-                                  "to be greater than zero"),
-        ({"reserved_cpus": S("")}, "reservedCPUs: the static policy requires"),
+        ({"reserved_cpus": None, "require_reserved_cpus": True},
+         "numReservedCPUs: the static policy requires systemreserved.cpu + kubereserved.cpu to be greater than zero"),
+        ({"reserved_cpus": S(""), "require_reserved_cpus": True}, "reservedCPUs: the static policy requires"),
         ({"reserved_cpus": S("0,200")}, "reservedCPUs: [cpumanager] unable to build the reserved physical CPUs"),
         ({"reserved_cpus": S("0,56"), "num_reserved_cpus": 3},
          "reservedCPUs: [cpumanager] unable to reserve the required amount of CPUs (size of 0,56 did not equal 3)"),
@@ -252,6 +252,15 @@ def test_one_construction_path_names_the_setting(xeon, config, message):
         with pytest.raises(ConfigError) as e:
             build_it()
         assert str(e.value).startswith(message), str(e.value)
+
+
+def test_zero_reserved_cpus_only_where_a_node_is_configured(xeon):
+    """kubelet's policy accepts no reserved CPU; its container manager refuses it at start-up (require_reserved_cpus,
+    set by the proxy and numapin plan). A simulated node (the webhook judging an exporter's NRT) is built anyway."""
+    n = NodeAllocator(NodeConfig(topology=xeon, reserved_cpus=None))
+    assert n.reserved_cpus == S("") and n.shared_pool() == xeon.all_cpus
+    with pytest.raises(ConfigError, match="numReservedCPUs: the static policy requires"):
+        NodeConfig(topology=xeon, require_reserved_cpus=True).validate()
 
 
 def test_built_parts_are_handed_to_the_allocator(xeon):
