@@ -35,7 +35,7 @@ from .policy_options import StaticPolicyOptions
 from .state import CPUState
 from .static_policy import StaticPolicy, require_reserved
 from .topology import Topology
-from .topology_manager import POLICIES, SCOPES, HintProvider, TopologyManager
+from .topology_manager import POLICIES, SCOPES, HintProvider, NonePolicy, TopologyManager
 
 __all__ = [
     "TM_POLICIES",
@@ -319,7 +319,7 @@ class NodeAllocator:
             elif h is not None and not isinstance(h, HintFamily):
                 h = tuple(h)
             out[resource] = h
-        if self.config.topology_manager_policy != "none":
+        if not isinstance(self.topology_manager.policy, NonePolicy):  # policy none gathers no hints
             out.setdefault("memory", None)
         return out
 

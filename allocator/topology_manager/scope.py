@@ -17,17 +17,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
 from ..compact_hints import HintFamily
 from ..errors import AdmitReason, AllocationError, ConfigError, SMTAlignmentError
 from ..hints import TopologyHint
 from ..merge import ProviderHints
+from ..pod import PodInfo
 from .policy import Policy
 from .policy_none import NonePolicy
-
-if TYPE_CHECKING:
-    from ..pod import PodInfo
 
 __all__ = [
     "SCOPES",
