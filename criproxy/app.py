@@ -13,7 +13,6 @@ import grpc.aio
 from allocator.checkpoint import CheckpointStore, import_kubelet_state
 from allocator.node import NodeAllocator, NodeConfig
 from allocator.nrt import build_nrt
-from allocator.static_policy import require_reserved
 from allocator.topology import Topology
 
 from .config import ProxyConfig
@@ -42,9 +41,9 @@ def node_config_of(config: ProxyConfig) -> NodeConfig:
                     cpu_manager_policy_options=dict(config.cpu_manager_policy_options),
                     topology_manager_policy=config.topology_manager_policy,
                     topology_manager_scope=config.topology_manager_scope,
-                    topology_manager_policy_options=dict(config.topology_manager_policy_options))
+                    topology_manager_policy_options=dict(config.topology_manager_policy_options),
+                    require_reserved_cpus=True)  # kubelet's start-up rule for a node with the static policy
     nc.validate()
-    require_reserved(nc.reserved_cpus, nc.num_reserved_cpus)  # kubelet's rule for a node with the static policy
     return nc
 
 
