@@ -170,3 +170,59 @@ async def test_runtime_down_fails_fast_then_reconnects(short_tmp: Path) -> None:
         await client.close()
         await server.stop(0)
         await upstream.close()
+
+
+async def test_interceptors_run_on_the_event_loop_and_their_outcomes_reach_the_caller(
+        short_tmp: Path, runtime: MemoryRuntime) -> None:
+    """An interceptor (a coroutine of the proxy's loop) forwards changed bytes, rejects with a status, or fails;
+    meanwhile relayed calls go on (they do not wait for the loop)."""
+    from criproxy.relay import Rejection
+
+    loop = asyncio.get_running_loop()
+    seen: list[tuple[bytes, object]] = []
+    release = asyncio.Event()
+
+    async def version(request: bytes, forward) -> bytes:
+        seen.append((request, asyncio.get_running_loop()))
+        return await forward(pb.VersionRequest(version="changed").SerializeToString())
+
+    async def status(request: bytes, forward) -> bytes:
+        raise Rejection(grpc.StatusCode.FAILED_PRECONDITION, "numapin: not now")
+
+    async def list_images(request: bytes, forward) -> bytes:
+        raise ValueError("boom")
+
+    async def stop_container(request: bytes, forward) -> bytes:
+        await release.wait()  # a slow decision
+        return await forward(request)
+
+    upstream = Upstream(runtime.socket_path)
+    path = str(short_tmp / "i.sock")
+    server = await start_relay_server(path, RelayHandler(upstream, {
+        "Version": version, "Status": status, "ListImages": list_images, "StopContainer": stop_container}))
+    try:
+        async with CRIClient(path) as c:
+            assert (await c.version()).runtime_name == "memory"
+            assert seen and seen[0][1] is loop
+            assert runtime.requests("Version")[-1] == pb.VersionRequest(version="changed").SerializeToString()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.call("Status", pb.StatusRequest(), pb.StatusResponse)
+            assert (err.value.code(), err.value.details()) == (grpc.StatusCode.FAILED_PRECONDITION,
+                                                               "numapin: not now")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.list_images()
+            assert err.value.code() == grpc.StatusCode.INTERNAL
+            assert "ValueError: boom" in (err.value.details() or "")
+            stopping = asyncio.ensure_future(c.call("StopContainer", pb.StopContainerRequest(container_id="x"),
+                                                    pb.StopContainerResponse))
+            await asyncio.sleep(0.2)
+            cfg = c.sandbox_config("p", "uid-slow")
+            assert await c.run_pod_sandbox(cfg)  # relayed while the StopContainer decision waits
+            assert not stopping.done()
+            release.set()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stopping
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND  # the runtime's answer came back
+    finally:
+        await server.stop(0)
+        await upstream.close()
