@@ -108,6 +108,15 @@ class VMSpec:
         return [*out, "--", *command]
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the parent dies (numa-vm.sh traps it and stops QEMU), so no VM outlives a
+    killed test run."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 @dataclass(frozen=True)
 class VMResult:
     returncode: int     # the command's, or 124 (timeout), 125 (the VM failed), 130 (interrupted)
@@ -118,8 +127,9 @@ class VMResult:
 def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int | None = None,
               stderr: IO[bytes] | int | None = None, attempts: int = 2, cwd: str | None = None) -> VMResult:
     """Run ``command`` in a VM of ``spec`` (in ``cwd``, the same path in the guest), its output to ``stdout`` /
-    ``stderr`` (default: ours). A VM failure (125) is retried up to ``attempts`` runs in all. Ctrl-C or SIGTERM
-    stop the VM (numa-vm.sh kills QEMU) before returning 130."""
+    ``stderr`` (default: ours). A VM failure (125) is retried up to ``attempts`` runs in all. Ctrl-C stops the
+    VM (numa-vm.sh kills QEMU) before the KeyboardInterrupt goes on; if this process dies, numa-vm.sh gets
+    SIGTERM and stops the VM too."""
     argv = spec.argv(find_numa_vm(), command)
     t0 = time.monotonic()
     rc = VM_FAILURE
@@ -127,7 +137,7 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
     for _ in range(max(1, attempts)):
         boots += 1
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
         try:
             rc = proc.wait()
         except BaseException:
