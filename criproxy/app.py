@@ -25,7 +25,7 @@ from .pinning import Pinning, PinningOptions
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
-from .server import listen_path, start_server
+from .server import RelayServer, listen_path, start_relay_server
 from .starts import StartGuard
 from .status import status_from_thread
 
@@ -41,7 +41,8 @@ def node_config_of(config: ProxyConfig) -> NodeConfig:
                     cpu_manager_policy_options=dict(config.cpu_manager_policy_options),
                     topology_manager_policy=config.topology_manager_policy,
                     topology_manager_scope=config.topology_manager_scope,
-                    topology_manager_policy_options=dict(config.topology_manager_policy_options))
+                    topology_manager_policy_options=dict(config.topology_manager_policy_options),
+                    require_reserved_cpus=True)  # kubelet's start-up rule for a node with the static policy
     nc.validate()
     return nc
 
@@ -56,7 +57,7 @@ class CriProxy:
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
-        self._server: grpc.aio.Server | None = None
+        self._server: RelayServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
@@ -106,7 +107,7 @@ class CriProxy:
             self.metrics_port = self.metrics.serve(*endpoint, status=lambda: status_from_thread(self, loop))
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_server(listen_path(cfg.listen), [handler])
+        self._server = await start_relay_server(listen_path(cfg.listen), handler)
         log.info("numapin criproxy listening on %s, runtime %s, topology manager %s/%s, reserved %s",
                  cfg.listen, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
