@@ -252,11 +252,18 @@ class NodeAllocator:
         *,
         devices: DeviceMap | None = None,
         dry_run: bool = False,
+        reallocate: Iterable[str] = (),
     ) -> PodDecision:
         """Admit ``pod`` as kubelet would (see the module doc). Raises PodSpecError for a pod it cannot read,
-        ConfigError for devices on NUMA nodes the machine does not have."""
+        ConfigError for devices on NUMA nodes the machine does not have.
+
+        ``reallocate`` names containers whose current CPUs are dropped first (in the working copy, so a
+        rejection keeps them): they get CPUs again like a new container. The CRI proxy uses it for a container
+        it took for an init container whose CPUs passed to a sibling, and which kubelet re-creates."""
         info = pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod)
         work = self.state.copy()
+        for name in reallocate:
+            self.policy.remove(work, info.uid, name)
         # The policy keeps one piece of state of its own, the init-container CPU reuse of the pod being admitted:
         # saved here and put back unless the admission is committed.
         saved_reuse = self.policy.reusable_cpus

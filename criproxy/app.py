@@ -15,6 +15,8 @@ from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
 from .config import ProxyConfig
+from .cri_api import RuntimeApi
+from .cri_pods import rebuild_cri_pods
 from .metrics import ProxyMetrics
 from .narrowing import CpusetPusher
 from .nrt import ApiPublisher, write_nrt
@@ -49,6 +51,7 @@ class CriProxy:
         self.config = config
         self.metrics = ProxyMetrics()
         self.registry = Registry()
+        self.api = RuntimeApi()  # the runtime's CRI version, for the proxy's own calls
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
@@ -77,6 +80,7 @@ class CriProxy:
             self.node_config, self.allocator, self.store, self.pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid),
+            api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
         handler = RelayHandler(self.upstream, self.pinning.interceptors(), observe=self.metrics.observe_call)
@@ -104,6 +108,9 @@ class CriProxy:
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
                 lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
             await self.pinning.save()
+            if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
+                await self.api.detect(self.upstream.call)
+                await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.self_pod)
         log.info("reconcile: %s", report)  # after the state is on disk
         self.last_reconcile = report
         self._nrt_dirty.set()

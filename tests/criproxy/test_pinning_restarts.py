@@ -1,0 +1,208 @@
+"""Container restarts, failed creates, init-container reuse across proxy restarts and the start-up admission gate,
+through the proxy (in process) over real unix sockets against the in-process CRI runtime."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from allocator.cpuset import CPUSet
+from allocator.intent import INTENT_ANNOTATION, encode_intent
+from allocator.pod import ContainerInfo, PodInfo
+from criproxy.app import CriProxy
+from criproxy.lab.client import CRIClient, pb
+from criproxy.lab.memory_runtime import MemoryRuntime
+from tests.criproxy.test_pinning import created_resources, proxy_config, run_pod, state_file
+
+S = CPUSet.parse
+
+
+@pytest.fixture
+async def proxy(short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> AsyncIterator[CriProxy]:
+    p = await CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs)).start()
+    await asyncio.wait_for(p.reconciled.wait(), 30)
+    yield p
+    await p.stop()
+
+
+@pytest.fixture
+async def kubelet(proxy: CriProxy) -> AsyncIterator[CRIClient]:
+    c = CRIClient(proxy.config.listen)
+    yield c
+    await c.close()
+
+
+def cpus(runtime: MemoryRuntime, cid: str) -> CPUSet:
+    return S(created_resources(runtime, cid).cpuset_cpus)
+
+
+def live_pinned(runtime: MemoryRuntime, pod_uid: str) -> dict[str, CPUSet]:
+    return {c.config.metadata.name: S(c.resources.cpuset_cpus) for c in runtime.containers.values()
+            if runtime.sandboxes[c.sandbox_id].metadata.uid == pod_uid and c.state != pb.CONTAINER_EXITED}
+
+
+async def create(k: CRIClient, sid: str, cfg: pb.PodSandboxConfig, name: str, cpu: int = 1000, *,
+                 attempt: int = 0, kind: str | None = None, start: bool = True) -> str:
+    cc = k.container_config(name, cpu_milli=cpu, limit_milli=cpu, attempt=attempt)
+    if kind is not None:
+        cc.annotations["io.kubernetes.container.type"] = kind
+    cid = await k.create_container(sid, cc, cfg)
+    if start:
+        await k.start_container(cid)
+    return cid
+
+
+@pytest.mark.parametrize("code", [1, 137])
+async def test_crashed_app_container_keeps_its_cpus_while_a_sibling_is_first_created(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime, code: int) -> None:
+    cfg = kubelet.sandbox_config("p", "uid-p")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    app1 = await create(kubelet, sid, cfg, "app1")
+    mine = cpus(runtime, app1)
+    runtime.exit(app1, code)  # crashed; kubelet creates app2 (its image pull was slow) while app1 is down
+    app2 = await create(kubelet, sid, cfg, "app2")
+    assert cpus(runtime, app2).isdisjoint(mine)
+    again = await create(kubelet, sid, cfg, "app1", attempt=1)  # re-created: its own CPUs back
+    assert cpus(runtime, again) == mine
+    live = live_pinned(runtime, "uid-p")
+    assert live["app1"].isdisjoint(live["app2"])
+
+
+async def test_app_container_that_exited_0_before_its_sibling_gets_cpus_of_its_own_when_recreated(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    """CRI alone cannot tell this app container from an init container (older kubelets): its sibling reuses its
+    CPUs; when kubelet re-creates it, numapin gives it new CPUs instead of sharing them."""
+    cfg = kubelet.sandbox_config("p", "uid-p")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    app1 = await create(kubelet, sid, cfg, "app1")
+    runtime.exit(app1, 0)
+    app2 = await create(kubelet, sid, cfg, "app2")
+    assert cpus(runtime, app2) == cpus(runtime, app1)
+    again = await create(kubelet, sid, cfg, "app1", attempt=1)
+    live = live_pinned(runtime, "uid-p")
+    assert live["app1"].isdisjoint(live["app2"]) and len(live["app1"]) == 1
+    assert S(state_file(proxy)["entries"]["uid-p"]["app1"]) == cpus(runtime, again)
+
+
+async def test_kubelets_container_type_annotation_says_app_even_after_exit_0(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    cfg = kubelet.sandbox_config("p", "uid-p")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    app1 = await create(kubelet, sid, cfg, "app1", kind="container")
+    runtime.exit(app1, 0)
+    app2 = await create(kubelet, sid, cfg, "app2", kind="container")
+    assert cpus(runtime, app2).isdisjoint(cpus(runtime, app1))
+
+
+async def test_a_create_the_runtime_refused_leaves_the_pod_model(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    cfg = kubelet.sandbox_config("p", "uid-p")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    await create(kubelet, sid, cfg, "c0")
+    runtime.fail_next["CreateContainer"] = (grpc.StatusCode.UNKNOWN, "image not found")
+    with pytest.raises(grpc.aio.AioRpcError):
+        await create(kubelet, sid, cfg, "c1", cpu=2000)
+    assert set(state_file(proxy)["entries"]["uid-p"]) == {"c0"}
+    await create(kubelet, sid, cfg, "c2")
+    # c1 never existed: no CPUs are pinned for it behind kubelet's back
+    assert set(state_file(proxy)["entries"]["uid-p"]) == {"c0", "c2"}
+    assert proxy.allocator.free_cpus_per_numa() == {0: 1, 1: 4}
+
+
+async def test_intent_pod_admitted_through_a_shared_init_container_narrows_the_pool_first(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, web, _ = await run_pod(kubelet, "web", 200, qos="burstable")
+    pod = PodInfo(uid="uid-i", namespace="default", name="i", qos_class="Guaranteed", cpu_manager=None,
+                  bypass=False, containers=(ContainerInfo("init", "init", 500, 500, 1 << 20, 1 << 20),
+                                            ContainerInfo("app", "app", 2000, 2000, 1 << 20, 1 << 20)))
+    cfg = kubelet.sandbox_config("i", "uid-i", annotations={INTENT_ANNOTATION: encode_intent(pod)})
+    sid = await kubelet.run_pod_sandbox(cfg)
+    init = await kubelet.create_container(sid, kubelet.container_config("init"), cfg)
+    held = S(state_file(proxy)["entries"]["uid-i"]["app"])  # admitted with the pod
+    assert cpus(runtime, web["app"]).isdisjoint(held)       # the running shared container was narrowed
+    assert cpus(runtime, init).isdisjoint(held)             # and the init container starts on the pool
+    order = [c.method for c in runtime.calls if c.method in ("UpdateContainerResources", "CreateContainer")]
+    assert order[-2:] == ["UpdateContainerResources", "CreateContainer"]
+
+
+async def test_after_a_restart_an_app_container_reuses_its_exited_init_containers_cpus(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs)
+    p = await CriProxy(cfg).start()
+    await asyncio.wait_for(p.reconciled.wait(), 30)
+    async with CRIClient(cfg.listen) as k:
+        await run_pod(k, "other", 3000, 3000)  # 4 CPUs left
+        sb = k.sandbox_config("job", "uid-job")
+        sid = await k.run_pod_sandbox(sb)
+        init = await create(k, sid, sb, "init", 4000)
+        runtime.exit(init, 0)
+    await p.stop()
+    p = await CriProxy(cfg).start()
+    try:
+        await asyncio.wait_for(p.reconciled.wait(), 30)
+        async with CRIClient(cfg.listen) as k:
+            app = await create(k, sid, sb, "app", 4000)  # no CPU is free: only the init's CPUs fit
+        assert cpus(runtime, app) == cpus(runtime, init)
+    finally:
+        await p.stop()
+
+
+async def test_after_a_restart_a_crashed_app_container_is_not_taken_for_an_init_container(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs)
+    p = await CriProxy(cfg).start()
+    await asyncio.wait_for(p.reconciled.wait(), 30)
+    async with CRIClient(cfg.listen) as k:
+        sb = k.sandbox_config("p", "uid-p")
+        sid = await k.run_pod_sandbox(sb)
+        app1 = await create(k, sid, sb, "app1")
+        await create(k, sid, sb, "app2")
+    await p.stop()
+    runtime.exit(app1, 0)  # exits while the proxy is down
+    p = await CriProxy(cfg).start()
+    try:
+        await asyncio.wait_for(p.reconciled.wait(), 30)
+        async with CRIClient(cfg.listen) as k:
+            app3 = await create(k, sid, sb, "app3")
+            again = await create(k, sid, sb, "app1", attempt=1)
+        assert cpus(runtime, app3).isdisjoint(cpus(runtime, app1))
+        assert cpus(runtime, again) == cpus(runtime, app1)
+    finally:
+        await p.stop()
+
+
+async def test_admissions_wait_for_the_start_up_reconcile_and_other_calls_do_not(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    def broken(raw: bytes) -> None:
+        raise RuntimeError("runtime not ready")
+
+    runtime.hooks["ListPodSandbox"] = broken  # the start-up reconcile keeps failing
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs)
+    p = await CriProxy(cfg).start()
+    try:
+        async with CRIClient(cfg.listen) as k:
+            assert (await k.version()).runtime_name == "memory"  # relayed at once
+            sb = k.sandbox_config("db", "uid-db")
+            sid = await k.run_pod_sandbox(sb)
+            cc = k.container_config("app", cpu_milli=1000, limit_milli=1000)
+            req = pb.CreateContainerRequest(pod_sandbox_id=sid, config=cc, sandbox_config=sb)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await k.call("CreateContainer", req, pb.CreateContainerResponse, timeout=1.5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "start-up reconcile" in err.value.details() and "default/db" in err.value.details()
+            assert runtime.requests("CreateContainer") == []
+            assert not p.reconciled.is_set()
+            # a create waiting when the reconcile completes is admitted
+            waiting = asyncio.ensure_future(k.call("CreateContainer", req, pb.CreateContainerResponse, timeout=30))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            del runtime.hooks["ListPodSandbox"]
+            cid = (await waiting).container_id
+            assert cpus(runtime, cid) == S("1")
+    finally:
+        await p.stop()
