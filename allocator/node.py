@@ -221,7 +221,6 @@ class NodeAllocator:
         work = state.copy() if state is not None else CPUState()
         self.policy.start(work)
         self.state: CPUState = work
-        self._pods: dict[str, PodInfo] = {}
 
     # -- queries ----------------------------------------------------------------------
     @property
@@ -242,9 +241,6 @@ class NodeAllocator:
         free = state.default_cpuset - self.reserved_cpus
         return {n: len(free & self.topology.cpus_in_numa(n)) for n in self.topology.numa_nodes}
 
-    def pod(self, pod_uid: str) -> PodInfo | None:
-        return self._pods.get(pod_uid)
-
     # -- admission --------------------------------------------------------------------
     def admit_pod(
         self,
@@ -264,28 +260,17 @@ class NodeAllocator:
         work = self.state.copy()
         for name in reallocate:
             self.policy.remove(work, info.uid, name)
-        # The policy keeps one piece of state of its own, the init-container CPU reuse of the pod being admitted:
-        # saved here and put back unless the admission is committed.
-        saved_reuse = self.policy.reusable_cpus
         if info.bypass:
             return self._decision(info, work, None, True, None, "bypassed (numapin.io/bypass)")
         device_map = {c: {r: _device_nodes(n) for r, n in d.items()} for c, d in (devices or {}).items()}
         providers = [self.policy, MemoryHintProvider(), DeviceHintProvider(device_map, self.topology.numa_nodes)]
-        try:
-            result = self.topology_manager.admit(work, info, providers)
-        except BaseException:
-            self.policy.restore_reusable(saved_reuse)
-            raise
+        result = self.topology_manager.admit(work, info, providers)  # on the copy, init-container reuse included
         if not result.admitted:
-            self.policy.restore_reusable(saved_reuse)
             return self._decision(info, self.state, result, False, result.reason,
                                   self._reject_message(result, info, work))
         decision = self._decision(info, work, result, True, None, "admitted")
-        if dry_run:
-            self.policy.restore_reusable(saved_reuse)
-        else:
+        if not dry_run:
             self.state = work
-            self._pods[info.uid] = info
         return decision
 
     def _reject_message(self, result: Any, pod: PodInfo, work: CPUState) -> str:
@@ -357,5 +342,4 @@ class NodeAllocator:
         before = self.state.default_cpuset
         for name in names:
             self.policy.remove(self.state, pod_uid, name)
-        self._pods.pop(pod_uid, None)
         return self.state.default_cpuset - before

@@ -16,11 +16,17 @@ class CPUState:
     ``assignments[pod_uid][container_name]`` is the container's CPUs; ``default_cpuset`` the shared pool
     as kubelet defines it (CPUs assigned to nobody). ``modes`` keeps numapin's per-container mode
     (``exclusive`` or ``share``) for assigned containers; a container missing from it is ``exclusive``.
+
+    ``reuse_pod``/``reuse`` are the static policy's init-container CPU reuse (kubelet's ``cpusToReuse``, for
+    one pod at a time): working state that travels with each copy, so an admission rolled back (or a dry run)
+    leaves none behind. It is not saved (kubelet does not checkpoint it either) and not compared.
     """
 
     default_cpuset: CPUSet = field(default_factory=CPUSet)
     assignments: dict[str, dict[str, CPUSet]] = field(default_factory=dict)
     modes: dict[str, dict[str, str]] = field(default_factory=dict)
+    reuse_pod: str | None = field(default=None, compare=False)
+    reuse: CPUSet = field(default_factory=CPUSet, compare=False)
 
     def get(self, pod_uid: str, container: str) -> CPUSet | None:
         return self.assignments.get(pod_uid, {}).get(container)
@@ -69,4 +75,6 @@ class CPUState:
             default_cpuset=self.default_cpuset,
             assignments={u: dict(p) for u, p in self.assignments.items()},
             modes={u: dict(p) for u, p in self.modes.items()},
+            reuse_pod=self.reuse_pod,
+            reuse=self.reuse,
         )

@@ -68,6 +68,8 @@ class CriProxy:
         self.node_config = await asyncio.to_thread(node_config_of, cfg)
         self.store = CheckpointStore(cfg.state_file, "numapin")
         cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
+        for leftover in await asyncio.to_thread(self.store.clean_leftovers):
+            log.info("removed %s (a state write interrupted by a kill)", leftover)
         state = await asyncio.to_thread(self.store.load)
         if state is None and cfg.import_kubelet_state:
             state = await asyncio.to_thread(import_kubelet_state, cfg.import_kubelet_state)
@@ -75,7 +77,7 @@ class CriProxy:
         self.allocator = NodeAllocator(self.node_config, state)
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
-        self.pusher = CpusetPusher(self.upstream, self.registry)
+        self.pusher = CpusetPusher(self.upstream, self.registry, api=self.api)
         self.pinning = Pinning(
             self.node_config, self.allocator, self.store, self.pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
@@ -103,13 +105,14 @@ class CriProxy:
         return self
 
     async def reconcile_once(self) -> ReconcileReport:
+        if not self.reconciled.is_set():
+            await self.api.detect(self.upstream.call)  # the CRI version the proxy's own calls use
         async with self.pinning.lock:
             report = await reconcile(
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
-                lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
+                lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.pinning.self_pod, api=self.api)
             await self.pinning.save()
             if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
-                await self.api.detect(self.upstream.call)
                 await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.self_pod)
         log.info("reconcile: %s", report)  # after the state is on disk
         self.last_reconcile = report

@@ -15,14 +15,13 @@ import grpc.aio
 from allocator.cpuset import CPUSet
 from protos import cri_pb2
 
+from .cri_api import RuntimeApi
 from .registry import Registry, Tracked
 from .relay import Upstream
 
 __all__ = ["CpusetPusher", "PushResult"]
 
 log = logging.getLogger("numapin.criproxy")
-
-UPDATE = "/runtime.v1.RuntimeService/UpdateContainerResources"
 
 
 @dataclass(frozen=True)
@@ -34,8 +33,9 @@ class PushResult:
 
 class CpusetPusher:
     def __init__(self, upstream: Upstream, registry: Registry, *, timeout: float = 10.0,
-                 concurrency: int = 128) -> None:
+                 concurrency: int = 128, api: RuntimeApi | None = None) -> None:
         self.upstream = upstream
+        self.api = api or RuntimeApi()  # the runtime's CRI version
         self.registry = registry
         self.timeout = timeout
         # updates in flight at once (each makes containerd run runc): a bound for nodes with thousands of
@@ -49,7 +49,7 @@ class CpusetPusher:
         req = cri_pb2.UpdateContainerResourcesRequest(container_id=t.id, linux=res).SerializeToString()
         try:
             async with self._slots:
-                await self.upstream.call(UPDATE, req, timeout=self.timeout)
+                await self.upstream.call(self.api.method("UpdateContainerResources"), req, timeout=self.timeout)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 self.registry.remove(t.id)  # gone meanwhile: nothing to narrow

@@ -206,3 +206,25 @@ async def test_admissions_wait_for_the_start_up_reconcile_and_other_calls_do_not
             assert cpus(runtime, cid) == S("1")
     finally:
         await p.stop()
+
+
+async def test_start_up_cleans_interrupted_state_writes_and_reconcile_leaves_the_proxys_own_pod_alone(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    """The proxy known by its pod uid only (POD_UID): reconcile passes its containers through too."""
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs, self_pod_uid="uid-self")
+    cfg.state_file.parent.mkdir(parents=True)
+    leftover = cfg.state_file.parent / f".{cfg.state_file.name}.0123456789ab.tmp"
+    leftover.write_text('{"policyName":"num')
+    async with CRIClient(runtime.socket_path) as direct:  # the proxy's own pod, running before it starts
+        sb = direct.sandbox_config("numapin-x", "uid-self", namespace="kube-system", qos="besteffort")
+        own = await create(direct, await direct.run_pod_sandbox(sb), sb, "proxy", 0)
+    p = await CriProxy(cfg).start()
+    try:
+        await asyncio.wait_for(p.reconciled.wait(), 30)
+        assert not leftover.exists()
+        async with CRIClient(cfg.listen) as k:
+            await run_pod(k, "db", 2000, 2000)
+        assert created_resources(runtime, own).cpuset_cpus == ""  # never narrowed nor pinned
+        assert runtime.requests("UpdateContainerResources") == []
+    finally:
+        await p.stop()
