@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from pathlib import Path
 
 import grpc.aio
 
@@ -15,16 +16,19 @@ from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
 from .config import ProxyConfig
+from .converge import Converger, Decision, decision_of
 from .cri_api import RuntimeApi
 from .cri_pods import rebuild_cri_pods
+from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
 from .narrowing import CpusetPusher
 from .nrt import ApiPublisher, write_nrt
 from .pinning import Pinning, PinningOptions
 from .reconcile import ReconcileReport, reconcile
-from .registry import Registry
+from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
 from .server import listen_path, start_server
+from .starts import StartGuard
 from .status import status_from_thread
 
 __all__ = ["CriProxy", "node_config_of"]
@@ -77,7 +81,14 @@ class CriProxy:
         self.allocator = NodeAllocator(self.node_config, state)
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
-        self.pusher = CpusetPusher(self.upstream, self.registry, api=self.api)
+        self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick(),
+                                   api=self.api)
+        layout = CgroupLayout.detect(KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        self.converger = Converger(self.upstream, self.registry, self.pusher, layout, self.decide,
+                                   period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
+                                   on_pass=self.metrics.observe_converge)
+        self.starts = StartGuard(self.registry, self.converger, self.decide,
+                                 on_refusal=self.metrics.observe_start_refusal)
         self.pinning = Pinning(
             self.node_config, self.allocator, self.store, self.pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
@@ -85,7 +96,8 @@ class CriProxy:
             api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
-        handler = RelayHandler(self.upstream, self.pinning.interceptors(), observe=self.metrics.observe_call)
+        interceptors = {**self.pinning.interceptors(), "StartContainer": self.starts.start_container}
+        handler = RelayHandler(self.upstream, interceptors, observe=self.metrics.observe_call)
         if cfg.publish_nrt or cfg.kubeconfig:
             self._api = ApiPublisher(cfg.kubeconfig)
         endpoint = cfg.metrics_endpoint()
@@ -104,13 +116,18 @@ class CriProxy:
         self._tasks.append(loop.create_task(self._nrt_loop()))
         return self
 
+    def decide(self, t: Tracked) -> Decision | None:
+        """What the container must run on now (its pinned CPUs, else the shared pool)."""
+        return decision_of(self.allocator, self.node_config.topology, t)
+
     async def reconcile_once(self) -> ReconcileReport:
         if not self.reconciled.is_set():
             await self.api.detect(self.upstream.call)  # the CRI version the proxy's own calls use
         async with self.pinning.lock:
             report = await reconcile(
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
-                lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.pinning.self_pod, api=self.api)
+                converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota,
+                self_pod=self.pinning.self_pod, api=self.api)
             await self.pinning.save()
             if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
                 await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.self_pod)
@@ -125,6 +142,7 @@ class CriProxy:
             try:
                 await self.reconcile_once()
                 self.reconciled.set()
+                self._tasks.append(asyncio.get_running_loop().create_task(self.converger.run()))
                 break
             except grpc.aio.AioRpcError as e:
                 log.warning("reconcile: runtime not reachable (%s: %s); retrying in %.1f s", e.code().name,

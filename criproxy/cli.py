@@ -17,7 +17,9 @@ HELP = "run the CRI proxy that pins containers (kubelet's runtime endpoint)"
 DESCRIPTION = """\
 Run numapin's CRI proxy. kubelet (cpuManagerPolicy: none) uses --listen as its container runtime
 endpoint; every CRI call is forwarded to --runtime-endpoint, and CreateContainer, UpdateContainerResources,
-RemoveContainer, StopPodSandbox and RemovePodSandbox are intercepted to pin CPUs and NUMA memory.
+StartContainer, RemoveContainer, StopPodSandbox and RemovePodSandbox are intercepted to pin CPUs and NUMA
+memory. Every running container's real cpuset is read from the kernel (cgroup files and /proc/<pid>/status)
+each --converge-period and repaired where it is not numapin's decision.
 
 Flags override the --config file (YAML or JSON, keys named like the flags). Bad configuration exits 2.
 """
@@ -39,7 +41,13 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--cpu-manager-policy-options", "cpu_manager_policy_options",
      {"help": "key=value,... (e.g. full-pcpus-only=true)"}),
     ("--reconcile-period", "reconcile_period",
-     {"help": "seconds between reconciles that repair drifted cpusets (default 0: only at start)"}),
+     {"help": "seconds between reconciles with containerd's container lists (default 0: only at start)"}),
+    ("--converge-period", "converge_period",
+     {"help": "seconds between checks of every running container's real cpuset in the kernel, repairing any "
+              "that is not numapin's decision (default 1; 0: only at start and after pool changes)"}),
+    ("--proc-root", "proc_root", {"help": "the host's /proc, to read container processes (default /proc)"}),
+    ("--cgroup-root", "cgroup_root",
+     {"help": "the host's cgroup mount, to read container cpusets (default /sys/fs/cgroup)"}),
     ("--node-name", "node_name", {"help": "NodeResourceTopology object name (default $NODE_NAME or hostname)"}),
     ("--nrt-file", "nrt_file", {"help": "where the NodeResourceTopology JSON goes (default in --state-dir)"}),
     ("--kubeconfig", "kubeconfig", {"help": "publish the NodeResourceTopology to this cluster"}),

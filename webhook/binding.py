@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from allocator.pod import PodInfo
@@ -31,9 +31,20 @@ from .review import AdmissionRequest, Verdict
 from .simulate import Simulator
 from .validate import pinned
 
-__all__ = ["BindingValidator"]
+__all__ = ["BindingValidator", "binding_pod"]
 
 log = logging.getLogger("numapin.webhook.binding")
+
+
+def binding_pod(req: AdmissionRequest, meta: Mapping[str, Any]) -> tuple[str, str]:
+    """The bound pod's namespace and name: the Binding's metadata, else the request's (kube-apiserver sends the
+    pod's name as the request's ``name``, from the URL ``pods/<name>/binding``; the Binding's own metadata.name
+    may be empty)."""
+
+    def first(*values: Any) -> str:
+        return next((v for v in values if isinstance(v, str) and v), "")
+
+    return first(meta.get("namespace"), req.namespace), first(meta.get("name"), req.name)
 
 
 @dataclass(frozen=True)
@@ -87,14 +98,13 @@ class BindingValidator:
         meta = meta if isinstance(meta, Mapping) else {}
         target = obj.get("target")
         target = target if isinstance(target, Mapping) else {}
-        namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else req.namespace
-        name = meta.get("name") if isinstance(meta.get("name"), str) else req.name
+        namespace, name = binding_pod(req, meta)
         node_name = target.get("name")
         if target.get("kind", "Node") != "Node" or not isinstance(node_name, str) or not node_name:
             log.info("binding: target is not a node, allowed: %s", req.describe())
             return Verdict.allow()
 
-        cached = self.pods.get(namespace or "", name or "")
+        cached = self.pods.get(namespace, name)
         if cached is None:
             log.warning("binding of %s/%s to %s allowed unchecked: pod not in the cache", namespace, name, node_name)
             return Verdict.allow(f"numapin: pod {namespace}/{name} not known to the webhook; binding not checked")
@@ -104,6 +114,8 @@ class BindingValidator:
                         namespace, name, cached.uid, want_uid)
             return Verdict.allow()
         info = cached.info
+        if (info.namespace, info.name) != (namespace, name):
+            info = replace(info, namespace=namespace, name=name)  # messages name the pod as the binding does
         if not pinned(info):
             return Verdict.allow()
         node = self.nodes.get(node_name)
@@ -112,7 +124,7 @@ class BindingValidator:
                      namespace, name, node_name)
             return Verdict.allow()
 
-        key = (namespace or "", name or "")
+        key = (namespace, name)
         prior = self._prior(node_name, node.publication_key, key)
         answer = self.simulator.cached(node, info, occupied=True, prior=prior)
         if answer is None:

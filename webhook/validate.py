@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -25,6 +26,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.nrt import NodeTopology
 from allocator.pod import (
     CPU_MANAGER_ANNOTATION,
+    CPU_MANAGER_VALUES,
     PodInfo,
     container_mode,
     guaranteed_cpus,
@@ -34,7 +36,7 @@ from allocator.pod import (
 
 from .nodes import NodeStore
 from .pods_cache import PodCache
-from .review import AdmissionRequest, Verdict
+from .review import AdmissionRequest, FieldCause, Verdict
 from .simulate import Simulation, Simulator
 
 __all__ = ["Feasibility", "PodValidator", "feasibility"]
@@ -136,13 +138,19 @@ class PodValidator:
         if raw_mode is not None and (req.operation == "CREATE" or raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)):
             try:
                 normalize_cpu_manager(raw_mode)
-            except PodSpecError as e:
-                return Verdict.deny(str(e), code=400, reason="Invalid")
+            except PodSpecError:
+                supported = ", ".join(json.dumps(v) for v in CPU_MANAGER_VALUES)
+                return _invalid(pod, req, FieldCause(
+                    _annotation_field(CPU_MANAGER_ANNOTATION),
+                    f"Unsupported value: {json.dumps(raw_mode)}: supported values: {supported} (numapin)",
+                    "FieldValueNotSupported"))
 
         intent = ann.get(INTENT_ANNOTATION)
         if req.operation == "UPDATE" and intent != old_ann.get(INTENT_ANNOTATION):
-            return Verdict.deny(f"annotation {INTENT_ANNOTATION} is set by numapin when the pod is created and "
-                                "cannot be added, changed or removed", code=400, reason="Invalid")
+            return _invalid(pod, req, FieldCause(
+                _annotation_field(INTENT_ANNOTATION),
+                "Forbidden: set by numapin when the pod is created; it cannot be added, changed or removed",
+                "FieldValueForbidden"))
 
         try:
             info = PodInfo.from_pod(pod)
@@ -155,7 +163,7 @@ class PodValidator:
         if req.operation == "CREATE" and intent is not None:
             problem = _intent_problem(intent, info, ann)
             if problem:
-                return Verdict.deny(problem, code=400, reason="Invalid")
+                return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Invalid value: {problem}"))
 
         warnings: list[str] = []
         if info.cpu_manager in ("exclusive", "share") and not any(guaranteed_cpus(info, c) for c in info.containers):
@@ -175,9 +183,22 @@ class PodValidator:
                     f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free "
                     "CPUs are too few or too scattered for their topology manager policy; it stays Pending until "
                     "CPUs free up")
-        if not req.dry_run:
+        if not req.dry_run and info.name:
             self.pods.put(info, uid=info.uid)  # for its binding (dry-run creates never get one)
         return Verdict.allow(*warnings)
+
+
+def _annotation_field(key: str) -> str:
+    """The field path kube-apiserver uses for an annotation."""
+    return f"metadata.annotations[{key}]"
+
+
+def _invalid(pod: Mapping[str, Any], req: AdmissionRequest, cause: FieldCause) -> Verdict:
+    """An ``Invalid`` denial naming the pod (its name, or for a pod still to be named its generateName)."""
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    name = next((v for v in (meta.get("name"), req.name, meta.get("generateName")) if isinstance(v, str) and v), "")
+    return Verdict.invalid("Pod", name, (cause,))
 
 
 def _intent_problem(text: str, info: PodInfo, annotations: Mapping[str, Any]) -> str | None:

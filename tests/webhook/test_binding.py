@@ -136,3 +136,34 @@ async def test_pod_bound_started_and_ended_between_two_bindings_is_not_counted(
     assert (await client.admit("/validate", binding_request("default", "r1", "empty")))["allowed"] is True
     resp = await client.admit("/validate", binding_request("default", "r2", "empty"))
     assert resp["allowed"] is False and "counting 2 pod(s) just bound" in resp["status"]["message"]
+
+
+@pytest.mark.parametrize("binding_name", ["", None])
+async def test_denial_names_the_pod_when_the_binding_metadata_has_no_name(
+        nodes: WebhookApp, client: Client, binding_name: str | None) -> None:
+    """kube-apiserver sends the pod's name as the request's ``name`` (from ``pods/<name>/binding``); the Binding's
+    own metadata.name may be empty or absent. The pod is found and the denial names it."""
+    await _create(client, make_pod("db3", [container("db", "14")]))
+    req = binding_request("default", "db3", "busy")
+    if binding_name is None:
+        del req["object"]["metadata"]["name"]
+    else:
+        req["object"]["metadata"]["name"] = binding_name
+    resp = await client.admit("/validate", req)
+    assert resp["allowed"] is False
+    msg = resp["status"]["message"]
+    assert "pod default/db3 " in msg and "default/;" not in msg and "default/ " not in msg
+    assert "TopologyAffinityError" in msg
+
+
+async def test_pod_created_without_a_name_is_not_cached(nodes: WebhookApp, client: Client) -> None:
+    """A CREATE review whose pod has no name yet (generateName, request.name empty) is not remembered under an
+    empty name, so a binding cannot be judged against the wrong pod."""
+    pod = make_pod("anon", [container("c", "20")])
+    pod = apply_patch(copy.deepcopy(pod), await client.admit("/mutate", pod_request(copy.deepcopy(pod))))
+    pod["metadata"]["name"] = ""
+    pod["metadata"]["generateName"] = "anon-"
+    req = pod_request(pod, with_uid=True)
+    req["name"] = ""
+    assert (await client.admit("/validate", req))["allowed"] is True
+    assert nodes.pods.get("default", "") is None

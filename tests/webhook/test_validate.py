@@ -32,9 +32,14 @@ async def test_bad_cpu_manager_value_denied_with_the_allowed_values(client: Clie
     pod = make_pod("p", [container("c", "2")], annotations={CPU_MANAGER_ANNOTATION: "turbo"})
     resp = await client.admit("/validate", pod_request(pod, with_uid=True))
     assert resp["allowed"] is False
-    assert resp["status"]["code"] == 400
-    msg = resp["status"]["message"]
-    assert "turbo" in msg and "none, exclusive, share" in msg and CPU_MANAGER_ANNOTATION in msg
+    status = resp["status"]
+    # kube-apiserver's own shape of a validation error, which kubectl prints as `The Pod "p" is invalid: ...`
+    assert (status["code"], status["reason"], status["status"]) == (422, "Invalid", "Failure")
+    assert status["details"] == {"kind": "Pod", "name": "p", "causes": [{
+        "reason": "FieldValueNotSupported", "field": f"metadata.annotations[{CPU_MANAGER_ANNOTATION}]",
+        "message": 'Unsupported value: "turbo": supported values: "none", "exclusive", "share" (numapin)'}]}
+    assert status["message"] == f'Pod "p" is invalid: metadata.annotations[{CPU_MANAGER_ANNOTATION}]: ' + \
+        status["details"]["causes"][0]["message"]
 
 
 async def test_update_denies_only_a_new_bad_value(client: Client) -> None:
@@ -47,7 +52,7 @@ async def test_update_denies_only_a_new_bad_value(client: Client) -> None:
     bad = copy.deepcopy(good)
     bad["metadata"]["annotations"][CPU_MANAGER_ANNOTATION] = "Sharing"
     resp = await client.admit("/validate", pod_request(bad, operation="UPDATE", old=good))
-    assert resp["allowed"] is False and "none, exclusive, share" in resp["status"]["message"]
+    assert resp["allowed"] is False and '"none", "exclusive", "share"' in resp["status"]["message"]
 
 
 async def test_exclusive_without_eligible_container_warns(client: Client) -> None:
