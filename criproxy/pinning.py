@@ -75,6 +75,14 @@ class Placement:
         return "reused" if self.had_cpus else "allocated" if self.pinned else "shared pool"
 
 
+@dataclass(frozen=True, eq=False)
+class _Flight:
+    """A shared container's create at the runtime, decided with the pool ``cpus``."""
+
+    cpus: CPUSet
+    settled: asyncio.Event
+
+
 class Pinning:
     def __init__(self, config: NodeConfig, allocator: NodeAllocator, store: CheckpointStore, pusher: CpusetPusher,
                  registry: Registry, options: PinningOptions = PinningOptions(), *,
@@ -95,6 +103,7 @@ class Pinning:
         self.lock = asyncio.Lock()  # every change of the allocation (decisions, releases, reconcile)
         # one create at a time per pod, as kubelet's pod worker: pod uid -> (lock, callers holding or waiting)
         self._pod_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._flights: list[_Flight] = []  # shared containers whose create is at the runtime
         self.on_change = on_change or (lambda: None)
         self.on_decision = on_decision or (lambda mode, outcome: None)
         self.on_narrow = on_narrow or (lambda seconds: None)
@@ -152,8 +161,14 @@ class Pinning:
 
     # -- CreateContainer ------------------------------------------------------------------------------------
     async def create_container(self, request: bytes, forward: Forward) -> bytes:
-        """Admit the container's pod, commit the decision (state on disk, shared pool narrowed), put the cpuset
-        on the wire message, forward it; a create the runtime refuses gives its CPUs back."""
+        """Admit the container's pod and commit the decision (state on disk, shared pool narrowed) under the
+        allocation lock; then, without it, put the cpuset on the wire message and forward it (creates of other
+        pods go on meanwhile); a create the runtime refuses gives its CPUs back.
+
+        Zero isolation window: a shared container whose create is in flight was decided with the pool of that
+        moment; an admission that shrinks the pool narrows the registered shared containers under the lock and
+        waits (without it) until every in-flight shared create that may hold the removed CPUs has registered
+        and been narrowed, before its own container reaches the runtime."""
         self.api.learn(forward.method)
         req = cri_pb2.CreateContainerRequest.FromString(request)
         ident = identity_of(req.sandbox_config)
@@ -167,10 +182,16 @@ class Pinning:
                 pod, reallocate = await self._pod_model(req, ident, forward)
                 devices = await self._devices(req)
                 async with self.lock:
-                    placement = await self._decide(pod, ident, name, devices, reallocate)
+                    placement, flights = await self._decide(pod, ident, name, devices, reallocate)
+                    flight = self._take_off(placement)
+                try:
+                    await self._await_flights(flights, forward, ident, name, placement)
                     edited = self._edit(request, placement)
                     response = await self._forward_or_release(edited, forward, ident, name, placement)
-                self._register(req, ident, placement, response)
+                    await self._register(req, ident, placement, response)
+                finally:
+                    if flight is not None:
+                        self._land(flight)
         finally:
             self._drop_pod_lock(ident.uid)
         return response
@@ -273,9 +294,10 @@ class Pinning:
         return await asyncio.to_thread(devices_numa_nodes, paths, self.options.sysfs) if paths else {}
 
     async def _decide(self, pod: PodInfo, ident: PodIdentity, name: str, devices: Mapping[str, frozenset[int]],
-                      reallocate: tuple[str, ...]) -> Placement:
-        """Admit the pod (call with the lock held) and commit: the state is on disk and the shared pool narrowed
-        before the runtime hears of the container. Raises Rejection."""
+                      reallocate: tuple[str, ...]) -> tuple[Placement, list[_Flight]]:
+        """Admit the pod (call with the lock held) and commit: the state is on disk and the registered shared
+        containers narrowed before the runtime hears of the container. Returns the placement and the in-flight
+        shared creates to wait for (they may hold CPUs the pool just lost). Raises Rejection."""
         had_cpus = self.allocator.container_cpus(ident.uid, name) is not None and name not in reallocate
         before = self.allocator.state.copy()
         pool_before = self.allocator.shared_pool()
@@ -303,11 +325,44 @@ class Pinning:
         if self.allocator.state != before:
             await self.save()  # the allocation is on disk before the runtime hears of the container
             self.on_change()
+        flights: list[_Flight] = []
         if self.allocator.shared_pool() != pool_before:
             # any shrink of the pool (this container's CPUs, or its pod's other containers' admitted with it)
             # narrows the shared containers before the runtime hears of this one
             await self._resize_shared()
-        return placement
+            lost = pool_before - self.allocator.shared_pool()
+            flights = [f for f in self._flights if not f.cpus.isdisjoint(lost)]
+        return placement, flights
+
+    def _take_off(self, placement: Placement) -> _Flight | None:
+        """A shared container's create leaves for the runtime with the pool of this moment (call under the lock)."""
+        if placement.pinned:
+            return None
+        flight = _Flight(placement.cpus, asyncio.Event())
+        self._flights.append(flight)
+        return flight
+
+    def _land(self, flight: _Flight) -> None:
+        """The create is registered and narrowed to the current pool, or it failed."""
+        flight.settled.set()
+        self._flights.remove(flight)
+
+    async def _await_flights(self, flights: list[_Flight], forward: Forward, ident: PodIdentity, name: str,
+                             placement: Placement) -> None:
+        """Wait (without the lock) until the in-flight shared creates that may hold CPUs the pool lost are
+        registered and narrowed; past the call's deadline the allocation is given back (UNAVAILABLE)."""
+        pending = [f.settled.wait() for f in flights if not f.settled.is_set()]
+        if not pending:
+            return
+        budget = None if forward.timeout is None else max(forward.timeout - _GATE_MARGIN, 0.0)
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending), budget)
+        except TimeoutError:
+            await self._give_back(ident, name, placement, "shared containers being created were not narrowed "
+                                                          "in time")
+            raise Rejection(grpc.StatusCode.UNAVAILABLE,
+                            f"numapin: pod {ident.ref} container {name}: shared containers whose creation was "
+                            "under way could not be narrowed off its CPUs before the deadline; retry") from None
 
     def _edit(self, request: bytes, placement: Placement) -> bytes:
         """The request with numapin's cpuset (and no CFS quota for a pinned container); every other byte kept."""
@@ -323,21 +378,38 @@ class Pinning:
         try:
             return await forward(edited)
         except grpc.aio.AioRpcError as e:
-            if placement.pinned and not placement.had_cpus and \
-                    self.allocator.container_cpus(ident.uid, name) is not None:
-                freed = self.allocator.release_container(ident.uid, name)
-                await self._after_release(f"pod={ident.ref} container={name} (runtime refused the create)", freed)
+            await self._give_back(ident, name, placement, "runtime refused the create")
             log.info("decision pod=%s container=%s: runtime refused the create (%s)%s", ident.ref, name,
                      e.code().name, "; allocation released" if placement.pinned and not placement.had_cpus else "")
             raise
 
-    def _register(self, req: cri_pb2.CreateContainerRequest, ident: PodIdentity, placement: Placement,
-                  response: bytes) -> None:
-        """The runtime created the container: track it, and (CRI pod model) remember what kubelet asked for it."""
+    async def _give_back(self, ident: PodIdentity, name: str, placement: Placement, why: str) -> None:
+        """CPUs allocated for a container that will not be created go back, and the pool widens."""
+        if not placement.pinned or placement.had_cpus:
+            return
+        async with self.lock:
+            if self.allocator.container_cpus(ident.uid, name) is not None:
+                freed = self.allocator.release_container(ident.uid, name)
+                await self._after_release(f"pod={ident.ref} container={name} ({why})", freed)
+
+    async def _register(self, req: cri_pb2.CreateContainerRequest, ident: PodIdentity, placement: Placement,
+                        response: bytes) -> None:
+        """The runtime created the container: track it (a shared one is brought to the pool of now, which may
+        have changed while it was being created), and (CRI pod model) remember what kubelet asked for it."""
         name = req.config.metadata.name
         cid = cri_pb2.CreateContainerResponse.FromString(response).container_id
-        self.registry.add(Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, placement.mode,
-                                  placement.cpus, placement.mems))
+        t = Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, placement.mode, placement.cpus,
+                    placement.mems)
+        if placement.pinned:
+            self.registry.add(t)
+        else:
+            async with self.lock:  # every push happens under the lock: none overtakes another
+                self.registry.add(t)
+                pool, mems = self.shared_pool()
+                if (pool, mems) != (placement.cpus, placement.mems):
+                    await self.pusher.push([(t, pool, mems, None)])
+                    log.info("pod=%s container=%s created with cpus=%s; the pool changed meanwhile: now cpus=%s",
+                             ident.ref, name, placement.cpus, pool)
         if ident.annotations.get(INTENT_ANNOTATION) is None:
             resources = cri_pb2.LinuxContainerResources()
             resources.CopyFrom(req.config.linux.resources)

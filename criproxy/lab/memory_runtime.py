@@ -61,6 +61,8 @@ class MemoryRuntime:
         # method -> (code, message[, trailing metadata]): the next call of that method fails so
         self.fail_next: dict[str, tuple] = {}
         self.hooks: dict[str, Callable[[bytes], None]] = {}  # called with the raw request before handling
+        # (method, predicate on the raw request, event): a matching call waits for the event (a slow runtime)
+        self.holds: list[tuple[str, Callable[[bytes], bool], asyncio.Event]] = []
         self.record = True
         self._ids = itertools.count(1)
         self._events: list[asyncio.Queue[pb.ContainerEventResponse]] = []
@@ -110,6 +112,9 @@ class MemoryRuntime:
             hook = self.hooks.get(name)
             if hook is not None:
                 hook(raw)
+            for method, matches, event in list(self.holds):
+                if method == name and matches(raw):
+                    await event.wait()
             fail = self.fail_next.pop(name, None)
             if fail is not None:
                 await context.abort(fail[0], fail[1], tuple(fail[2]) if len(fail) > 2 else ())

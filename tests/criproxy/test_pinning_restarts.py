@@ -4,7 +4,7 @@ through the proxy (in process) over real unix sockets against the in-process CRI
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -228,3 +228,63 @@ async def test_start_up_cleans_interrupted_state_writes_and_reconcile_leaves_the
         assert runtime.requests("UpdateContainerResources") == []
     finally:
         await p.stop()
+
+
+def sandbox_named(name: str) -> Callable[[bytes], bool]:
+    return lambda raw: pb.CreateContainerRequest.FromString(raw).sandbox_config.metadata.name == name
+
+
+async def test_creates_of_other_pods_go_on_while_one_is_at_the_runtime(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    slow = asyncio.Event()
+    runtime.holds.append(("CreateContainer", sandbox_named("slow"), slow))
+    held = asyncio.ensure_future(run_pod(kubelet, "slow", 1000, 1000))
+    while not runtime.requests("CreateContainer"):
+        await asyncio.sleep(0.01)
+    # the slow pod's create is at the runtime: others are decided and created meanwhile
+    _, ids, _ = await run_pod(kubelet, "quick", 2000, 2000)
+    _, web, _ = await run_pod(kubelet, "web", 100, qos="besteffort")
+    assert cpus(runtime, ids["app"]) == S("2-3")
+    assert cpus(runtime, web["app"]) == S("0,4-7")
+    assert not held.done()
+    slow.set()
+    _, slow_ids, _ = await held
+    assert cpus(runtime, slow_ids["app"]) == S("1")
+
+
+async def test_an_exclusive_create_waits_until_shared_creates_under_way_are_narrowed(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    """Zero isolation window with creates concurrent: the shared container was decided with the whole pool and
+    is at the runtime when the exclusive one is admitted; the exclusive create reaches the runtime only once the
+    shared one exists and is narrowed."""
+    slow = asyncio.Event()
+    runtime.holds.append(("CreateContainer", sandbox_named("web"), slow))
+    web = asyncio.ensure_future(run_pod(kubelet, "web", 100, qos="besteffort"))
+    while not runtime.requests("CreateContainer"):
+        await asyncio.sleep(0.01)
+    db = asyncio.ensure_future(run_pod(kubelet, "db", 2000, 2000))
+    await asyncio.sleep(0.3)
+    assert not db.done() and len(runtime.requests("CreateContainer")) == 1  # db waits for web
+    assert S(state_file(proxy)["entries"]["uid-db"]["app"]) == S("1-2")  # decided and on disk already
+    slow.set()
+    (_, web_ids, _), (_, db_ids, _) = await asyncio.gather(web, db)
+    assert cpus(runtime, web_ids["app"]) == S("0,3-7")
+    assert cpus(runtime, db_ids["app"]) == S("1-2")
+    order = [(c.method, c.request) for c in runtime.calls if c.method in ("UpdateContainerResources",
+                                                                         "CreateContainer")]
+    kinds = [(m, pb.UpdateContainerResourcesRequest.FromString(r).container_id if m == "UpdateContainerResources"
+              else pb.CreateContainerRequest.FromString(r).sandbox_config.metadata.name) for m, r in order]
+    assert kinds == [("CreateContainer", "web"), ("UpdateContainerResources", web_ids["app"]),
+                     ("CreateContainer", "db")]
+
+
+async def test_a_failed_exclusive_create_gives_its_cpus_back_while_others_go_on(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, web, _ = await run_pod(kubelet, "web", 100, qos="besteffort")
+    runtime.fail_next["CreateContainer"] = (grpc.StatusCode.UNKNOWN, "runc create failed")
+    with pytest.raises(grpc.aio.AioRpcError):
+        await run_pod(kubelet, "db", 7000, 7000)
+    assert state_file(proxy).get("entries", {}) == {}
+    assert cpus(runtime, web["app"]) == S("0-7")  # widened again
+    _, ids, _ = await run_pod(kubelet, "all", 7000, 7000)  # nothing leaked: a pod asking every CPU fits
+    assert cpus(runtime, ids["app"]) == S("1-7")
