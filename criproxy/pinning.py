@@ -218,9 +218,9 @@ class Pinning:
         except TimeoutError:
             self.on_decision("NotReconciled", "rejected")
             raise Rejection(grpc.StatusCode.UNAVAILABLE,
-                            f"numapin: pod {ident.ref} container {name} not admitted yet: the proxy has not "
-                            "finished its start-up reconcile with the runtime (is the runtime reachable? see the "
-                            "proxy's log); no CPUs are decided on an incomplete picture, retry") from None
+                            f"numapin: pod {ident.ref} container {name} not admitted yet: the proxy "
+                            "has not finished its start-up reconcile with the runtime (is the runtime reachable? "
+                            "see the proxy's log); no CPUs are decided on an incomplete picture, retry") from None
 
     async def _pod_model(self, req: cri_pb2.CreateContainerRequest, ident: PodIdentity,
                          forward: Forward) -> tuple[PodInfo, tuple[str, ...]]:
