@@ -28,6 +28,7 @@ from .device_hints import DeviceHintProvider
 from .errors import ConfigError
 from .hints import TopologyHint
 from .memory_hints import MemoryHintProvider
+from .mode_change import ModeChange, plan_mode_change, with_pod_mode
 from .pod import PodInfo, container_mode, guaranteed_cpus, pod_guaranteed_cpus
 from .policy_options import StaticPolicyOptions
 from .state import CPUState
@@ -256,7 +257,7 @@ class NodeAllocator:
         ``reallocate`` names containers whose current CPUs are dropped first (in the working copy, so a
         rejection keeps them): they get CPUs again like a new container. The CRI proxy uses it for a container
         it took for an init container whose CPUs passed to a sibling, and which kubelet re-creates."""
-        info = pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod)
+        info = with_pod_mode(pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod), self.state)
         work = self.state.copy()
         for name in reallocate:
             self.policy.remove(work, info.uid, name)
@@ -332,6 +333,20 @@ class NodeAllocator:
             ))
         return PodDecision(pod.uid, pod.namespace, pod.name, admitted, reason, message, tuple(out))
 
+    # -- mode transitions (allocator.mode_change) ---------------------------------------------------------
+    def change_mode(self, pod: PodInfo, target: str | None, *, dry_run: bool = False) -> ModeChange:
+        """Move a running pod to another ``qos.gocrane.io/cpu-manager`` mode (None or ``kubelet``: kubelet's rule),
+        transactionally: a refused transition (kubelet's reason in the outcome) changes nothing. Raises
+        PodSpecError for a target that is not a mode."""
+        change, work = plan_mode_change(self.state, self.policy, self.topology_manager, pod, target)
+        if work is not None and not dry_run:
+            self.state = work
+        return change
+
+    def pod_mode(self, pod_uid: str) -> str | None:
+        """The mode a transition gave the pod (``none``, ``exclusive``, ``share``, ``kubelet``), None if none did."""
+        return self.state.pod_modes.get(pod_uid)
+
     # -- release ----------------------------------------------------------------------
     def release_container(self, pod_uid: str, name: str) -> CPUSet:
         """Give back a container's CPUs (those no sibling still holds); returns the CPUs returned to the pool."""
@@ -342,4 +357,5 @@ class NodeAllocator:
         before = self.state.default_cpuset
         for name in names:
             self.policy.remove(self.state, pod_uid, name)
+        self.state.pod_modes.pop(pod_uid, None)
         return self.state.default_cpuset - before

@@ -16,6 +16,9 @@ class CPUState:
     ``assignments[pod_uid][container_name]`` is the container's CPUs; ``default_cpuset`` the shared pool
     as kubelet defines it (CPUs assigned to nobody). ``modes`` keeps numapin's per-container mode
     (``exclusive`` or ``share``) for assigned containers; a container missing from it is ``exclusive``.
+    ``pod_modes`` keeps the ``qos.gocrane.io/cpu-manager`` value a running pod was moved to after its creation
+    (``none``, ``exclusive``, ``share``, or ``kubelet`` when the annotation was removed: kubelet's rule); it wins
+    over what the pod's sandbox says (see ``allocator.mode_change``).
 
     ``reuse_pod``/``reuse`` are the static policy's init-container CPU reuse (kubelet's ``cpusToReuse``, for
     one pod at a time): working state that travels with each copy, so an admission rolled back (or a dry run)
@@ -25,6 +28,7 @@ class CPUState:
     default_cpuset: CPUSet = field(default_factory=CPUSet)
     assignments: dict[str, dict[str, CPUSet]] = field(default_factory=dict)
     modes: dict[str, dict[str, str]] = field(default_factory=dict)
+    pod_modes: dict[str, str] = field(default_factory=dict)
     reuse_pod: str | None = field(default=None, compare=False)
     reuse: CPUSet = field(default_factory=CPUSet, compare=False)
 
@@ -75,6 +79,7 @@ class CPUState:
             default_cpuset=self.default_cpuset,
             assignments={u: dict(p) for u, p in self.assignments.items()},
             modes={u: dict(p) for u, p in self.modes.items()},
+            pod_modes=dict(self.pod_modes),
             reuse_pod=self.reuse_pod,
             reuse=self.reuse,
         )

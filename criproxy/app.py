@@ -13,6 +13,7 @@ import grpc.aio
 from allocator.checkpoint import CheckpointStore, import_kubelet_state
 from allocator.node import NodeAllocator, NodeConfig
 from allocator.nrt import build_nrt
+from allocator.static_policy import require_reserved
 from allocator.topology import Topology
 
 from .config import ProxyConfig
@@ -45,6 +46,7 @@ def node_config_of(config: ProxyConfig) -> NodeConfig:
                     topology_manager_scope=config.topology_manager_scope,
                     topology_manager_policy_options=dict(config.topology_manager_policy_options))
     nc.validate()
+    require_reserved(nc.reserved_cpus, nc.num_reserved_cpus)  # kubelet's rule for a node with the static policy
     return nc
 
 

@@ -58,6 +58,8 @@ class ProxyConfig:
     nrt_file: str = ""
     kubeconfig: str | None = None
     publish_nrt: bool = False
+    watch_pods: bool = False      # learn changes of pods' CPU mode from the API server (needs API credentials)
+    control_socket: str = "/var/run/numapin/control.sock"  # root-only local socket of ``numapin mode``; "" = off
     metrics_address: str = "127.0.0.1:9464"
     import_kubelet_state: str | None = None
     self_pod_namespace: str | None = None
@@ -122,7 +124,7 @@ def _coerce(name: str, value: Any) -> Any:
         if n < 0:
             raise ConfigError(f"{where}: must not be negative, got {n}")
         return n
-    if name in ("lift_cfs_quota", "publish_nrt"):
+    if name in ("lift_cfs_quota", "publish_nrt", "watch_pods"):
         if isinstance(value, bool):
             return value
         if str(value).lower() in ("true", "1", "yes"):

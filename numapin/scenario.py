@@ -32,6 +32,7 @@ from allocator.errors import AllocatorError, CheckpointError, PodSpecError, Topo
 from allocator.node import NodeConfig
 from allocator.pod import PodInfo
 from allocator.state import CPUState
+from allocator.static_policy import require_reserved
 from allocator.topology import Topology
 
 __all__ = ["FIELDS", "Scenario", "ScenarioError", "load_scenario", "parse_scenario"]
@@ -213,6 +214,10 @@ def parse_scenario(doc: Any, base: Path | None = None) -> Scenario:
         config.validate()
     except AllocatorError as e:
         raise ScenarioError(str(e)) from None
+    try:
+        require_reserved(config.reserved_cpus, config.num_reserved_cpus)  # kubelet would not start without
+    except AllocatorError as e:
+        raise ScenarioError(f"numReservedCPUs: {e}") from None
 
     raw_pods = doc.get("pods")
     if not isinstance(raw_pods, list):

@@ -21,7 +21,7 @@ from allocator import (
     TopologyHint,
 )
 from allocator.pod import PodInfo
-from allocator.static_policy import StaticPolicy
+from allocator.static_policy import StaticPolicy, require_reserved
 from tests import topologies as T
 from tests.allocator.podspec import container, make_multi_container_pod, make_pod, pod
 
@@ -110,10 +110,22 @@ def test_reserved_cpus_explicit_list():
     assert StaticPolicy(T.dual_socket_ht(), reserved_cpus=S("1,6"), num_reserved_cpus=2).reserved == S("1,6")
 
 
-def test_zero_reserved_cpus_is_refused_with_kubelets_text():
+def test_zero_reserved_cpus_accepted_by_the_policy_refused_for_a_node():
+    """kubelet's NewStaticPolicy accepts zero reserved CPUs (every CPU is allocatable); kubelet's container manager
+    refuses to start a static-policy node without reserved CPUs: ``require_reserved``, used where a node is
+    configured (the proxy, ``numapin plan``)."""
+    topo = T.dual_socket_ht()
+    p = StaticPolicy(topo)
+    assert p.reserved == S("") and p.reserved_physical == S("")
+    st = state(str(topo.all_cpus), {})
+    p.start(st)
+    p.allocate(st, make_pod("p", "c", "12", "12"), "c")
+    assert st.get("p", "c") == topo.all_cpus  # all 12 CPUs, none held back
     with pytest.raises(ConfigError, match=r"the static policy requires systemreserved\.cpu \+ kubereserved\.cpu to "
                                           r"be greater than zero"):
-        StaticPolicy(T.dual_socket_ht())
+        require_reserved(None, 0)
+    require_reserved(S("0"), 0)
+    require_reserved(None, 1)
 
 
 @pytest.mark.parametrize(

@@ -81,3 +81,26 @@ async def test_shared_container_created_before_a_narrowing_starts_narrowed(
     await kubelet.start_container(late)
     assert cpus_of(await pid_of(kubelet, late)) == (SHARED, SHARED)
     assert cpus_of(await pid_of(kubelet, db)) == (EXCL, EXCL)
+
+
+async def test_shared_start_racing_an_exclusive_create_never_runs_on_the_exclusive_cpu(
+        kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
+    """The narrowing of issue 9 item 2: containerd's update of a container being started only changes its
+    stored spec. With the pool gate the start and the narrowing exclude each other; judged in the kernel."""
+    for i in range(6):
+        cfg = kubelet.sandbox_config(f"web{i}", f"uid-race-web-{i}", qos="besteffort")
+        sid = await kubelet.run_pod_sandbox(cfg)
+        web = await kubelet.create_container(sid, kubelet.container_config("main"), cfg)
+        db_cfg = kubelet.sandbox_config(f"db{i}", f"uid-race-db-{i}")
+        db_sid = await kubelet.run_pod_sandbox(db_cfg)
+        db_create = kubelet.create_container(db_sid, kubelet.container_config("main", cpu_milli=1000,
+                                                                              limit_milli=1000), db_cfg)
+        db, _ = await asyncio.gather(db_create, kubelet.start_container(web))
+        await kubelet.start_container(db)
+        assert cpus_of(await pid_of(kubelet, web)) == (SHARED, SHARED), f"round {i}"
+        assert cpus_of(await pid_of(kubelet, db)) == (EXCL, EXCL)
+        await kubelet.stop_container(db, 0)
+        await kubelet.stop_pod_sandbox(db_sid)
+        await kubelet.remove_container(db)
+        await kubelet.remove_pod_sandbox(db_sid)
+        assert cpus_of(await pid_of(kubelet, web)) == (machine_cpus, machine_cpus)
