@@ -129,7 +129,7 @@ class CriProxy:
             report = await reconcile(
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
                 converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota,
-                self_pod=self.pinning.self_pod, api=self.api)
+                self_pod=self.pinning.self_pod, api=self.api, creating=self.pinning.creating)
             await self.pinning.save()
             if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
                 await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.self_pod)

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -104,6 +105,9 @@ class Pinning:
         # one create at a time per pod, as kubelet's pod worker: pod uid -> (lock, callers holding or waiting)
         self._pod_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._flights: list[_Flight] = []  # shared containers whose create is at the runtime
+        self._background: set[asyncio.Task[None]] = set()
+        # (pod uid, container) decided and at the runtime, not registered yet: reconcile keeps their CPUs
+        self.creating: set[tuple[str, str]] = set()
         self.on_change = on_change or (lambda: None)
         self.on_decision = on_decision or (lambda mode, outcome: None)
         self.on_narrow = on_narrow or (lambda seconds: None)
@@ -143,6 +147,11 @@ class Pinning:
             self.on_narrow(result.seconds)
             log.info("shared pool -> cpus=%s mems=%s: %d containers updated, %d failed in %.1f ms", pool, mems,
                      result.changed, result.failed, result.seconds * 1000)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _pod_lock(self, uid: str) -> asyncio.Lock:
         """The pod's lock; every call is paired with one ``_drop_pod_lock`` (the lock goes with its last user)."""
@@ -184,12 +193,19 @@ class Pinning:
                 async with self.lock:
                     placement, flights = await self._decide(pod, ident, name, devices, reallocate)
                     flight = self._take_off(placement)
+                    self.creating.add((ident.uid, name))
                 try:
                     await self._await_flights(flights, forward, ident, name, placement)
                     edited = self._edit(request, placement)
                     response = await self._forward_or_release(edited, forward, ident, name, placement)
                     await self._register(req, ident, placement, response)
+                except asyncio.CancelledError:
+                    # the caller gave up (its deadline passed): kubelet never learns of this container and
+                    # creates it again; the CPUs decided for it go back meanwhile (nothing leaks)
+                    self._in_background(self._give_back(ident, name, placement, "the caller gave up"))
+                    raise
                 finally:
+                    self.creating.discard((ident.uid, name))
                     if flight is not None:
                         self._land(flight)
         finally:
@@ -400,11 +416,9 @@ class Pinning:
         cid = cri_pb2.CreateContainerResponse.FromString(response).container_id
         t = Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, placement.mode, placement.cpus,
                     placement.mems)
-        if placement.pinned:
+        async with self.lock:  # not amid a reconcile's rebuild of the registry; no push overtakes another
             self.registry.add(t)
-        else:
-            async with self.lock:  # every push happens under the lock: none overtakes another
-                self.registry.add(t)
+            if not placement.pinned:
                 pool, mems = self.shared_pool()
                 if (pool, mems) != (placement.cpus, placement.mems):
                     await self.pusher.push([(t, pool, mems, None)])

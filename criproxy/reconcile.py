@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import grpc
@@ -79,8 +80,10 @@ def _parse_cpus(text: str) -> CPUSet | None:
 async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAllocator, registry: Registry,
                     pusher: CpusetPusher, *, converger: Converger | None = None,
                     lift_cfs_quota: bool = True, self_pod: SelfPod | None = None,
-                    api: RuntimeApi | None = None, timeout: float = 30.0) -> ReconcileReport:
-    """Call with the allocation lock held (no CreateContainer may run meanwhile). Raises AioRpcError when the
+                    api: RuntimeApi | None = None, creating: Collection[tuple[str, str]] = (),
+                    timeout: float = 30.0) -> ReconcileReport:
+    """Call with the allocation lock held (no decision is taken meanwhile). ``creating``: (pod uid, container)
+    whose CPUs are decided and whose create is at the runtime (they keep their CPUs). Raises AioRpcError when the
     runtime cannot be listed; nothing is changed then."""
     api = api or RuntimeApi()
     self_pod = self_pod or SelfPod()
@@ -105,7 +108,7 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
     dropped: list[tuple[str, str]] = []
     for uid, pod in list(allocator.state.assignments.items()):
         for name in list(pod):
-            if (uid, name) in announced:
+            if (uid, name) in announced or (uid, name) in creating:
                 continue
             if (uid, name) not in present or uid not in ready_pods:
                 allocator.release_container(uid, name)

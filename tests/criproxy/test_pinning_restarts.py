@@ -288,3 +288,74 @@ async def test_a_failed_exclusive_create_gives_its_cpus_back_while_others_go_on(
     assert cpus(runtime, web["app"]) == S("0-7")  # widened again
     _, ids, _ = await run_pod(kubelet, "all", 7000, 7000)  # nothing leaked: a pod asking every CPU fits
     assert cpus(runtime, ids["app"]) == S("1-7")
+
+
+async def test_a_create_whose_caller_gave_up_gives_its_cpus_back(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    slow = asyncio.Event()
+    runtime.holds.append(("CreateContainer", sandbox_named("db"), slow))
+    cfg = kubelet.sandbox_config("db", "uid-db")
+    sid = await kubelet.run_pod_sandbox(cfg)
+    req = pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=cfg,
+                                    config=kubelet.container_config("app", cpu_milli=7000, limit_milli=7000))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.call("CreateContainer", req, pb.CreateContainerResponse, timeout=1.0)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    for _ in range(200):
+        if "uid-db" not in state_file(proxy).get("entries", {}):
+            break
+        await asyncio.sleep(0.02)
+    assert state_file(proxy).get("entries", {}) == {}
+    slow.set()
+    _, ids, _ = await run_pod(kubelet, "all", 7000, 7000)  # nothing leaked
+    assert cpus(runtime, ids["app"]) == S("1-7")
+
+
+@pytest.mark.parametrize("seed", range(1, 5))
+async def test_seeded_concurrent_pods_with_crashes_and_failures_leak_nothing(
+        seed: int, proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    """Pods of every kind created at once (crashing app containers re-created, creates the runtime refuses):
+    exclusive CPUs are never shared among running containers, and once every pod is gone the pool is every CPU
+    but the reserved one again and a pod asking all of them is placed."""
+    import random
+
+    rng = random.Random(seed)
+
+    async def pod_life(i: int) -> str:
+        qos = rng.choice(["guaranteed", "guaranteed", "burstable", "besteffort"])
+        cfg = kubelet.sandbox_config(f"r{i}", f"uid-r{i}", qos=qos)
+        sid = await kubelet.run_pod_sandbox(cfg)
+        for n in range(rng.randint(1, 3)):
+            cpu = rng.choice([1000, 2000]) if qos == "guaranteed" else 200
+            for attempt in range(rng.randint(1, 3)):
+                if rng.random() < 0.2:
+                    runtime.fail_next["CreateContainer"] = (grpc.StatusCode.UNKNOWN, "runc failed")
+                try:
+                    cid = await create(kubelet, sid, cfg, f"c{n}", cpu, attempt=attempt)
+                except grpc.aio.AioRpcError as e:
+                    assert e.code() in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED), e.details()
+                    continue
+                await asyncio.sleep(rng.random() / 50)
+                runtime.exit(cid, rng.choice([0, 1, 137]))  # crashes (or completes): kubelet re-creates it
+        return sid
+
+    sids = await asyncio.gather(*(pod_life(i) for i in range(10)))
+    running = [c for c in runtime.containers.values() if c.state == pb.CONTAINER_RUNNING]
+    entries = state_file(proxy).get("entries", {})
+    exclusive = CPUSet()
+    for c in running:
+        own = entries.get(runtime.sandboxes[c.sandbox_id].metadata.uid, {}).get(c.config.metadata.name)
+        if own is not None and S(own) == S(c.resources.cpuset_cpus):
+            assert exclusive.isdisjoint(S(own)), f"{own} held by two running containers"
+            exclusive |= S(own)
+    for c in running:
+        if S(c.resources.cpuset_cpus) != S(entries.get(runtime.sandboxes[c.sandbox_id].metadata.uid, {}).get(
+                c.config.metadata.name, "")):
+            assert S(c.resources.cpuset_cpus).isdisjoint(exclusive), "a shared container on an exclusive CPU"
+    for sid in sids:
+        await kubelet.stop_pod_sandbox(sid)
+        await kubelet.remove_pod_sandbox(sid)
+    st = state_file(proxy)
+    assert st.get("entries", {}) == {} and S(st["defaultCpuSet"]) == S("0-7")
+    _, ids, _ = await run_pod(kubelet, "all", 7000, 7000)
+    assert cpus(runtime, ids["app"]) == S("1-7")
