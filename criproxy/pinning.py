@@ -194,15 +194,18 @@ class Pinning:
                     placement, flights = await self._decide(pod, ident, name, devices, reallocate)
                     flight = self._take_off(placement)
                     self.creating.add((ident.uid, name))
+                created: bytes | None = None
                 try:
                     await self._await_flights(flights, forward, ident, name, placement)
                     edited = self._edit(request, placement)
-                    response = await self._forward_or_release(edited, forward, ident, name, placement)
+                    response = created = await self._forward_or_release(edited, forward, ident, name, placement)
                     await self._register(req, ident, placement, response)
                 except asyncio.CancelledError:
-                    # the caller gave up (its deadline passed): kubelet never learns of this container and
-                    # creates it again; the CPUs decided for it go back meanwhile (nothing leaks)
-                    self._in_background(self._give_back(ident, name, placement, "the caller gave up"))
+                    # the caller gave up (its deadline passed): a container not created yet gives its CPUs back
+                    # (kubelet creates it again; nothing leaks); one the runtime created is tracked all the same,
+                    # so that its removal releases them
+                    self._in_background(self._give_back(ident, name, placement, "the caller gave up")
+                                        if created is None else self._register(req, ident, placement, created))
                     raise
                 finally:
                     self.creating.discard((ident.uid, name))
