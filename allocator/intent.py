@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import PodSpecError
-from .pod import BYPASS_ANNOTATION, CPU_MANAGER_VALUES, ContainerInfo, PodInfo
+from .pod import CPU_MANAGER_VALUES, ContainerInfo, PodInfo, is_bypassed
 
 __all__ = ["INTENT_ANNOTATION", "INTENT_VERSION", "MAX_INTENT_CHARS", "MAX_INTENT_DEPTH", "decode_intent",
            "encode_intent", "json_depth_exceeds"]
@@ -104,7 +104,7 @@ def decode_intent(
     containers = tuple(_container(c, f"{where}: containers[{i}]") for i, c in enumerate(raw))
     if len({c.name for c in containers}) != len(containers):
         raise PodSpecError(f"{where}: container names must be unique")
-    bypass = (annotations or {}).get(BYPASS_ANNOTATION, "").strip().lower() == "true"
+    bypass = is_bypassed(annotations or {})
     return PodInfo(uid=uid, namespace=namespace, name=name, qos_class=qos, cpu_manager=mode, bypass=bypass,
                    containers=containers)
 

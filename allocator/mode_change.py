@@ -166,11 +166,11 @@ def plan_mode_change(
             work.set(uid, name, cpus, container_mode(moved, c))
         else:
             policy.remove(work, uid, name)
-    saved_reuse = policy.reusable_cpus
+    saved_reuse = (work.reuse_pod, work.reuse)
     try:
         result = topology_manager.admit(work, running, [policy, MemoryHintProvider()])
     finally:
-        policy.restore_reusable(saved_reuse)  # a transition is no step of another pod's admission
+        work.reuse_pod, work.reuse = saved_reuse  # a transition is no step of another pod's admission
     if not result.admitted:
         free = work.default_cpuset - CPUSet(policy.reserved)
         per_numa = ", ".join(f"{n}: {len(free & policy.topology.cpus_in_numa(n))}"

@@ -237,7 +237,6 @@ class NodeAllocator:
         work = state.copy() if state is not None else CPUState()
         self.policy.start(work)
         self.state: CPUState = work
-        self._pods: dict[str, PodInfo] = {}
 
     # -- queries ----------------------------------------------------------------------
     @property
@@ -258,9 +257,6 @@ class NodeAllocator:
         free = state.default_cpuset - self.reserved_cpus
         return {n: len(free & self.topology.cpus_in_numa(n)) for n in self.topology.numa_nodes}
 
-    def pod(self, pod_uid: str) -> PodInfo | None:
-        return self._pods.get(pod_uid)
-
     # -- admission --------------------------------------------------------------------
     def admit_pod(
         self,
@@ -268,34 +264,30 @@ class NodeAllocator:
         *,
         devices: DeviceMap | None = None,
         dry_run: bool = False,
+        reallocate: Iterable[str] = (),
     ) -> PodDecision:
         """Admit ``pod`` as kubelet would (see the module doc). Raises PodSpecError for a pod it cannot read,
-        ConfigError for devices on NUMA nodes the machine does not have."""
+        ConfigError for devices on NUMA nodes the machine does not have.
+
+        ``reallocate`` names containers whose current CPUs are dropped first (in the working copy, so a
+        rejection keeps them): they get CPUs again like a new container. The CRI proxy uses it for a container
+        it took for an init container whose CPUs passed to a sibling, and which kubelet re-creates."""
         info = with_pod_mode(pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod), self.state)
         work = self.state.copy()
-        # The policy keeps one piece of state of its own, the init-container CPU reuse of the pod being admitted:
-        # saved here and put back unless the admission is committed.
-        saved_reuse = self.policy.reusable_cpus
+        for name in reallocate:
+            self.policy.remove(work, info.uid, name)
         if info.bypass:
             return self._decision(info, work, None, True, None, "bypassed (numapin.io/bypass)")
         device_map = {c: {r: _device_nodes(n) for r, n in d.items()} for c, d in (devices or {}).items()}
         providers: list[HintProvider] = [self.policy, MemoryHintProvider(),
                                          DeviceHintProvider(device_map, self.topology.numa_nodes)]
-        try:
-            result = self.topology_manager.admit(work, info, providers)
-        except BaseException:
-            self.policy.restore_reusable(saved_reuse)
-            raise
+        result = self.topology_manager.admit(work, info, providers)  # on the copy, init-container reuse included
         if not result.admitted:
-            self.policy.restore_reusable(saved_reuse)
             return self._decision(info, self.state, result, False, result.reason,
                                   self._reject_message(result, info, work))
         decision = self._decision(info, work, result, True, None, "admitted")
-        if dry_run:
-            self.policy.restore_reusable(saved_reuse)
-        else:
+        if not dry_run:
             self.state = work
-            self._pods[info.uid] = info
         return decision
 
     def _reject_message(self, result: Any, pod: PodInfo, work: CPUState) -> str:
@@ -365,7 +357,6 @@ class NodeAllocator:
         change, work = plan_mode_change(self.state, self.policy, self.topology_manager, pod, target)
         if work is not None and not dry_run:
             self.state = work
-            self._pods[pod.uid] = with_pod_mode(pod, work)
         return change
 
     def pod_mode(self, pod_uid: str) -> str | None:
@@ -383,5 +374,4 @@ class NodeAllocator:
         for name in names:
             self.policy.remove(self.state, pod_uid, name)
         self.state.pod_modes.pop(pod_uid, None)
-        self._pods.pop(pod_uid, None)
         return self.state.default_cpuset - before

@@ -33,6 +33,7 @@ __all__ = [
     "PodInfo",
     "container_mode",
     "guaranteed_cpus",
+    "is_bypassed",
     "normalize_cpu_manager",
     "pod_guaranteed_cpus",
     "qos_class",
@@ -40,6 +41,11 @@ __all__ = [
 
 CPU_MANAGER_ANNOTATION = "qos.gocrane.io/cpu-manager"
 BYPASS_ANNOTATION = "numapin.io/bypass"
+
+
+def is_bypassed(annotations: Mapping[str, str]) -> bool:
+    """The pod asks numapin to leave it alone (``numapin.io/bypass: "true"``, any case, spaces trimmed)."""
+    return annotations.get(BYPASS_ANNOTATION, "").strip().lower() == "true"
 
 Role = Literal["init", "sidecar", "app"]
 QOSClass = Literal["Guaranteed", "Burstable", "BestEffort"]
@@ -132,7 +138,7 @@ class PodInfo:
             name=name,
             qos_class=qos,
             cpu_manager=mode,
-            bypass=annotations.get(BYPASS_ANNOTATION, "").strip().lower() == "true",
+            bypass=is_bypassed(annotations),
             containers=tuple(containers),
         )
 

@@ -17,6 +17,8 @@ from allocator.topology import Topology
 
 from .config import ProxyConfig
 from .converge import Converger, Decision, decision_of
+from .cri_api import RuntimeApi
+from .cri_pods import rebuild_cri_pods
 from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
 from .narrowing import CpusetPusher
@@ -54,6 +56,7 @@ class CriProxy:
         self.config = config
         self.metrics = ProxyMetrics()
         self.registry = Registry()
+        self.api = RuntimeApi()  # the runtime's CRI version, for the proxy's own calls
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
@@ -70,6 +73,8 @@ class CriProxy:
         self.node_config = await asyncio.to_thread(node_config_of, cfg)
         self.store = CheckpointStore(cfg.state_file, "numapin")
         cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
+        for leftover in await asyncio.to_thread(self.store.clean_leftovers):
+            log.info("removed %s (a state write interrupted by a kill)", leftover)
         state = await asyncio.to_thread(self.store.load)
         if state is None and cfg.import_kubelet_state:
             state = await asyncio.to_thread(import_kubelet_state, cfg.import_kubelet_state)
@@ -77,7 +82,8 @@ class CriProxy:
         self.allocator = NodeAllocator(self.node_config, state)
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
-        self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick())
+        self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick(),
+                                   api=self.api)
         layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
         problem = await asyncio.to_thread(layout.problem)
         if problem is not None:
@@ -91,6 +97,7 @@ class CriProxy:
             self.node_config, self.allocator, self.store, self.pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid),
+            api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
         interceptors = dict(self.pinning.interceptors())
@@ -122,11 +129,16 @@ class CriProxy:
         return decision_of(self.allocator, self.node_config.topology, t)
 
     async def reconcile_once(self) -> ReconcileReport:
+        if not self.reconciled.is_set():
+            await self.api.detect(self.upstream.call)  # the CRI version the proxy's own calls use
         async with self.pinning.lock:
             report = await reconcile(
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
-                converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
+                converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota,
+                self_pod=self.pinning.self_pod, api=self.api, creating=self.pinning.creating)
             await self.pinning.save()
+            if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
+                await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.self_pod)
         log.info("reconcile: %s", report)  # after the state is on disk
         self.last_reconcile = report
         self._nrt_dirty.set()

@@ -38,9 +38,6 @@ __all__ = ["ConvergeReport", "Converger", "Decision", "Repair", "decision_of"]
 
 log = logging.getLogger("numapin.criproxy")
 
-_STATUS = "/runtime.v1.RuntimeService/ContainerStatus"
-
-
 @dataclass(frozen=True)
 class Decision:
     cpus: CPUSet
@@ -106,7 +103,8 @@ class Converger:
         req = cri_pb2.ContainerStatusRequest(container_id=t.id, verbose=True).SerializeToString()
         try:
             async with self._slots:
-                raw = await self.upstream.call(_STATUS, req, timeout=self.timeout)
+                raw = await self.upstream.call(self.pusher.api.method("ContainerStatus"), req,
+                                               timeout=self.timeout)
         except grpc.aio.AioRpcError:
             return t.id, None, 0
         resp = cri_pb2.ContainerStatusResponse.FromString(raw)

@@ -321,12 +321,12 @@ def test_random_admissions_keep_the_state_sound(e5, ops, policy):
 
 def test_rejected_and_dry_run_admissions_leave_the_reuse_bookkeeping(xeon):
     n = node(xeon, topology_manager_policy="single-numa-node")
-    saved = n.policy.reusable_cpus
+    saved = (n.state.reuse_pod, n.state.reuse)
     # the init container is allocated (its CPUs become reusable), then the app container is rejected
     d = n.admit_pod(pod("p", container("app", "60"), init=(container("setup", "4"),)))
-    assert not d.admitted and n.policy.reusable_cpus == saved and n.state.assignments == {}
+    assert not d.admitted and (n.state.reuse_pod, n.state.reuse) == saved and n.state.assignments == {}
     d = n.admit_pod(pod("q", container("app", "2"), init=(container("setup", "4"),)), dry_run=True)
-    assert d.admitted and n.policy.reusable_cpus == saved and n.state.assignments == {}
+    assert d.admitted and (n.state.reuse_pod, n.state.reuse) == saved and n.state.assignments == {}
 
 
 def test_several_devices_of_one_resource(xeon):

@@ -405,10 +405,10 @@ def test_reuse_is_tracked_for_one_pod_at_a_time():
     st = state("0-7")
     a = make_multi_container_pod([("2", "2")], [("2", "2")], uid="a")
     policy.allocate(st, a, "initContainer-0")
-    assert policy.reusable_cpus == ("a", S("0,4"))
+    assert (st.reuse_pod, st.reuse) == ("a", S("0,4"))
     b = make_pod("b", "c", "1", "1")
     policy.allocate(st, b, "c")
-    assert policy.reusable_cpus[0] == "b"
+    assert st.reuse_pod == "b"
     # pod a's init CPUs are no longer offered to its app container
     got = policy.allocate(st, a, "appContainer-0")
     assert got.isdisjoint(S("0,4"))
@@ -617,16 +617,15 @@ def test_add_with_uncore_alignment(name, apps):
     assert {t.cpu(c).uncore for c in got} == {1}
 
 
-def test_reuse_bookkeeping_can_be_rolled_back_with_the_state():
+def test_reuse_bookkeeping_rolls_back_with_the_state():
     policy = StaticPolicy(T.single_socket_ht(), reserved_cpus=S("3"))
     st = state("0-7")
     p = make_multi_container_pod([("4000m", "4000m")], [("2000m", "2000m")])
-    saved_state, saved_reuse = st.copy(), policy.reusable_cpus
+    saved_state = st.copy()
     policy.allocate(st, p, "initContainer-0")
-    assert policy.reusable_cpus == ("fakePod", S("0-1,4-5"))
-    st = saved_state
-    policy.restore_reusable(saved_reuse)
-    assert policy.reusable_cpus == (None, CPUSet())
+    assert (st.reuse_pod, st.reuse) == ("fakePod", S("0-1,4-5"))
+    st = saved_state  # the working copy is dropped: its reuse goes with it
+    assert (st.reuse_pod, st.reuse) == (None, CPUSet())
     # replaying the admission gives the same answer as the first time
     assert policy.allocate(st, p, "initContainer-0") == S("0-1,4-5")
     assert policy.allocate(st, p, "appContainer-0") == S("0,4")
