@@ -201,6 +201,19 @@ def test_deployment_is_hardened_and_wired() -> None:
     assert any("pods" in r["resources"] and {"get", "list", "watch"} <= set(r["verbs"]) for r in rules)
 
 
+def test_network_policy_admits_only_the_webhook_port_of_the_webhook_pods() -> None:
+    docs = _webhook_docs()
+    policy = docs["NetworkPolicy"]["numapin-webhook"]["spec"]
+    pod = docs["Deployment"]["numapin-webhook"]["spec"]["template"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    (port,) = rule["ports"]
+    (container,) = pod["spec"]["containers"]
+    assert port["port"] == next(p["containerPort"] for p in container["ports"] if p["name"] == "https")
+    assert all(set(peer) == {"ipBlock"} for peer in rule["from"]), "only addresses (the control plane), no pods"
+
+
 def test_crd_is_api_approved_and_accepts_published_documents() -> None:
     crd = next(d for _, d in _all_docs() if d.get("kind") == "CustomResourceDefinition"
                and d["spec"]["group"] == "topology.node.k8s.io")
