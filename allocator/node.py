@@ -28,6 +28,7 @@ from .device_hints import DeviceHintProvider
 from .errors import ConfigError
 from .hints import TopologyHint
 from .memory_hints import MemoryHintProvider
+from .mode_change import ModeChange, plan_mode_change, with_pod_mode
 from .pod import PodInfo, container_mode, guaranteed_cpus, pod_guaranteed_cpus
 from .policy_options import StaticPolicyOptions
 from .state import CPUState
@@ -255,7 +256,7 @@ class NodeAllocator:
     ) -> PodDecision:
         """Admit ``pod`` as kubelet would (see the module doc). Raises PodSpecError for a pod it cannot read,
         ConfigError for devices on NUMA nodes the machine does not have."""
-        info = pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod)
+        info = with_pod_mode(pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod), self.state)
         work = self.state.copy()
         # The policy keeps one piece of state of its own, the init-container CPU reuse of the pod being admitted:
         # saved here and put back unless the admission is committed.
@@ -340,6 +341,21 @@ class NodeAllocator:
             ))
         return PodDecision(pod.uid, pod.namespace, pod.name, admitted, reason, message, tuple(out))
 
+    # -- mode transitions (allocator.mode_change) ---------------------------------------------------------
+    def change_mode(self, pod: PodInfo, target: str | None, *, dry_run: bool = False) -> ModeChange:
+        """Move a running pod to another ``qos.gocrane.io/cpu-manager`` mode (None or ``kubelet``: kubelet's rule),
+        transactionally: a refused transition (kubelet's reason in the outcome) changes nothing. Raises
+        PodSpecError for a target that is not a mode."""
+        change, work = plan_mode_change(self.state, self.policy, self.topology_manager, pod, target)
+        if work is not None and not dry_run:
+            self.state = work
+            self._pods[pod.uid] = with_pod_mode(pod, work)
+        return change
+
+    def pod_mode(self, pod_uid: str) -> str | None:
+        """The mode a transition gave the pod (``none``, ``exclusive``, ``share``, ``kubelet``), None if none did."""
+        return self.state.pod_modes.get(pod_uid)
+
     # -- release ----------------------------------------------------------------------
     def release_container(self, pod_uid: str, name: str) -> CPUSet:
         """Give back a container's CPUs (those no sibling still holds); returns the CPUs returned to the pool."""
@@ -350,5 +366,6 @@ class NodeAllocator:
         before = self.state.default_cpuset
         for name in names:
             self.policy.remove(self.state, pod_uid, name)
+        self.state.pod_modes.pop(pod_uid, None)
         self._pods.pop(pod_uid, None)
         return self.state.default_cpuset - before

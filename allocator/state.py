@@ -16,11 +16,15 @@ class CPUState:
     ``assignments[pod_uid][container_name]`` is the container's CPUs; ``default_cpuset`` the shared pool
     as kubelet defines it (CPUs assigned to nobody). ``modes`` keeps numapin's per-container mode
     (``exclusive`` or ``share``) for assigned containers; a container missing from it is ``exclusive``.
+    ``pod_modes`` keeps the ``qos.gocrane.io/cpu-manager`` value a running pod was moved to after its creation
+    (``none``, ``exclusive``, ``share``, or ``kubelet`` when the annotation was removed: kubelet's rule); it wins
+    over what the pod's sandbox says (see ``allocator.mode_change``).
     """
 
     default_cpuset: CPUSet = field(default_factory=CPUSet)
     assignments: dict[str, dict[str, CPUSet]] = field(default_factory=dict)
     modes: dict[str, dict[str, str]] = field(default_factory=dict)
+    pod_modes: dict[str, str] = field(default_factory=dict)
 
     def get(self, pod_uid: str, container: str) -> CPUSet | None:
         return self.assignments.get(pod_uid, {}).get(container)
@@ -69,4 +73,5 @@ class CPUState:
             default_cpuset=self.default_cpuset,
             assignments={u: dict(p) for u, p in self.assignments.items()},
             modes={u: dict(p) for u, p in self.modes.items()},
+            pod_modes=dict(self.pod_modes),
         )

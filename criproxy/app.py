@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from pathlib import Path
 
 import grpc.aio
 
@@ -16,14 +17,17 @@ from allocator.static_policy import require_reserved
 from allocator.topology import Topology
 
 from .config import ProxyConfig
+from .converge import Converger, Decision, decision_of
+from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
 from .narrowing import CpusetPusher
 from .nrt import ApiPublisher, write_nrt
 from .pinning import Pinning, PinningOptions
 from .reconcile import ReconcileReport, reconcile
-from .registry import Registry
+from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
 from .server import listen_path, start_server
+from .starts import StartGuard
 from .status import status_from_thread
 
 __all__ = ["CriProxy", "node_config_of"]
@@ -74,14 +78,21 @@ class CriProxy:
         self.allocator = NodeAllocator(self.node_config, state)
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
-        self.pusher = CpusetPusher(self.upstream, self.registry)
+        self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick())
+        layout = CgroupLayout.detect(KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        self.converger = Converger(self.upstream, self.registry, self.pusher, layout, self.decide,
+                                   period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
+                                   on_pass=self.metrics.observe_converge)
+        self.starts = StartGuard(self.registry, self.converger, self.decide,
+                                 on_refusal=self.metrics.observe_start_refusal)
         self.pinning = Pinning(
             self.node_config, self.allocator, self.store, self.pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid),
             on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
-        handler = RelayHandler(self.upstream, self.pinning.interceptors(), observe=self.metrics.observe_call)
+        interceptors = {**self.pinning.interceptors(), "StartContainer": self.starts.start_container}
+        handler = RelayHandler(self.upstream, interceptors, observe=self.metrics.observe_call)
         if cfg.publish_nrt or cfg.kubeconfig:
             self._api = ApiPublisher(cfg.kubeconfig)
         endpoint = cfg.metrics_endpoint()
@@ -100,11 +111,15 @@ class CriProxy:
         self._tasks.append(loop.create_task(self._nrt_loop()))
         return self
 
+    def decide(self, t: Tracked) -> Decision | None:
+        """What the container must run on now (its pinned CPUs, else the shared pool)."""
+        return decision_of(self.allocator, self.node_config.topology, t)
+
     async def reconcile_once(self) -> ReconcileReport:
         async with self.pinning.lock:
             report = await reconcile(
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
-                lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
+                converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
             await self.pinning.save()
         log.info("reconcile: %s", report)  # after the state is on disk
         self.last_reconcile = report
@@ -117,6 +132,7 @@ class CriProxy:
             try:
                 await self.reconcile_once()
                 self.reconciled.set()
+                self._tasks.append(asyncio.get_running_loop().create_task(self.converger.run()))
                 break
             except grpc.aio.AioRpcError as e:
                 log.warning("reconcile: runtime not reachable (%s: %s); retrying in %.1f s", e.code().name,

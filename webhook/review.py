@@ -89,6 +89,10 @@ def parse_review(body: Any) -> AdmissionRequest:
     uid = req.get("uid")
     if not isinstance(uid, str) or not uid:
         raise ReviewError("request.uid must be a non-empty string")
+    try:
+        uid.encode("utf-8")
+    except UnicodeEncodeError:  # a \ud800-style escape: no answer could carry the same uid
+        raise ReviewError("request.uid must be valid Unicode (it holds an unpaired surrogate escape)") from None
     resource = req.get("resource")
     if resource is not None and not isinstance(resource, Mapping):
         raise ReviewError("request.resource must be an object {group, version, resource}")

@@ -4,7 +4,11 @@
   on UPDATE only a new or changed bad value is denied, so a pod created before numapin can still be updated
   (finalizers, labels) and deleted.
 - The intent annotation ``numapin.io/cpu-intent`` must say what the pod says (the proxy trusts it): a forged or
-  stale one is denied; on UPDATE it cannot change.
+  stale one is denied; on UPDATE it may only change to what the pod says (``/mutate`` stamps it again when the mode
+  changes) and cannot be removed.
+- UPDATE changing the mode of a pod bound to a node (a change while it runs, applied by the node's proxy): denied
+  when that node, judged from its published NodeResourceTopology, could never admit the pod in its new mode even
+  empty, naming the node and its topology manager policy; a warning when it could not right now.
 - ``exclusive``/``share`` with no container that qualifies (integer CPU limit >= 1 equal to its request) gets a
   warning.
 - CREATE of a pod with pinned containers: among the known candidate nodes (``spec.nodeName``, ``nodeSelector``),
@@ -154,10 +158,11 @@ class PodValidator:
                     "FieldValueNotSupported"))
 
         intent = ann.get(INTENT_ANNOTATION)
-        if req.operation == "UPDATE" and intent != old_ann.get(INTENT_ANNOTATION):
+        intent_changed = req.operation == "UPDATE" and intent != old_ann.get(INTENT_ANNOTATION)
+        if intent_changed and intent is None:
             return _invalid(pod, req, FieldCause(
                 _annotation_field(INTENT_ANNOTATION),
-                "Forbidden: set by numapin when the pod is created; it cannot be added, changed or removed",
+                "Forbidden: set by numapin; it cannot be removed (it changes only with the pod's mode)",
                 "FieldValueForbidden"))
 
         try:
@@ -168,8 +173,12 @@ class PodValidator:
         if (not info.namespace and req.namespace) or (not info.name and req.name):
             info = replace(info, namespace=info.namespace or req.namespace, name=info.name or req.name)
 
-        if req.operation == "CREATE" and intent is not None:
+        mode_changed = req.operation == "UPDATE" and raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)
+        if (req.operation == "CREATE" or intent_changed or mode_changed) and intent is not None:
             problem = _intent_problem(intent, info, ann)
+            if problem and req.operation == "UPDATE":  # only numapin's /mutate may change it, to what the pod says
+                return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Forbidden: {problem}",
+                                                     "FieldValueForbidden"))
             if problem:
                 return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Invalid value: {problem}"))
 
@@ -180,7 +189,7 @@ class PodValidator:
                 "CPU limit of at least 1 equal to its CPU request, so every container runs on the shared pool")
 
         if req.operation != "CREATE":
-            return Verdict.allow(*warnings)
+            return await self._mode_change(req, info, old_ann, warnings)
         candidates = self.nodes.candidates(pod) if pinned(info) else []
         if candidates:
             f = await asyncio.to_thread(feasibility, candidates, info, self.simulator)
@@ -193,6 +202,44 @@ class PodValidator:
                     "CPUs free up")
         if not req.dry_run and info.name:
             self.pods.put(info, uid=info.uid)  # for its binding (dry-run creates never get one)
+        return Verdict.allow(*warnings)
+
+
+    async def _mode_change(self, req: AdmissionRequest, info: PodInfo, old_ann: Mapping[str, Any],
+                           warnings: list[str]) -> Verdict:
+        """UPDATE: a change of mode of a pod bound to a node with a published topology is judged on that node."""
+        old_raw = old_ann.get(CPU_MANAGER_ANNOTATION)
+        try:
+            old_mode = None if old_raw is None else normalize_cpu_manager(old_raw)
+        except PodSpecError:
+            old_mode = None  # a pod created before numapin with a bad value: judged as kubelet's rule
+        if old_mode == info.cpu_manager or not pinned(info):
+            return Verdict.allow(*warnings)
+        spec = req.object.get("spec") if isinstance(req.object, Mapping) else None
+        node_name = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        node = self.nodes.get(node_name) if isinstance(node_name, str) and node_name else None
+        if node is None:
+            return Verdict.allow(*warnings)
+        was_pinned = pinned(replace(info, cpu_manager=old_mode))
+        ever = await asyncio.to_thread(self.simulator.admit, node, info, occupied=False)
+        change = f"{old_mode or 'kubelet'} -> {info.cpu_manager or 'kubelet'}"
+        if not ever.admitted:
+            z = node.largest_numa
+            numa = (f"the largest NUMA node (node-{z.numa}) has {z.allocatable} allocatable CPUs" if z is not None
+                    else "it has no NUMA node with CPUs")
+            why = f"{ever.reason}: {ever.message}" if ever.reason else ever.message
+            return Verdict.deny(
+                f"pod {info.ref}: changing {CPU_MANAGER_ANNOTATION} ({change}) can never be satisfied on its node "
+                f"{node.name}: under topology manager policy {node.topology_manager_policy} (scope "
+                f"{node.topology_manager_scope}), {_culprit(info, node)} and {numa}; kubelet would reject it ({why})",
+                reason="Forbidden", warnings=tuple(warnings))
+        if not was_pinned:
+            now = await asyncio.to_thread(self.simulator.admit, node, info, occupied=True)
+            if not now.admitted:
+                warnings.append(
+                    f"numapin: node {node.name} cannot give pod {info.ref} CPUs of its own right now (topology "
+                    f"manager policy {node.topology_manager_policy}: {now.reason or now.message}); its proxy refuses "
+                    f"the change ({change}) and the pod keeps running as it was")
         return Verdict.allow(*warnings)
 
 

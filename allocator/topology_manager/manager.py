@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .policy import Policy, new_policy
+from .factory import new_policy
+from .policy import Policy
 from .scope import AdmitResult, HintProvider, Scope, new_scope
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ class TopologyManager:
         numa_nodes: Sequence[int],
         policy: str = "none",
         scope: str = "container",
-        options: Mapping[str, str] | None = None,
+        options: Mapping[str, object] | None = None,
         distances: Mapping[int, Sequence[int]] | None = None,
     ) -> TopologyManager:
         """Validate the configuration against the machine (ConfigError) and build the manager."""

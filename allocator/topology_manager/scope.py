@@ -24,6 +24,7 @@ from ..errors import AllocationError, ConfigError, SMTAlignmentError
 from ..hints import TopologyHint
 from ..merge import ProviderHints
 from .policy import Policy
+from .policy_none import NonePolicy
 
 if TYPE_CHECKING:
     from ..pod import PodInfo
@@ -220,6 +221,6 @@ def new_scope(name: str, policy: Policy) -> Scope:
     """kubelet: policy none always uses the none scope; otherwise ``container`` or ``pod``."""
     if name not in SCOPES:
         raise ConfigError(f"unknown topology manager scope {name!r}: expected one of {', '.join(SCOPES)}")
-    if policy.name == "none":
+    if isinstance(policy, NonePolicy):
         return NoneScope(policy)
     return ContainerScope(policy) if name == "container" else PodScope(policy)

@@ -69,7 +69,6 @@ def test_up_to_64_numa_nodes_and_no_further() -> None:
     ("kwargs", "match"),
     [
         ({"name": "strict"}, "unknown topology manager policy 'strict'"),
-        ({"numa_nodes": []}, "no NUMA node"),
         ({"numa_nodes": [0, 0]}, "unique"),
         ({"options": {"prefer-closest-numa-nodes": "true"}}, "needs the NUMA distances"),
     ],
