@@ -33,6 +33,7 @@ from typing import Any
 
 from .cpuset import CPUSet
 from .errors import CheckpointError
+from .modes import PINNED_MODES
 from .state import CPUState
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
 ]
 
 EXTRA_FIELD = "numapin"
-MODES = ("exclusive", "share")
+MODES = PINNED_MODES  # what the state file records per pinned container (allocator.modes)
 POD_MODES = ("none", "exclusive", "share", "kubelet")
 _MAX_U64 = (1 << 64) - 1
 _FNV32_OFFSET = 0x811C9DC5

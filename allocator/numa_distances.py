@@ -25,7 +25,7 @@ def check_numa_distances(numa_nodes: Sequence[int], distances: DistanceTable) ->
         except (TypeError, ValueError):
             raise ConfigError(f"NUMA distances of node {k!r} must be integers, got {row!r}") from None
     for n in numa_nodes:
-        row = table.get(n)
-        if row is None or len(row) != len(numa_nodes):
+        checked = table.get(n)
+        if checked is None or len(checked) != len(numa_nodes):
             raise ConfigError(f"NUMA distances must give node {n} one distance per NUMA node ({len(numa_nodes)})")
     return table

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cpuset import CPUSet
+from .modes import EXCLUSIVE, SHARE
 
 __all__ = ["CPUState"]
 
@@ -46,7 +47,7 @@ class CPUState:
                 del self.modes[pod_uid]
 
     def mode(self, pod_uid: str, container: str) -> str:
-        return self.modes.get(pod_uid, {}).get(container, "exclusive")
+        return self.modes.get(pod_uid, {}).get(container, EXCLUSIVE)
 
     def assigned_cpus(self) -> CPUSet:
         m = 0
@@ -60,7 +61,7 @@ class CPUState:
         m = 0
         for uid, pod in self.assignments.items():
             for name, cpus in pod.items():
-                if self.mode(uid, name) == "share":
+                if self.mode(uid, name) == SHARE:
                     m |= cpus.mask
         return CPUSet.from_mask(m)
 

@@ -269,7 +269,7 @@ class StaticPolicy:
         reusable = self._reusable(info.uid) | assigned
         return {CPU_RESOURCE: self._hints(self.available_cpus(state), reusable, requested)}
 
-    def _hints(self, available: CPUSet, reusable: CPUSet, request: int) -> list[TopologyHint] | HintFamily:
+    def _hints(self, available: CPUSet, reusable: CPUSet, request: int) -> list[TopologyHint] | HintFamily | None:
         if len(self.topology.cpu_numa_nodes) > COMPACT_ABOVE_NUMA_NODES:
             # many NUMA nodes: the same hints as a family (no 2^N masks); the merge result is the same
             return cpu_hint_family(self.topology, available, reusable, request, self.options.align_by_socket)
