@@ -74,19 +74,27 @@ fi
 
 ARCH=$(dpkg --print-architecture)
 case "$ARCH" in
-    amd64) PLATFORM=manylinux2014_x86_64 ;;
-    arm64) PLATFORM=manylinux2014_aarch64 ;;
+    amd64) MACHINE=x86_64 ;;
+    arm64) MACHINE=aarch64 ;;
     *) die "no wheel platform known for architecture $ARCH" ;;
 esac
+# the wheel platforms the image's glibc runs (Debian 12 has glibc 2.36; older manylinux wheels run too)
+PLATFORMS=()
+for minor in $(seq 36 -1 17); do PLATFORMS+=(--platform "manylinux_2_${minor}_$MACHINE"); done
+PLATFORMS+=(--platform "manylinux2014_$MACHINE")
 DEPS=$(python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
 
 WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/numapin-image.XXXXXX")
-cleanup() { rm -rf "$WORK"; }
+BASE_TMP=""
+cleanup() { rm -rf "$WORK" ${BASE_TMP:+"$BASE_TMP"}; }
 trap cleanup EXIT
 
 build_base() {
     local tmp="$CACHE/.tmp-base-$BASE_KEY-$$"
+    BASE_TMP=$tmp   # removed on exit, whatever happens
     rm -rf "$tmp"
+    # left by builds that were killed
+    find "$CACHE" -mindepth 1 -maxdepth 1 -name '.tmp-base-*' -mmin +120 -exec rm -rf {} +
     mkdir -p "$tmp/out"
     log "base layer $BASE_KEY: mmdebstrap $SUITE ($ARCH) + numapin's dependencies (a few minutes)"
     # a throw-away virtual environment with pip, on the build machine, installs wheels into the image's tree
@@ -107,7 +115,7 @@ build_base() {
     site="$rootfs/opt/numapin/lib/python$pyver/site-packages"
     # shellcheck disable=SC2086
     "$tmp/pip-venv/bin/python" -m pip --disable-pip-version-check -q install --target "$site" \
-        --only-binary=:all: --platform "$PLATFORM" --python-version "$pyver" --implementation cp --no-compile $DEPS
+        --only-binary=:all: "${PLATFORMS[@]}" --python-version "$pyver" --implementation cp --no-compile $DEPS
     rm -rf "$site/bin"
     chroot "$rootfs" /opt/numapin/bin/python3 -m compileall -q -j0 "/opt/numapin/lib/python$pyver/site-packages" \
         >/dev/null
@@ -121,7 +129,8 @@ build_base() {
     umoci gc --layout "$tmp/out/oci"
     echo "$pyver" > "$tmp/out/python-version"
     rm -rf "$tmp/bundle"
-    mv "$tmp/out" "$BASE"
+    # publish atomically; a build running at the same time may have published it first (then keep that one)
+    mv -T "$tmp/out" "$BASE" 2>/dev/null || [ -f "$BASE/oci/index.json" ] || die "cannot move the base to $BASE"
     rm -rf "$tmp"
     # bases of earlier script versions or dependency lists are not used again: keep the cache to one
     find "$CACHE" -mindepth 1 -maxdepth 1 -name 'base-*' ! -name "base-$BASE_KEY" -exec rm -rf {} +

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from allocator.nrt import parse_nrt
 from tests.webhook.helpers import Client, apply_patch, binding_request, container, make_pod, pod_request
@@ -114,20 +115,29 @@ async def exporters(server: WebhookApp, nrt_dir: Path, caplog: pytest.LogCapture
     return server
 
 
-async def _create(client: Client, pod: dict[str, Any], *, allowed: bool = True) -> dict[str, Any]:
+async def _create(client: Client, pod: dict[str, Any], *, allowed: bool = True, pods_dir: Path | None = None
+                  ) -> dict[str, Any]:
+    """Mutate and validate as kube-apiserver does; an allowed pod is stored (in the webhook's --pods-dir, which it
+    reads on a cache miss as it reads a pod from the API server)."""
     pod = apply_patch(copy.deepcopy(pod), await client.admit("/mutate", pod_request(copy.deepcopy(pod))))
-    resp = await client.admit("/validate", pod_request(pod, with_uid=True))
+    req = pod_request(pod, with_uid=True)
+    resp = await client.admit("/validate", req)
     assert resp["allowed"] is allowed, resp
+    if allowed and pods_dir is not None:
+        meta = req["object"]["metadata"]
+        (pods_dir / f"{meta['namespace']}-{meta['name']}.yaml").write_text(yaml.safe_dump(req["object"]))
     return resp
 
 
 @pytest.mark.parametrize("node", ["nfd-node", "rte-node"])
 async def test_binding_to_an_exporters_node_is_judged(exporters: WebhookApp, client: Client, node: str,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+                                                      pods_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Under single-numa-node with 28 CPUs per NUMA node (zero reserved), a 30-CPU container is refused and a
     20-CPU one admitted; the denial says what was assumed."""
-    await _create(client, make_pod(f"fits-{node}", [container("app", "20")], node_selector={"x": "y"}))
-    await _create(client, make_pod(f"big-{node}", [container("app", "30")], node_selector={"x": "y"}))
+    await _create(client, make_pod(f"fits-{node}", [container("app", "20")], node_selector={"x": "y"}),
+                  pods_dir=pods_dir)
+    await _create(client, make_pod(f"big-{node}", [container("app", "30")], node_selector={"x": "y"}),
+                  pods_dir=pods_dir)
     resp = await client.admit("/validate", binding_request("default", f"fits-{node}", node))
     assert resp["allowed"] is True and not resp.get("warnings"), resp
     resp = await client.admit("/validate", binding_request("default", f"big-{node}", node))
