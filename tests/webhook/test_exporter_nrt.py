@@ -161,3 +161,53 @@ async def test_pod_no_exporters_node_could_ever_admit_is_denied(exporters: Webho
     assert resp["status"]["code"] == 403 and "no known node can ever admit pod default/huge (2 candidate" in msg
     assert "has 28 allocatable CPUs" in msg and "assuming:" in msg
     await _create(client, make_pod("ok", [container("app", "28")]))
+
+
+def test_random_exporter_documents_are_parsed_and_simulated() -> None:
+    """Seeded random documents of the exporters' shape (1-8 NUMA nodes, any policy and scope, allocatable <=
+    capacity, available <= allocatable, attributes or only topologyPolicies or nothing, costs or none, extra
+    resources): every one parses, and the simulation of a random pod on it is known (judged, never "cannot be
+    simulated")."""
+    import random
+
+    from allocator.pod import PodInfo
+    from webhook.simulate import Simulator
+
+    rng = random.Random(20261123)
+    sim = Simulator()
+    policies = ["none", "best-effort", "restricted", "single-numa-node"]
+    legacy = {"none": "None", "best-effort": "BestEffort", "restricted": "Restricted",
+              "single-numa-node": "SingleNUMANodeContainerLevel"}
+    for i in range(150):
+        numa = rng.randint(1, 8)
+        policy, scope = rng.choice(policies), rng.choice(["container", "pod"])
+        zones = []
+        for n in range(numa):
+            cap = rng.randint(1, 64)
+            alloc = rng.randint(0, cap) if rng.random() < 0.3 else cap
+            zone = _zone(n, numa, cap, allocatable=alloc, available=rng.randint(0, alloc),
+                         devices={"example.com/gpu": 1} if rng.random() < 0.3 else None)
+            if rng.random() < 0.3:
+                del zone["costs"]
+            zones.append(zone)
+        doc: dict[str, Any] = {"apiVersion": "topology.node.k8s.io/v1alpha2", "kind": "NodeResourceTopology",
+                               "metadata": _meta(f"n{i}"), "zones": zones}
+        form = rng.choice(["attributes", "legacy", "both", "nothing"])
+        if form in ("attributes", "both"):
+            doc["attributes"] = [{"name": "topologyManagerPolicy", "value": policy},
+                                 {"name": "topologyManagerScope", "value": scope}]
+        if form in ("legacy", "both"):
+            doc["topologyPolicies"] = [legacy[policy]]
+        node = parse_nrt(doc)
+        assert node.assumptions and "no numapin attributes" in node.assumptions[0]
+        cpus = rng.randint(1, 70)
+        pod = PodInfo.from_pod(make_pod("p", [container("app", str(cpus))]))
+        for occupied in (False, True):
+            answer = sim.admit(node, pod, occupied=occupied)
+            assert answer.known, (doc, answer)
+            room = node.total_available if occupied else node.total_allocatable
+            assert not answer.admitted or cpus <= room, (doc, cpus, occupied, answer)
+            largest = max(z.available if occupied else z.allocatable for z in node.zones)
+            if form != "nothing" and policy == "single-numa-node" and cpus > largest:
+                assert not answer.admitted, (doc, cpus, occupied, answer)
+        assert node.topology_manager_policy == (policy if form != "nothing" else "none")
