@@ -8,7 +8,10 @@ The file is the JSON kubelet's CPU manager writes (V2)::
 so operators read it with the tools they know. The checksum is kubelet's: the checkpoint struct (with its
 checksum set to 0) rendered the way go-spew's ``%#v`` renders it, hashed with FNV-1a 32-bit. numapin's own
 data (the per-container mode, ``exclusive`` or ``share``) rides in the extra ``numapin`` field, which
-kubelet's JSON decoder ignores, with a checksum of its own.
+kubelet's JSON decoder ignores, with a checksum of its own. A pod whose mode was changed while it ran
+(``allocator.mode_change``) is listed in ``numapin.podModes`` (``{"<pod uid>": "share"}``) with its own
+``podModesChecksum``; both keys are absent when no pod's mode was changed, so such a file is byte for byte what
+earlier numapin versions wrote, and they read the newer files too (they ignore the extra keys).
 
 Loading tolerates unknown fields (newer kubelets add some) and a checksum of 0 (kubelet accepts it too).
 A file that cannot be trusted (not JSON, wrong shape, checksum mismatch, another policy, V1 entries keyed by
@@ -24,12 +27,13 @@ import json
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .cpuset import CPUSet
 from .errors import CheckpointError
+from .modes import PINNED_MODES
 from .state import CPUState
 
 __all__ = [
@@ -45,7 +49,8 @@ __all__ = [
 ]
 
 EXTRA_FIELD = "numapin"
-MODES = ("exclusive", "share")
+MODES = PINNED_MODES  # what the state file records per pinned container (allocator.modes)
+POD_MODES = ("none", "exclusive", "share", "kubelet")
 _MAX_U64 = (1 << 64) - 1
 _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
@@ -106,7 +111,7 @@ def checkpoint_checksum(
     return fnv1a_32(text.encode())
 
 
-def _extra_checksum(modes: Mapping[str, Mapping[str, str]]) -> int:
+def _extra_checksum(modes: Mapping[str, Any]) -> int:
     return fnv1a_32(json.dumps(modes, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
 
 
@@ -123,6 +128,7 @@ class CheckpointFile:
     checksum: int
     version: int
     unknown_fields: tuple[str, ...]
+    pod_modes: Mapping[str, str] = field(default_factory=dict)  # pod uid -> cpu-manager mode set while running
 
 
 def _is_u64(v: object) -> bool:
@@ -200,6 +206,7 @@ def parse_checkpoint(data: bytes | str, path: str = "<checkpoint>") -> Checkpoin
             v1_entries[cid] = _parse_cpuset(cpus, f"entries[{cid!r}]", path)
 
     modes = _parse_extra(doc.get(EXTRA_FIELD), entries, path) if EXTRA_FIELD in doc else {}
+    pod_modes = _parse_pod_modes(doc.get(EXTRA_FIELD), path) if EXTRA_FIELD in doc else {}
     return CheckpointFile(
         policy_name=policy,
         default_cpuset=default_cpuset,
@@ -209,6 +216,7 @@ def parse_checkpoint(data: bytes | str, path: str = "<checkpoint>") -> Checkpoin
         checksum=checksum,
         version=version,
         unknown_fields=unknown,
+        pod_modes=pod_modes,
     )
 
 
@@ -317,6 +325,27 @@ def _parse_extra(extra: object, entries: Mapping[str, Mapping[str, CPUSet]], pat
     return out
 
 
+def _parse_pod_modes(extra: object, path: str) -> dict[str, str]:
+    where = f"{path}: field {EXTRA_FIELD!r}"
+    if not isinstance(extra, dict) or "podModes" not in extra:
+        return {}
+    pod_modes = extra.get("podModes")
+    checksum = extra.get("podModesChecksum")
+    if not isinstance(pod_modes, dict) or not all(isinstance(v, str) for v in pod_modes.values()):
+        raise CheckpointError(f"{where}.podModes must map pod UIDs to modes. {_REMEDY}")
+    if not _is_u64(checksum) or checksum != _extra_checksum(pod_modes):
+        raise CheckpointError(
+            f"{where}.podModes is corrupt: podModesChecksum {checksum!r} does not match its content "
+            f"({_extra_checksum(pod_modes)}). {_REMEDY}"
+        )
+    for uid, mode in pod_modes.items():
+        if mode not in POD_MODES:
+            raise CheckpointError(
+                f"{where}.podModes[{uid!r}] is {mode!r}; expected one of {', '.join(POD_MODES)}. {_REMEDY}"
+            )
+    return dict(pod_modes)
+
+
 def serialize_checkpoint(state: CPUState, policy_name: str) -> bytes:
     """The file's bytes for ``state``, laid out as kubelet's ``json.Marshal`` would (plus numapin's field)."""
     entries = {
@@ -338,6 +367,12 @@ def serialize_checkpoint(state: CPUState, policy_name: str) -> bytes:
                                       f"{', '.join(MODES)}")
             modes.setdefault(uid, {})[name] = mode
     doc[EXTRA_FIELD] = {"modes": modes, "checksum": _extra_checksum(modes)}
+    if state.pod_modes:
+        pod_modes = dict(sorted(state.pod_modes.items()))
+        bad = [m for m in pod_modes.values() if m not in POD_MODES]
+        if bad:
+            raise CheckpointError(f"pod mode {bad[0]!r} is not one of {', '.join(POD_MODES)}")
+        doc[EXTRA_FIELD].update(podModes=pod_modes, podModesChecksum=_extra_checksum(pod_modes))
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -347,6 +382,7 @@ def _state_from(cp: CheckpointFile) -> CPUState:
     for uid, containers in cp.entries.items():
         for name, cpus in containers.items():
             state.set(uid, name, cpus, cp.modes.get(uid, {}).get(name, "exclusive"))
+    state.pod_modes = dict(cp.pod_modes)
     return state
 
 
@@ -368,7 +404,7 @@ def _from_v1(cp: CheckpointFile, path: str, container_ids: Mapping[str, tuple[st
                                   f"drain the node and move the file away")
         entries.setdefault(ref[0], {})[ref[1]] = cpus
     return CheckpointFile(cp.policy_name, cp.default_cpuset, entries, {}, cp.modes, cp.checksum, 2,
-                          cp.unknown_fields)
+                          cp.unknown_fields, cp.pod_modes)
 
 
 class CheckpointStore:

@@ -9,23 +9,50 @@ CRI carries no resource requests and no init/sidecar roles, so the webhook recor
 ``cpu`` is ``[request, limit]`` in milli-CPUs, ``memory`` ``[request, limit]`` in bytes, ``null`` where not set;
 ``cpuManager`` is the normalised ``qos.gocrane.io/cpu-manager`` value or ``null``. Containers are listed
 init containers first (``role`` ``init`` or ``sidecar``), in spec order, then app containers.
+
+The annotation is untrusted on input (anyone creating a pod can write it): ``decode_intent`` refuses a text longer
+than ``MAX_INTENT_CHARS`` or nested deeper than ``MAX_INTENT_DEPTH`` before handing it to the JSON parser (checked
+by linear, non-recursive scans), so every bad annotation is a PodSpecError, never a RecursionError.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from .errors import PodSpecError
 from .pod import BYPASS_ANNOTATION, CPU_MANAGER_VALUES, ContainerInfo, PodInfo
 
-__all__ = ["INTENT_ANNOTATION", "INTENT_VERSION", "decode_intent", "encode_intent"]
+__all__ = ["INTENT_ANNOTATION", "INTENT_VERSION", "MAX_INTENT_CHARS", "MAX_INTENT_DEPTH", "decode_intent",
+           "encode_intent", "json_depth_exceeds"]
 
 INTENT_ANNOTATION = "numapin.io/cpu-intent"
 INTENT_VERSION = 1
 _ROLES = ("init", "sidecar", "app")
 _QOS = ("Guaranteed", "Burstable", "BestEffort")
+# ~580 containers; checking the longest text takes a few milliseconds. The intent is 4 levels deep.
+MAX_INTENT_CHARS = 64 * 1024
+MAX_INTENT_DEPTH = 4
+_STRING = re.compile(r'"[^"]*"')
+_INNERMOST = re.compile(r"\[[^\[\]{}]*\]|\{[^\[\]{}]*\}")
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_depth_exceeds(text: str, limit: int) -> bool:
+    """Whether JSON ``text`` nests arrays/objects deeper than ``limit``: escapes dropped, strings blanked, then
+    innermost pairs removed ``limit`` times, each a linear regular-expression pass (no pattern here can backtrack
+    over more than the span it fails on); brackets left over mean deeper (or unbalanced, which the parser reports).
+    On valid JSON the answer is exact; past the first invalid character the parser stops anyway."""
+    # escaped backslashes first (left to right, as the parser reads them), then escaped quotes: what is left of a
+    # string holds no quote; other escapes cannot hold a bracket outside a string
+    flat = _STRING.sub('""', text.replace("\\\\", "").replace('\\"', ""))
+    for _ in range(limit):
+        flat, n = _INNERMOST.subn("0", flat)
+        if not n:
+            break
+    return _BRACKET.search(flat) is not None
 
 
 def encode_intent(pod: PodInfo) -> str:
@@ -51,9 +78,15 @@ def decode_intent(
 ) -> PodInfo:
     """Rebuild the pod model from the annotation. Raises PodSpecError saying what is wrong with it."""
     where = f"annotation {INTENT_ANNOTATION} of pod {namespace}/{name}"
+    if not isinstance(text, str):
+        raise PodSpecError(f"{where} must be a string")
+    if len(text) > MAX_INTENT_CHARS:
+        raise PodSpecError(f"{where} is {len(text)} characters long; at most {MAX_INTENT_CHARS} are read")
+    if json_depth_exceeds(text, MAX_INTENT_DEPTH):
+        raise PodSpecError(f"{where} is not JSON nested at most {MAX_INTENT_DEPTH} levels deep")
     try:
         doc = json.loads(text)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise PodSpecError(f"{where} is not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise PodSpecError(f"{where} must be a JSON object")

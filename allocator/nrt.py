@@ -33,6 +33,7 @@ from .cpuset import CPUSet
 from .errors import TopologyError
 from .state import CPUState
 from .topology import CPUInfo, Topology
+from .topology_manager import POLICIES, SCOPES
 
 __all__ = [
     "NRT_API_VERSION",
@@ -56,8 +57,8 @@ NRT_PLURAL = "noderesourcetopologies"
 # pod uid under which synthetic_state() records CPUs other pods hold on the node
 OCCUPIED_POD_UID = "numapin.io/occupied"
 
-_TM_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
-_TM_SCOPES = ("container", "pod")
+_TM_POLICIES = POLICIES
+_TM_SCOPES = SCOPES
 _ZONE_RE = re.compile(r"^node-(\d+)$")
 _LEGACY_POLICY = {
     ("none", "container"): "None",
@@ -330,10 +331,10 @@ class NodeTopology:
             idx += 1
         # the remaining free CPUs: one thread of each following core, then fill up
         extra = []
-        for core in cores[idx:]:
-            extra.append(core.min())
-        for core in cores[idx:]:
-            extra.extend(c for c in core if c != core.min())
+        for threads in cores[idx:]:
+            extra.append(threads.min())
+        for threads in cores[idx:]:
+            extra.extend(c for c in threads if c != threads.min())
         for cpu in extra[:left]:
             free |= 1 << cpu
         return CPUSet.from_mask(allocatable.mask & ~free)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cpuset import CPUSet
+from .modes import EXCLUSIVE, SHARE
 
 __all__ = ["CPUState"]
 
@@ -16,11 +17,15 @@ class CPUState:
     ``assignments[pod_uid][container_name]`` is the container's CPUs; ``default_cpuset`` the shared pool
     as kubelet defines it (CPUs assigned to nobody). ``modes`` keeps numapin's per-container mode
     (``exclusive`` or ``share``) for assigned containers; a container missing from it is ``exclusive``.
+    ``pod_modes`` keeps the ``qos.gocrane.io/cpu-manager`` value a running pod was moved to after its creation
+    (``none``, ``exclusive``, ``share``, or ``kubelet`` when the annotation was removed: kubelet's rule); it wins
+    over what the pod's sandbox says (see ``allocator.mode_change``).
     """
 
     default_cpuset: CPUSet = field(default_factory=CPUSet)
     assignments: dict[str, dict[str, CPUSet]] = field(default_factory=dict)
     modes: dict[str, dict[str, str]] = field(default_factory=dict)
+    pod_modes: dict[str, str] = field(default_factory=dict)
 
     def get(self, pod_uid: str, container: str) -> CPUSet | None:
         return self.assignments.get(pod_uid, {}).get(container)
@@ -42,7 +47,7 @@ class CPUState:
                 del self.modes[pod_uid]
 
     def mode(self, pod_uid: str, container: str) -> str:
-        return self.modes.get(pod_uid, {}).get(container, "exclusive")
+        return self.modes.get(pod_uid, {}).get(container, EXCLUSIVE)
 
     def assigned_cpus(self) -> CPUSet:
         m = 0
@@ -56,7 +61,7 @@ class CPUState:
         m = 0
         for uid, pod in self.assignments.items():
             for name, cpus in pod.items():
-                if self.mode(uid, name) == "share":
+                if self.mode(uid, name) == SHARE:
                     m |= cpus.mask
         return CPUSet.from_mask(m)
 
@@ -69,4 +74,5 @@ class CPUState:
             default_cpuset=self.default_cpuset,
             assignments={u: dict(p) for u, p in self.assignments.items()},
             modes={u: dict(p) for u, p in self.modes.items()},
+            pod_modes=dict(self.pod_modes),
         )

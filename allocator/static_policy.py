@@ -29,16 +29,23 @@ from .policy_options import StaticPolicyOptions
 from .state import CPUState
 from .topology import Topology
 
-__all__ = ["CPU_RESOURCE", "StaticPolicy"]
+__all__ = ["CPU_RESOURCE", "ZERO_RESERVED", "StaticPolicy", "require_reserved"]
 
 CPU_RESOURCE = "cpu"
 
 Hints = dict[str, list[TopologyHint] | HintFamily | None]
 
-_ZERO_RESERVED = (
+ZERO_RESERVED = (
     "the static policy requires systemreserved.cpu + kubereserved.cpu to be greater than zero "
     "(set reservedCPUs or numReservedCPUs)"
 )
+
+
+def require_reserved(reserved_cpus: CPUSet | None, num_reserved_cpus: int) -> None:
+    """kubelet's start-up rule for a node with the static policy (checked where kubelet builds its container manager,
+    not by the policy itself, which accepts zero reserved CPUs): some CPUs must be reserved. ConfigError if not."""
+    if not reserved_cpus and not num_reserved_cpus:
+        raise ConfigError(ZERO_RESERVED)
 
 
 class StaticPolicy:
@@ -83,7 +90,7 @@ class StaticPolicy:
                 )
             return reserved_cpus
         if num_reserved_cpus == 0:
-            raise ConfigError(_ZERO_RESERVED)
+            return CPUSet()  # kubelet's policy accepts it; its container manager refuses it (require_reserved)
         try:
             reserved = self._take(self.topology.all_cpus, num_reserved_cpus)
         except AllocationError:
@@ -262,7 +269,7 @@ class StaticPolicy:
         reusable = self._reusable(info.uid) | assigned
         return {CPU_RESOURCE: self._hints(self.available_cpus(state), reusable, requested)}
 
-    def _hints(self, available: CPUSet, reusable: CPUSet, request: int) -> list[TopologyHint] | HintFamily:
+    def _hints(self, available: CPUSet, reusable: CPUSet, request: int) -> list[TopologyHint] | HintFamily | None:
         if len(self.topology.cpu_numa_nodes) > COMPACT_ABOVE_NUMA_NODES:
             # many NUMA nodes: the same hints as a family (no 2^N masks); the merge result is the same
             return cpu_hint_family(self.topology, available, reusable, request, self.options.align_by_socket)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from pathlib import Path
 
 import grpc.aio
 
@@ -15,14 +16,17 @@ from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
 from .config import ProxyConfig
+from .converge import Converger, Decision, decision_of
+from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
 from .narrowing import CpusetPusher
 from .nrt import ApiPublisher, write_nrt
 from .pinning import Pinning, PinningOptions
 from .reconcile import ReconcileReport, reconcile
-from .registry import Registry
+from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
-from .server import listen_path, start_server
+from .server import RelayServer, listen_path, start_relay_server
+from .starts import StartGuard
 from .status import status_from_thread
 
 __all__ = ["CriProxy", "node_config_of"]
@@ -37,7 +41,8 @@ def node_config_of(config: ProxyConfig) -> NodeConfig:
                     cpu_manager_policy_options=dict(config.cpu_manager_policy_options),
                     topology_manager_policy=config.topology_manager_policy,
                     topology_manager_scope=config.topology_manager_scope,
-                    topology_manager_policy_options=dict(config.topology_manager_policy_options))
+                    topology_manager_policy_options=dict(config.topology_manager_policy_options),
+                    require_reserved_cpus=True)  # kubelet's start-up rule for a node with the static policy
     nc.validate()
     return nc
 
@@ -52,7 +57,7 @@ class CriProxy:
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
-        self._server: grpc.aio.Server | None = None
+        self._server: RelayServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
@@ -72,14 +77,28 @@ class CriProxy:
         self.allocator = NodeAllocator(self.node_config, state)
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
-        self.pusher = CpusetPusher(self.upstream, self.registry)
+        self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick())
+        layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        problem = await asyncio.to_thread(layout.problem)
+        if problem is not None:
+            log.warning("converge: %s; running containers' cpusets cannot be checked in the kernel", problem)
+        self.converger = Converger(self.upstream, self.registry, self.pusher, layout, self.decide,
+                                   period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
+                                   on_pass=self.metrics.observe_converge)
+        self.starts = StartGuard(self.registry, self.converger, self.decide,
+                                 on_refusal=self.metrics.observe_start_refusal)
         self.pinning = Pinning(
             self.node_config, self.allocator, self.store, self.pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid),
             on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
-        handler = RelayHandler(self.upstream, self.pinning.interceptors(), observe=self.metrics.observe_call)
+        interceptors = dict(self.pinning.interceptors())
+        interceptors["StartContainer"] = self.starts.start_container
+        # kubelet's own cpuset-bearing update is sent with the pool gate held (shared): never between a
+        # narrowing's decision and its updates, which would put the wide pool back
+        interceptors["UpdateContainerResources"] = self.starts.gated(interceptors["UpdateContainerResources"])
+        handler = RelayHandler(self.upstream, interceptors, observe=self.metrics.observe_call)
         if cfg.publish_nrt or cfg.kubeconfig:
             self._api = ApiPublisher(cfg.kubeconfig)
         endpoint = cfg.metrics_endpoint()
@@ -88,7 +107,7 @@ class CriProxy:
             self.metrics_port = self.metrics.serve(*endpoint, status=lambda: status_from_thread(self, loop))
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_server(listen_path(cfg.listen), [handler])
+        self._server = await start_relay_server(listen_path(cfg.listen), handler)
         log.info("numapin criproxy listening on %s, runtime %s, topology manager %s/%s, reserved %s",
                  cfg.listen, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
@@ -98,11 +117,15 @@ class CriProxy:
         self._tasks.append(loop.create_task(self._nrt_loop()))
         return self
 
+    def decide(self, t: Tracked) -> Decision | None:
+        """What the container must run on now (its pinned CPUs, else the shared pool)."""
+        return decision_of(self.allocator, self.node_config.topology, t)
+
     async def reconcile_once(self) -> ReconcileReport:
         async with self.pinning.lock:
             report = await reconcile(
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
-                lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
+                converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
             await self.pinning.save()
         log.info("reconcile: %s", report)  # after the state is on disk
         self.last_reconcile = report
@@ -114,7 +137,9 @@ class CriProxy:
         while not self.reconciled.is_set():
             try:
                 await self.reconcile_once()
+                await self.starts.note_unstarted()
                 self.reconciled.set()
+                self._tasks.append(asyncio.get_running_loop().create_task(self.converger.run()))
                 break
             except grpc.aio.AioRpcError as e:
                 log.warning("reconcile: runtime not reachable (%s: %s); retrying in %.1f s", e.code().name,

@@ -17,7 +17,13 @@ HELP = "run the CRI proxy that pins containers (kubelet's runtime endpoint)"
 DESCRIPTION = """\
 Run numapin's CRI proxy. kubelet (cpuManagerPolicy: none) uses --listen as its container runtime
 endpoint; every CRI call is forwarded to --runtime-endpoint, and CreateContainer, UpdateContainerResources,
-RemoveContainer, StopPodSandbox and RemovePodSandbox are intercepted to pin CPUs and NUMA memory.
+StartContainer, RemoveContainer, StopPodSandbox and RemovePodSandbox are intercepted to pin CPUs and NUMA
+memory. Every running container's real cpuset is read from the kernel (cgroup files and /proc/<pid>/status)
+each --converge-period and repaired where it is not numapin's decision.
+
+A running pod's CPU mode (qos.gocrane.io/cpu-manager) can change: with --watch-pods the proxy watches its node's
+pods on the API server (credentials from --kubeconfig or in-cluster); on every node `numapin mode` can ask for a
+change through the root-only --control-socket.
 
 Flags override the --config file (YAML or JSON, keys named like the flags). Bad configuration exits 2.
 """
@@ -39,10 +45,19 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--cpu-manager-policy-options", "cpu_manager_policy_options",
      {"help": "key=value,... (e.g. full-pcpus-only=true)"}),
     ("--reconcile-period", "reconcile_period",
-     {"help": "seconds between reconciles that repair drifted cpusets (default 0: only at start)"}),
+     {"help": "seconds between reconciles with containerd's container lists (default 0: only at start)"}),
+    ("--converge-period", "converge_period",
+     {"help": "seconds between checks of every running container's real cpuset in the kernel, repairing any "
+              "that is not numapin's decision (default 1; 0: only at start and after pool changes)"}),
+    ("--proc-root", "proc_root", {"help": "the host's /proc, to read container processes (default /proc)"}),
+    ("--cgroup-root", "cgroup_root",
+     {"help": "the host's cgroup mount, to read container cpusets (default /sys/fs/cgroup)"}),
     ("--node-name", "node_name", {"help": "NodeResourceTopology object name (default $NODE_NAME or hostname)"}),
     ("--nrt-file", "nrt_file", {"help": "where the NodeResourceTopology JSON goes (default in --state-dir)"}),
-    ("--kubeconfig", "kubeconfig", {"help": "publish the NodeResourceTopology to this cluster"}),
+    ("--kubeconfig", "kubeconfig", {"help": "publish the NodeResourceTopology to this cluster (and watch its pods "
+                                             "with --watch-pods)"}),
+    ("--control-socket", "control_socket", {"help": "root-only unix socket for `numapin mode`, empty to disable "
+                                                     f"(default {DEFAULTS.control_socket})"}),
     ("--metrics-address", "metrics_address", {"help": "HOST:PORT for /metrics, empty to disable "
                                                        f"(default {DEFAULTS.metrics_address})"}),
     ("--import-kubelet-state", "import_kubelet_state",
@@ -60,12 +75,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="keep the CFS quota of pinned containers (default: lifted, as kubelet >= 1.32)")
     parser.add_argument("--publish-nrt", dest="publish_nrt", action="store_true", default=None,
                         help="publish the NodeResourceTopology with in-cluster credentials")
+    parser.add_argument("--watch-pods", dest="watch_pods", action="store_true", default=None,
+                        help="watch this node's pods on the API server and apply changes of their CPU mode "
+                             "(qos.gocrane.io/cpu-manager) while they run; credentials from --kubeconfig or in-cluster")
 
 
 def run(args: argparse.Namespace) -> int:
     overrides = {dest: getattr(args, dest) for _, dest, _ in _FLAGS}
     overrides["lift_cfs_quota"] = args.lift_cfs_quota
     overrides["publish_nrt"] = args.publish_nrt
+    overrides["watch_pods"] = args.watch_pods
     try:
         config = load_config(args.config, overrides)
         config.metrics_endpoint()

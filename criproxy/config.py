@@ -50,11 +50,16 @@ class ProxyConfig:
     topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
     cpu_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
     lift_cfs_quota: bool = True
-    reconcile_period: float = 0.0  # seconds between drift repairs after the start-up reconcile; 0 = only at start
+    reconcile_period: float = 0.0  # seconds between reconciles with containerd's lists; 0 = only at start
+    converge_period: float = 1.0   # seconds between checks of every container's real cpuset; 0 = only on changes
+    proc_root: str = "/proc"       # the host's /proc (hostPID)
+    cgroup_root: str = "/sys/fs/cgroup"  # the host's cgroup file systems
     node_name: str = ""
     nrt_file: str = ""
     kubeconfig: str | None = None
     publish_nrt: bool = False
+    watch_pods: bool = False      # learn changes of pods' CPU mode from the API server (needs API credentials)
+    control_socket: str = "/var/run/numapin/control.sock"  # root-only local socket of ``numapin mode``; "" = off
     metrics_address: str = "127.0.0.1:9464"
     import_kubelet_state: str | None = None
     self_pod_namespace: str | None = None
@@ -103,7 +108,7 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"{where}: {e}") from None
     if name in ("topology_manager_policy_options", "cpu_manager_policy_options"):
         return parse_options(value, where)
-    if name == "reconcile_period":
+    if name in ("reconcile_period", "converge_period"):
         try:
             f = float(value)
         except (TypeError, ValueError):
@@ -119,7 +124,7 @@ def _coerce(name: str, value: Any) -> Any:
         if n < 0:
             raise ConfigError(f"{where}: must not be negative, got {n}")
         return n
-    if name in ("lift_cfs_quota", "publish_nrt"):
+    if name in ("lift_cfs_quota", "publish_nrt", "watch_pods"):
         if isinstance(value, bool):
             return value
         if str(value).lower() in ("true", "1", "yes"):

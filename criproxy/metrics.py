@@ -31,6 +31,15 @@ class ProxyMetrics:
         self.narrowing_seconds = Histogram("numapin_criproxy_narrowing_seconds",
                                            "Time to resize the shared pool's containers", buckets=_LATENCY_BUCKETS,
                                            registry=r)
+        self.repairs = Counter("numapin_criproxy_cpuset_repairs",
+                               "Running containers whose real cpuset (kernel) was not the decision and was "
+                               "re-applied, by trigger and result", ["trigger", "result"], registry=r)
+        self.converge_seconds = Histogram("numapin_criproxy_converge_seconds",
+                                          "One pass reading every running container's cpuset from the kernel",
+                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.start_refusals = Counter("numapin_criproxy_start_refusals",
+                                      "Exclusive containers not started: their CPUs were still used by another "
+                                      "running container", registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
         self._server = None
@@ -46,6 +55,15 @@ class ProxyMetrics:
 
     def observe_narrowing(self, seconds: float) -> None:
         self.narrowing_seconds.observe(seconds)
+
+    def observe_repair(self, trigger: str, ok: bool) -> None:
+        self.repairs.labels(trigger, "repaired" if ok else "failed").inc()
+
+    def observe_converge(self, seconds: float) -> None:
+        self.converge_seconds.observe(seconds)
+
+    def observe_start_refusal(self) -> None:
+        self.start_refusals.inc()
 
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():

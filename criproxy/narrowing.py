@@ -1,12 +1,14 @@
 """Pushing cpusets to running containers with ``UpdateContainerResources`` (narrowing and widening the shared
-pool, re-applying drifted cpusets). Concurrent; only containers whose cpuset changes are touched."""
+pool, re-applying drifted cpusets). Concurrent; only containers whose cpuset changes are touched.
+
+Resizing the pool holds the pool gate exclusively (see ``gate``): no shared container starts meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -15,6 +17,7 @@ import grpc.aio
 from allocator.cpuset import CPUSet
 from protos import cri_pb2
 
+from .gate import PoolGate
 from .registry import Registry, Tracked
 from .relay import Upstream
 
@@ -34,10 +37,12 @@ class PushResult:
 
 class CpusetPusher:
     def __init__(self, upstream: Upstream, registry: Registry, *, timeout: float = 10.0,
-                 concurrency: int = 128) -> None:
+                 concurrency: int = 128, on_resized: Callable[[], None] | None = None) -> None:
         self.upstream = upstream
         self.registry = registry
         self.timeout = timeout
+        self.gate = PoolGate()
+        self.on_resized = on_resized or (lambda: None)
         # updates in flight at once (each makes containerd run runc): a bound for nodes with thousands of
         # containers; measured on 2 CPUs, 100 concurrent updates finish sooner than 8 or 32 at a time
         self._slots = asyncio.Semaphore(max(1, concurrency))
@@ -60,14 +65,22 @@ class CpusetPusher:
         t.cpus, t.mems = cpus, mems
         return True
 
-    async def push(self, items: Iterable[tuple[Tracked, CPUSet, CPUSet | None, int | None]]) -> PushResult:
-        """Apply ``(container, cpus, mems, quota or None)``, skipping containers that already have them."""
+    async def push(self, items: Iterable[tuple[Tracked, CPUSet, CPUSet | None, int | None]], *,
+                   force: bool = False) -> PushResult:
+        """Apply ``(container, cpus, mems, quota or None)``, skipping containers that already have them by the
+        last update (unless ``force``: the kernel showed otherwise)."""
         t0 = time.perf_counter()
-        todo = [(t, c, m, q) for t, c, m, q in items if t.cpus != c or (m is not None and t.mems != m)]
+        todo = [(t, c, m, q) for t, c, m, q in items
+                if force or t.cpus != c or (m is not None and t.mems != m)]
         results = await asyncio.gather(*(self._push(*i) for i in todo)) if todo else []
         failed = sum(1 for ok in results if not ok)
         return PushResult(len(todo) - failed, failed, time.perf_counter() - t0)
 
     async def resize_shared(self, pool: CPUSet, mems: CPUSet | None) -> PushResult:
-        """Narrow (or widen) every container of the shared pool to ``pool``."""
-        return await self.push((t, pool, mems, None) for t in self.registry.on_shared_pool())
+        """Narrow (or widen) every container of the shared pool to ``pool``, with the pool gate held; the
+        kernel is checked right after (``on_resized``)."""
+        try:
+            async with self.gate.exclusive():
+                return await self.push((t, pool, mems, None) for t in self.registry.on_shared_pool())
+        finally:
+            self.on_resized()

@@ -3,7 +3,10 @@
 After a restart (or a SIGKILL between any two steps) the proxy lists the runtime's sandboxes and containers:
 assignments of containers that no longer exist (or whose pod's sandbox is stopped) are dropped (except those
 the webhook's intent announces for a running pod and kubelet has not created yet), running
-containers are adopted into the registry, and cpusets that drifted from the state are applied again.
+containers are adopted into the registry, cpusets containerd records differently from the state are applied
+again, and then every running container's real cpuset is read from the kernel and repaired where it is not the
+decision (``converge``: drift behind the proxy's back, updates lost to a kill -9 mid-narrowing, records
+containerd rolled back).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from allocator.node import NodeAllocator
 from allocator.topology import Topology
 from protos import cri_pb2
 
+from .converge import Converger
 from .narrowing import CpusetPusher
 from .registry import Registry, Tracked
 from .relay import Upstream
@@ -40,13 +44,17 @@ class ReconcileReport:
     containers: int
     dropped: tuple[tuple[str, str], ...]   # (pod uid, container) assignments released
     adopted: int
-    repaired: int
+    repaired: int                  # containers whose cpuset in containerd's record was not the decision
     failed: int = 0
+    kernel_checked: int = 0        # running containers whose real cpuset was read from the kernel
+    kernel_repaired: int = 0       # of those, repaired (the kernel showed something else)
+    kernel_failed: int = 0
 
     def __str__(self) -> str:
         return (f"{self.sandboxes} sandboxes, {self.containers} containers, dropped "
-                f"{list(self.dropped) or 'nothing'}, adopted {self.adopted}, repaired {self.repaired} cpusets "
-                f"({self.failed} failed)")
+                f"{list(self.dropped) or 'nothing'}, adopted {self.adopted}, re-applied {self.repaired} cpusets "
+                f"containerd recorded differently ({self.failed} failed); kernel: checked {self.kernel_checked} "
+                f"running containers, repaired {self.kernel_repaired} cpusets ({self.kernel_failed} failed)")
 
 
 def _intent_containers(sb: cri_pb2.PodSandbox) -> tuple[str, ...]:
@@ -69,7 +77,7 @@ def _parse_cpus(text: str) -> CPUSet | None:
 
 
 async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAllocator, registry: Registry,
-                    pusher: CpusetPusher, *,
+                    pusher: CpusetPusher, *, converger: Converger | None = None,
                     lift_cfs_quota: bool = True, self_pod: tuple[str, str] | None = None,
                     timeout: float = 30.0) -> ReconcileReport:
     """Call with the allocation lock held (no CreateContainer may run meanwhile). Raises AioRpcError when the
@@ -158,5 +166,9 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
             push.append((t, cpus, mems, quota))
         else:
             push.append((t, pool, pool_mems, None))
-    result = await pusher.push(push)
-    return ReconcileReport(len(sandboxes), len(containers), tuple(dropped), adopted, result.changed, result.failed)
+    async with pusher.gate.exclusive():
+        result = await pusher.push(push)
+    kernel = await converger.converge_once("start-up reconcile") if converger is not None else None
+    return ReconcileReport(len(sandboxes), len(containers), tuple(dropped), adopted, result.changed, result.failed,
+                           kernel.checked if kernel else 0, kernel.repaired if kernel else 0,
+                           kernel.failed if kernel else 0)

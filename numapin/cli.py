@@ -16,6 +16,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("webhook", "webhook.cli"),
     ("certs", "webhook.certs_cli"),
     ("status", "numapin.cmd_status"),
+    ("mode", "numapin.cmd_mode"),
     ("demo", "numapin.cmd_demo"),
 )
 

@@ -1,14 +1,17 @@
 """A CA and a serving certificate for the webhook's Service, for clusters without cert-manager.
 
 Keys are ECDSA P-256. The serving certificate names the Service as the API server dials it
-(``<svc>.<ns>.svc``) and its other forms; it is signed by the CA whose PEM goes into the webhook
-configurations' ``caBundle``.
+(``<svc>.<ns>.svc``) and its other forms, plus any extra DNS names and IP addresses (an API server calling the
+webhook by URL ``https://<ip>:<port>/...`` checks an IP SAN, never a DNS name spelled like an address); it is
+signed by the CA whose PEM goes into the webhook configurations' ``caBundle``.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -24,7 +27,10 @@ __all__ = [
     "make_serving_cert",
     "secret_manifest",
     "service_dns_names",
+    "split_names",
 ]
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 @dataclass(frozen=True)
@@ -92,22 +98,46 @@ def make_ca(common_name: str = "numapin-webhook-ca", days: int = 3650) -> KeyPai
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
-def make_serving_cert(ca: KeyPair, dns_names: list[str], days: int = 365) -> KeyPair:
-    if not dns_names:
-        raise ValueError("a serving certificate needs at least one DNS name")
+def split_names(names: Sequence[str]) -> tuple[list[str], list[IPAddress]]:
+    """DNS names and IP literals apart (``127.0.0.1``, ``::1``, ``[fd00::1]`` are addresses), in order, without
+    duplicates."""
+    dns: list[str] = []
+    ips: list[IPAddress] = []
+    for n in names:
+        try:
+            ip = ipaddress.ip_address(n[1:-1] if n.startswith("[") and n.endswith("]") else n)
+        except ValueError:
+            if n not in dns:
+                dns.append(n)
+        else:
+            if ip not in ips:
+                ips.append(ip)
+    return dns, ips
+
+
+def make_serving_cert(ca: KeyPair, dns_names: list[str], days: int = 365,
+                      ip_addresses: Sequence[IPAddress] = ()) -> KeyPair:
+    """A serving certificate for ``dns_names`` (IP literals among them become IP SANs) and ``ip_addresses``."""
+    dns_names, ips = split_names(dns_names)
+    ips += [ip for ip in ip_addresses if ip not in ips]
+    if not dns_names and not ips:
+        raise ValueError("a serving certificate needs at least one DNS name or IP address")
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    sans += [x509.IPAddress(ip) for ip in ips]
+    common_name = dns_names[0] if dns_names else str(ips[0])
     ca_cert = ca.certificate
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     key = _key()
     now = _now()
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
         .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
                                      data_encipherment=False, key_agreement=False, key_cert_sign=False,
@@ -120,9 +150,13 @@ def make_serving_cert(ca: KeyPair, dns_names: list[str], days: int = 365) -> Key
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
-def make_bundle(service: str, namespace: str, *, days: int = 365, extra_dns: list[str] | None = None) -> CertBundle:
+def make_bundle(service: str, namespace: str, *, days: int = 365, extra_dns: list[str] | None = None,
+                extra_ips: Sequence[IPAddress] = ()) -> CertBundle:
+    """CA + serving certificate for the Service's names, ``extra_dns`` (IP literals become IP SANs) and
+    ``extra_ips``."""
     ca = make_ca(days=max(days, 3650))
-    serving = make_serving_cert(ca, service_dns_names(service, namespace) + list(extra_dns or []), days=days)
+    serving = make_serving_cert(ca, service_dns_names(service, namespace) + list(extra_dns or []), days=days,
+                                ip_addresses=extra_ips)
     return CertBundle(ca=ca, serving=serving)
 
 

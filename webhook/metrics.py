@@ -38,6 +38,27 @@ class WebhookMetrics:
         self.pods = Gauge(
             "numapin_webhook_cached_pods", "Pods in the cache used to judge bindings.", registry=self.registry)
 
+        self.pod_cache_bytes = Gauge(
+            "numapin_webhook_pod_cache_bytes", "Estimated memory of the pod cache (bounded by --pod-cache-bytes).",
+            registry=self.registry)
+        self.unjudged = Counter(
+            "numapin_webhook_unjudged", "Requests the webhook could not judge, by endpoint, reason (pod_unknown, "
+            "node_unknown, node_unsupported, pod_unreadable, internal_error) and the action taken (allow, deny).",
+            ["endpoint", "reason", "action"], registry=self.registry)
+        self.pod_lookups = Counter(
+            "numapin_webhook_pod_lookups", "Pods a binding names, by where they were found: cache, api (a GET after a "
+            "cache miss), directory (a re-read of --pods-dir), or not_found, failed (error or timeout).",
+            ["result"], registry=self.registry)
+        self.connections = Gauge(
+            "numapin_webhook_connections", "Open client connections, TLS handshakes in progress included.",
+            registry=self.registry)
+        self.connections_closed = Counter(
+            "numapin_webhook_connections_closed", "Client connections the webhook closed, by why: timeout (handshake, "
+            "headers, idle keep-alive) or evicted (idle, at the connection cap).", ["why"], registry=self.registry)
+        self.body_budget_bytes = Gauge(
+            "numapin_webhook_inflight_body_bytes", "Bytes reserved by request bodies being read and judged.",
+            registry=self.registry)
+
     def observe(self, endpoint: str, verdict: str, seconds: float) -> None:
         self.requests.labels(endpoint, verdict).inc()
         self.latency.labels(endpoint).observe(seconds)

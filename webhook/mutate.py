@@ -1,4 +1,8 @@
-"""``/mutate``, pods CREATE: normalise ``qos.gocrane.io/cpu-manager`` and stamp the CPU intent annotation.
+"""``/mutate``, pods CREATE and UPDATE: normalise ``qos.gocrane.io/cpu-manager`` and stamp the CPU intent annotation.
+
+On UPDATE the intent is stamped again when the pod already had one or its cpu-manager annotation changes (a change
+of mode while the pod runs, see docs/annotations.md), so it keeps saying what the pod says; any other UPDATE of a pod
+numapin never stamped is left alone.
 
 The mutated pod shares every subtree it does not change with the original, and the JSON patch is the diff of the
 two, so a reinvocation on an already mutated pod yields an empty patch. A value of the cpu-manager annotation that
@@ -64,13 +68,27 @@ def _with_annotations(pod: dict[str, Any], meta: dict[str, Any], annotations: di
     return view
 
 
+def _annotation(obj: Any, key: str) -> Any:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return ann.get(key) if isinstance(ann, Mapping) else None
+
+
+def restamps_on_update(pod: Mapping[str, Any], old: Any) -> bool:
+    """An UPDATE gets the intent stamped again: the old pod carried one, or the cpu-manager annotation changes."""
+    return (_annotation(old, INTENT_ANNOTATION) is not None
+            or _annotation(pod, CPU_MANAGER_ANNOTATION) != _annotation(old, CPU_MANAGER_ANNOTATION))
+
+
 async def mutate_review(req: AdmissionRequest) -> Verdict:
-    if not is_pod_request(req) or req.operation != "CREATE":
+    if not is_pod_request(req) or req.operation not in ("CREATE", "UPDATE"):
         log.info("mutate: not handled, allowed unchanged: %s", req.describe())
         return Verdict.allow()
     pod = req.object
     if not isinstance(pod, Mapping):
         log.info("mutate: request.object is not a pod, allowed unchanged: %s", req.describe())
+        return Verdict.allow()
+    if req.operation == "UPDATE" and not restamps_on_update(pod, req.old_object):
         return Verdict.allow()
     mutated, warnings = mutate_pod(pod)
     return Verdict.allow(*warnings, patch=tuple(diff(pod, mutated)))

@@ -3,6 +3,15 @@
 ``parse_review`` checks only what the webhook needs (the envelope and ``request.uid``) and raises ReviewError with
 a message naming the field; the HTTP layer turns that into a 400. ``Verdict`` is what a decision returns;
 ``respond`` renders it as the AdmissionReview the API server expects, echoing the request's uid.
+
+Denials come in the two shapes kubectl and client-go print well (kube-apiserver passes the webhook's status on,
+its message prefixed with ``admission webhook "<name>" denied the request: ``):
+
+- ``Verdict.deny``: 403 ``Forbidden`` with a message (a policy refusal). kubectl prints
+  ``Error from server (Forbidden): error when creating "pod.yaml": admission webhook "..." denied the request: ...``.
+- ``Verdict.invalid``: 422 ``Invalid`` with ``details`` (kind, name, causes with field paths), as kube-apiserver's
+  own validation answers. kubectl prints ``The Pod "x" is invalid: <field>: <message>`` (one line per cause when
+  there are several); an ``Invalid`` status without details would print only ``The request is invalid``.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from typing import Any
 __all__ = [
     "API_VERSIONS",
     "AdmissionRequest",
+    "FieldCause",
     "ReviewError",
     "Verdict",
     "parse_review",
@@ -79,6 +89,10 @@ def parse_review(body: Any) -> AdmissionRequest:
     uid = req.get("uid")
     if not isinstance(uid, str) or not uid:
         raise ReviewError("request.uid must be a non-empty string")
+    try:
+        uid.encode("utf-8")
+    except UnicodeEncodeError:  # a \ud800-style escape: no answer could carry the same uid
+        raise ReviewError("request.uid must be valid Unicode (it holds an unpaired surrogate escape)") from None
     resource = req.get("resource")
     if resource is not None and not isinstance(resource, Mapping):
         raise ReviewError("request.resource must be an object {group, version, resource}")
@@ -104,8 +118,23 @@ def parse_review(body: Any) -> AdmissionRequest:
 
 
 @dataclass(frozen=True)
+class FieldCause:
+    """One cause of an ``Invalid`` denial: a field path (``metadata.annotations[qos.gocrane.io/cpu-manager]``),
+    Kubernetes' cause type (``FieldValueNotSupported``, ``FieldValueInvalid``, ``FieldValueForbidden``...) and the
+    message kubectl prints after the field."""
+
+    field: str
+    message: str
+    type: str = "FieldValueInvalid"
+
+    def render(self) -> dict[str, str]:
+        return {"reason": self.type, "message": self.message, "field": self.field}
+
+
+@dataclass(frozen=True)
 class Verdict:
-    """A decision: allowed or denied (with a message and an HTTP-like code), warnings, and a JSON patch."""
+    """A decision: allowed or denied (with a message, an HTTP-like code, a reason and, for ``Invalid``, details),
+    warnings, and a JSON patch."""
 
     allowed: bool = True
     message: str = ""
@@ -113,6 +142,7 @@ class Verdict:
     reason: str = ""
     warnings: tuple[str, ...] = ()
     patch: tuple[Mapping[str, Any], ...] = ()
+    details: Mapping[str, Any] | None = None
 
     @classmethod
     def allow(cls, *warnings: str, patch: tuple[Mapping[str, Any], ...] = ()) -> Verdict:
@@ -122,6 +152,20 @@ class Verdict:
     def deny(cls, message: str, *, code: int = 403, reason: str = "Forbidden", warnings: tuple[str, ...] = ()
              ) -> Verdict:
         return cls(allowed=False, message=message, code=code, reason=reason, warnings=warnings)
+
+    @classmethod
+    def invalid(cls, kind: str, name: str, causes: tuple[FieldCause, ...] | list[FieldCause], *,
+                group: str = "", warnings: tuple[str, ...] = ()) -> Verdict:
+        """An ``Invalid`` denial shaped as kube-apiserver's own (``apierrors.NewInvalid``): 422, details with the
+        object's kind and name and one cause per field; the message lists the causes as ``field: message``."""
+        causes = tuple(causes)
+        errs = [f"{c.field}: {c.message}" for c in causes]
+        listed = errs[0] if len(errs) == 1 else "[" + ", ".join(errs) + "]"
+        details: dict[str, Any] = {"name": name, "kind": kind, "causes": [c.render() for c in causes]}
+        if group:
+            details["group"] = group
+        return cls(allowed=False, message=f'{kind} "{name}" is invalid: {listed}', code=422, reason="Invalid",
+                   warnings=warnings, details=details)
 
     @property
     def label(self) -> str:
@@ -142,9 +186,11 @@ def respond(req: AdmissionRequest, verdict: Verdict) -> dict[str, Any]:
     """The AdmissionReview answer, in the request's apiVersion, echoing its uid."""
     response: dict[str, Any] = {"uid": req.uid, "allowed": verdict.allowed}
     if not verdict.allowed:
-        status: dict[str, Any] = {"code": verdict.code, "message": verdict.message}
+        status: dict[str, Any] = {"status": "Failure", "code": verdict.code, "message": verdict.message}
         if verdict.reason:
             status["reason"] = verdict.reason
+        if verdict.details is not None:
+            status["details"] = verdict.details
         response["status"] = status
     if verdict.warnings:
         response["warnings"] = [_warning(w) for w in verdict.warnings]

@@ -2,15 +2,22 @@
 
 ``/mutate`` and ``/validate`` take AdmissionReviews (POST, ``application/json``) and hand the parsed request to
 the decision callables; ``/healthz``, ``/readyz`` and ``/metrics`` are for the kubelet and Prometheus. A body that
-is not JSON or not an AdmissionReview gets 400 with the reason, another content type 415, a body over the limit
-413. A decision that raises is logged, counted (``numapin_webhook_internal_errors_total``) and answered with an
-allowed review carrying a warning: the webhook fails open on its own bugs, and the node proxy remains the backstop.
+is not UTF-8 JSON or not an AdmissionReview gets 400 with the reason, another content type 415, a body over the
+limit 413, a body not sent within the body timeout 408 (``request_body``, ``review``). A decision that raises is
+logged, counted (``numapin_webhook_internal_errors_total``) and answered by the operator's rule for requests that
+cannot be judged (``unjudged``: allowed with a warning, or denied).
+
+Connections are accepted by ``listener.Listener`` within ``limits.ServerLimits`` (connection cap, handshake, header,
+idle and body timeouts, a budget of bytes in flight); with ``client_ca`` set, /mutate and /validate answer only
+clients presenting a certificate signed by that CA (the API server's admission kubeconfig), while the probes and
+/metrics stay open to the kubelet and Prometheus.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -21,9 +28,13 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from .limits import BodyBudget, BudgetExceeded, ServerLimits
+from .listener import Listener
 from .metrics import CONTENT_TYPE, WebhookMetrics
+from .request_body import BodyError, decode_body
 from .review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
 from .tls import CertReloader
+from .unjudged import UnjudgedRule
 
 __all__ = ["DEFAULT_MAX_BODY", "Decide", "ServerConfig", "WebhookServer"]
 
@@ -43,6 +54,8 @@ class ServerConfig:
     max_body: int = DEFAULT_MAX_BODY
     cert_poll_seconds: float = 5.0
     shutdown_grace_seconds: float = 5.0
+    limits: ServerLimits = dataclasses.field(default_factory=ServerLimits)  # its max_body is replaced by ``max_body``
+    client_ca: str | None = None            # PEM file: require client certificates on /mutate and /validate
 
 
 def _text(status: int, message: str) -> web.Response:
@@ -53,10 +66,15 @@ class WebhookServer:
     """One webhook server: an aiohttp app over TLS with a reloading certificate."""
 
     def __init__(self, *, reloader: CertReloader, mutate: Decide, validate: Decide, metrics: WebhookMetrics,
-                 config: ServerConfig = ServerConfig(), ready_checks: tuple[ReadyCheck, ...] = ()) -> None:
+                 config: ServerConfig = ServerConfig(), ready_checks: tuple[ReadyCheck, ...] = (),
+                 unjudged: UnjudgedRule | None = None) -> None:
         self.reloader = reloader
         self.metrics = metrics
         self.config = config
+        self.limits = dataclasses.replace(config.limits, max_body=config.max_body)
+        self.unjudged = unjudged or UnjudgedRule("allow", metrics)
+        self.budget = BodyBudget(self.limits.inflight_bytes)
+        self.listener: Listener | None = None
         self._decide = {"mutate": mutate, "validate": validate}
         self._ready_checks = ready_checks
         self._runner: web.AppRunner | None = None
@@ -66,13 +84,39 @@ class WebhookServer:
 
     # -- app ------------------------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body, middlewares=[self._never_500])
+        app = web.Application(client_max_size=self.config.max_body,
+                              middlewares=[self._connection_state, self._client_cert, self._never_500])
         app.router.add_post("/mutate", self._admission("mutate"))
         app.router.add_post("/validate", self._admission("validate"))
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
         return app
+
+    @web.middleware
+    async def _connection_state(self, request: web.Request,
+                                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        """Tell the listener a request is being handled (its header timer stops) and when it ends (idle again)."""
+        conn = self.listener.tracked(request.transport) if self.listener is not None else None
+        if conn is not None:
+            conn.request_started()
+        try:
+            return await handler(request)
+        finally:
+            if conn is not None:
+                conn.request_ended()
+
+    @web.middleware
+    async def _client_cert(self, request: web.Request,
+                           handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        if self.config.client_ca and request.path in ("/mutate", "/validate"):
+            peer = request.transport.get_extra_info("peercert") if request.transport is not None else None
+            if not peer:  # the TLS layer already refused a certificate the CA did not sign
+                self.metrics.observe(request.path.strip("/"), "unauthenticated", 0.0)
+                resp = _text(401, "a client certificate signed by the webhook's --client-ca is required")
+                resp.force_close()
+                return resp
+        return await handler(request)
 
     @web.middleware
     async def _never_500(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -102,22 +146,40 @@ class WebhookServer:
             return _text(415, f"content type must be application/json, got {request.content_type!r}"), \
                 "unsupported_media_type"
         if request.content_length is not None and request.content_length > self.config.max_body:
-            return _text(413, f"body is over the limit of {self.config.max_body} bytes"), "too_large"
+            return _closing(413, f"body is over the limit of {self.config.max_body} bytes"), "too_large"
         try:
-            raw = await request.read()
+            need = self.budget.need(request.content_length or self.config.max_body)
+        except BudgetExceeded as e:
+            return _closing(413, f"body too large for the webhook's in-flight budget: {e}"), "too_large"
+        try:
+            async with asyncio.timeout(self.limits.body_timeout):
+                await self.budget.acquire(need)
+        except TimeoutError:
+            return _closing(503, "the webhook is busy reading other bodies; try again"), "busy"
+        try:
+            return await self._judge(endpoint, request)
+        finally:
+            self.budget.release(need)
+
+    async def _judge(self, endpoint: str, request: web.Request) -> tuple[web.StreamResponse, str]:
+        try:
+            async with asyncio.timeout(self.limits.body_timeout):
+                raw = await request.read()
+        except TimeoutError:
+            # the body did not arrive in time: drop the connection and what it holds
+            return _closing(408, f"request body not received within {self.limits.body_timeout} s"), "timeout"
         except web.HTTPRequestEntityTooLarge:
-            return _text(413, f"body is over the limit of {self.config.max_body} bytes"), "too_large"
+            return _closing(413, f"body is over the limit of {self.config.max_body} bytes"), "too_large"
         except RequestPayloadError as e:
             # e.g. a body that does not decode with its Content-Encoding; nothing more can be read from it
             with contextlib.suppress(Exception):
                 request.content.feed_eof()
-            resp = _text(400, f"body cannot be read: {e}")
-            resp.force_close()
-            return resp, "bad_request"
+            return _closing(400, f"body cannot be read: {e}"), "bad_request"
         try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            return _text(400, f"body is not valid JSON: {e}"[:500]), "bad_request"
+            body = decode_body(raw)
+        except BodyError as e:
+            return _text(400, str(e)), "bad_request"
+        del raw
         try:
             req = parse_review(body)
         except ReviewError as e:
@@ -126,13 +188,16 @@ class WebhookServer:
             verdict = await self._decide[endpoint](req)
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("%s: deciding %s failed; allowing it unchecked", endpoint, req.describe())
+        except Exception as e:
+            log.exception("%s: deciding %s failed", endpoint, req.describe())
             self.metrics.internal_errors.labels(endpoint).inc()
-            verdict = Verdict.allow(f"numapin webhook: internal error, {endpoint} not checked (see webhook logs)")
+            verdict = self.unjudged.verdict(
+                endpoint, "internal_error",
+                f"{endpoint} of {req.describe()} could not be judged: internal error {type(e).__name__} (see the "
+                "webhook's log)")
         if not verdict.allowed:
             log.info("%s denied %s: %s", endpoint, req.describe(), verdict.message)
-        return web.json_response(respond(req, verdict), dumps=_dumps), verdict.label
+        return web.Response(body=_dumps(respond(req, verdict)), content_type="application/json"), verdict.label
 
     # -- probes ---------------------------------------------------------------------------------------------
     async def _healthz(self, request: web.Request) -> web.StreamResponse:
@@ -162,15 +227,21 @@ class WebhookServer:
         """Bind and serve (the certificate must already be loaded); also start the certificate watcher."""
         if not self.reloader.loaded:
             self.reloader.load()
-        self._runner = web.AppRunner(self.app(), access_log=None,
-                                     shutdown_timeout=self.config.shutdown_grace_seconds)
+        if self.config.client_ca:
+            from .tls import require_client_certificates
+
+            require_client_certificates(self.reloader.context, self.config.client_ca)
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False,
+                                     shutdown_timeout=self.config.shutdown_grace_seconds,
+                                     keepalive_timeout=self.limits.idle_timeout)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port, ssl_context=self.reloader.context,
-                           backlog=1024, reuse_address=True)
-        await site.start()
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or []
-        self.port = sockets[0].getsockname()[1] if sockets else self.config.port
+        assert self._runner.server is not None
+        self.listener = Listener(host=self.config.host, port=self.config.port, ssl_context=self.reloader.context,
+                                 factory=self._runner.server, limits=self.limits,
+                                 on_close=lambda why: self.metrics.connections_closed.labels(why).inc())
+        self.metrics.connections.set_function(lambda: self.listener.connections if self.listener else 0)
+        self.metrics.body_budget_bytes.set_function(lambda: self.budget.used)
+        self.port = await self.listener.start()
         self._tasks.append(asyncio.create_task(self._watch_certs()))
         log.info("numapin webhook serving HTTPS on %s:%s", self.config.host, self.port)
 
@@ -197,10 +268,24 @@ class WebhookServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
+        if self.listener is not None:
+            await self.listener.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.listener is not None:
+            self.listener.abort_all()
+            self.listener = None
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))
+def _closing(status: int, message: str) -> web.Response:
+    """A plain-text answer after which the connection is closed (its body may be partly unread)."""
+    resp = _text(status, message)
+    resp.force_close()
+    return resp
+
+
+def _dumps(obj: Any) -> bytes:
+    """UTF-8 JSON: the uid and names come back as the request's characters; an unpaired surrogate (only possible
+    from a \\u escape) is written as that escape again."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")

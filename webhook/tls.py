@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-__all__ = ["CertError", "CertInfo", "CertReloader", "server_context"]
+__all__ = ["CertError", "CertInfo", "CertReloader", "require_client_certificates", "server_context"]
 
 log = logging.getLogger("numapin.webhook.tls")
 
@@ -188,3 +188,14 @@ class CertReloader:
         self.info = info
         self.last_error = None
         return info
+
+
+def require_client_certificates(context: ssl.SSLContext, ca_file: str | os.PathLike[str]) -> None:
+    """Ask every client for a certificate and verify any it presents against ``ca_file`` (a handshake with a
+    certificate the CA did not sign fails). Presenting none is left to the HTTP layer to refuse on the admission
+    paths, so the kubelet's probes (which present none) still reach /healthz and /readyz. Raises CertError."""
+    try:
+        context.load_verify_locations(cafile=os.fspath(ca_file))
+    except (OSError, ssl.SSLError) as e:
+        raise CertError(f"client CA {ca_file} cannot be used: {e}") from None
+    context.verify_mode = ssl.CERT_OPTIONAL

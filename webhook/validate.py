@@ -4,7 +4,11 @@
   on UPDATE only a new or changed bad value is denied, so a pod created before numapin can still be updated
   (finalizers, labels) and deleted.
 - The intent annotation ``numapin.io/cpu-intent`` must say what the pod says (the proxy trusts it): a forged or
-  stale one is denied; on UPDATE it cannot change.
+  stale one is denied; on UPDATE it may only change to what the pod says (``/mutate`` stamps it again when the mode
+  changes) and cannot be removed.
+- UPDATE changing the mode of a pod bound to a node (a change while it runs, applied by the node's proxy): denied
+  when that node, judged from its published NodeResourceTopology, could never admit the pod in its new mode even
+  empty, naming the node and its topology manager policy; a warning when it could not right now.
 - ``exclusive``/``share`` with no container that qualifies (integer CPU limit >= 1 equal to its request) gets a
   warning.
 - CREATE of a pod with pinned containers: among the known candidate nodes (``spec.nodeName``, ``nodeSelector``),
@@ -15,8 +19,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,6 +30,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.nrt import NodeTopology
 from allocator.pod import (
     CPU_MANAGER_ANNOTATION,
+    CPU_MANAGER_VALUES,
     PodInfo,
     container_mode,
     guaranteed_cpus,
@@ -32,10 +38,11 @@ from allocator.pod import (
     pod_guaranteed_cpus,
 )
 
+from .node_index import FrozenShapeGroup, ShapeGroup
 from .nodes import NodeStore
-from .pods_cache import PodCache
-from .review import AdmissionRequest, Verdict
+from .review import AdmissionRequest, FieldCause, Verdict
 from .simulate import Simulation, Simulator
+from .unjudged import UnjudgedRule
 
 __all__ = ["Feasibility", "PodValidator", "feasibility"]
 
@@ -61,32 +68,33 @@ class Feasibility:
     example_answer: Simulation | None = None
 
 
-def feasibility(nodes: list[NodeTopology], pod: PodInfo, sim: Simulator) -> Feasibility:
-    """Ask every distinct node shape; CPU-bound (run it in a worker thread)."""
-    ever_nodes: list[NodeTopology] = []
+def feasibility(candidates: int, groups: Sequence[ShapeGroup | FrozenShapeGroup], pod: PodInfo, sim: Simulator, *,
+                cached_only: bool = False) -> Feasibility | None:
+    """Ask each distinct node shape among the candidates, then (for the shapes that could) their distinct free-CPU
+    states, most free first, until one admits the pod. CPU-bound when answers are not cached: run it in a worker
+    thread; ``cached_only`` answers from the simulator's cache alone (None when something is not cached)."""
+    ask = sim.cached if cached_only else sim.admit
+    ever: list[ShapeGroup | FrozenShapeGroup] = []
     worst: tuple[NodeTopology, Simulation] | None = None
-    seen: set[Any] = set()
-    for node in nodes:
-        if node.shape_key in seen:
-            continue
-        seen.add(node.shape_key)
-        answer = sim.admit(node, pod, occupied=False)
+    for group in groups:
+        answer = ask(group.node, pod, occupied=False)
+        if answer is None:
+            return None
         if answer.admitted:
-            ever_nodes.append(node)
-        elif worst is None or _largest(node) > _largest(worst[0]):
-            worst = (node, answer)
-    if not ever_nodes:
-        return Feasibility(len(nodes), ever=False, now=False,
+            ever.append(group)
+        elif worst is None or _largest(group.node) > _largest(worst[0]):
+            worst = (group.node, answer)
+    if not ever:
+        return Feasibility(candidates, ever=False, now=False,
                            example=worst[0] if worst else None, example_answer=worst[1] if worst else None)
-    ever_shapes = {n.shape_key for n in ever_nodes}
-    seen_state: set[Any] = set()
-    for node in nodes:
-        if node.shape_key not in ever_shapes or node.state_key in seen_state:
-            continue
-        seen_state.add(node.state_key)
-        if sim.admit(node, pod, occupied=True).admitted:
-            return Feasibility(len(nodes), ever=True, now=True)
-    return Feasibility(len(nodes), ever=True, now=False, example=ever_nodes[0])
+    for group in ever:
+        for node in group.states():
+            answer = ask(node, pod, occupied=True)
+            if answer is None:
+                return None
+            if answer.admitted:
+                return Feasibility(candidates, ever=True, now=True)
+    return Feasibility(candidates, ever=True, now=False, example=ever[0].node)
 
 
 def _largest(node: NodeTopology) -> int:
@@ -119,10 +127,10 @@ def never_message(pod: PodInfo, f: Feasibility) -> str:
 
 
 class PodValidator:
-    def __init__(self, nodes: NodeStore, pods: PodCache, simulator: Simulator) -> None:
+    def __init__(self, nodes: NodeStore, simulator: Simulator, unjudged: UnjudgedRule) -> None:
         self.nodes = nodes
-        self.pods = pods
         self.simulator = simulator
+        self.unjudged = unjudged
 
     async def validate(self, req: AdmissionRequest) -> Verdict:
         pod = req.object
@@ -136,26 +144,39 @@ class PodValidator:
         if raw_mode is not None and (req.operation == "CREATE" or raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)):
             try:
                 normalize_cpu_manager(raw_mode)
-            except PodSpecError as e:
-                return Verdict.deny(str(e), code=400, reason="Invalid")
+            except PodSpecError:
+                supported = ", ".join(json.dumps(v) for v in CPU_MANAGER_VALUES)
+                return _invalid(pod, req, FieldCause(
+                    _annotation_field(CPU_MANAGER_ANNOTATION),
+                    f"Unsupported value: {json.dumps(raw_mode)}: supported values: {supported} (numapin)",
+                    "FieldValueNotSupported"))
 
         intent = ann.get(INTENT_ANNOTATION)
-        if req.operation == "UPDATE" and intent != old_ann.get(INTENT_ANNOTATION):
-            return Verdict.deny(f"annotation {INTENT_ANNOTATION} is set by numapin when the pod is created and "
-                                "cannot be added, changed or removed", code=400, reason="Invalid")
+        intent_changed = req.operation == "UPDATE" and intent != old_ann.get(INTENT_ANNOTATION)
+        if intent_changed and intent is None:
+            return _invalid(pod, req, FieldCause(
+                _annotation_field(INTENT_ANNOTATION),
+                "Forbidden: set by numapin; it cannot be removed (it changes only with the pod's mode)",
+                "FieldValueForbidden"))
 
         try:
             info = PodInfo.from_pod(pod)
         except PodSpecError as e:
+            if req.operation == "CREATE":
+                return self.unjudged.verdict("validate", "pod_unreadable", f"pod not checked: {e}")
             log.info("validate: pod model cannot read %s (%s); allowed", req.describe(), e)
             return Verdict.allow(f"numapin: pod not checked: {e}")
         if (not info.namespace and req.namespace) or (not info.name and req.name):
             info = replace(info, namespace=info.namespace or req.namespace, name=info.name or req.name)
 
-        if req.operation == "CREATE" and intent is not None:
+        mode_changed = req.operation == "UPDATE" and raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)
+        if (req.operation == "CREATE" or intent_changed or mode_changed) and intent is not None:
             problem = _intent_problem(intent, info, ann)
+            if problem and req.operation == "UPDATE":  # only numapin's /mutate may change it, to what the pod says
+                return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Forbidden: {problem}",
+                                                     "FieldValueForbidden"))
             if problem:
-                return Verdict.deny(problem, code=400, reason="Invalid")
+                return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Invalid value: {problem}"))
 
         warnings: list[str] = []
         if info.cpu_manager in ("exclusive", "share") and not any(guaranteed_cpus(info, c) for c in info.containers):
@@ -164,10 +185,14 @@ class PodValidator:
                 "CPU limit of at least 1 equal to its CPU request, so every container runs on the shared pool")
 
         if req.operation != "CREATE":
-            return Verdict.allow(*warnings)
-        candidates = self.nodes.candidates(pod) if pinned(info) else []
+            return await self._mode_change(req, info, old_ann, warnings)
+        candidates, groups = self.nodes.candidate_groups(pod) if pinned(info) else (0, [])
         if candidates:
-            f = await asyncio.to_thread(feasibility, candidates, info, self.simulator)
+            f = feasibility(candidates, groups, info, self.simulator, cached_only=True)
+            if f is None:  # something to simulate: off the event loop, on a copy of the groups
+                frozen = [g.frozen() for g in groups]
+                f = await asyncio.to_thread(feasibility, candidates, frozen, info, self.simulator)
+            assert f is not None
             if not f.ever:
                 return Verdict.deny(never_message(info, f), reason="Forbidden", warnings=tuple(warnings))
             if not f.now:
@@ -175,9 +200,58 @@ class PodValidator:
                     f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free "
                     "CPUs are too few or too scattered for their topology manager policy; it stays Pending until "
                     "CPUs free up")
-        if not req.dry_run:
-            self.pods.put(info, uid=info.uid)  # for its binding (dry-run creates never get one)
         return Verdict.allow(*warnings)
+
+
+    async def _mode_change(self, req: AdmissionRequest, info: PodInfo, old_ann: Mapping[str, Any],
+                           warnings: list[str]) -> Verdict:
+        """UPDATE: a change of mode of a pod bound to a node with a published topology is judged on that node."""
+        old_raw = old_ann.get(CPU_MANAGER_ANNOTATION)
+        try:
+            old_mode = None if old_raw is None else normalize_cpu_manager(old_raw)
+        except PodSpecError:
+            old_mode = None  # a pod created before numapin with a bad value: judged as kubelet's rule
+        if old_mode == info.cpu_manager or not pinned(info):
+            return Verdict.allow(*warnings)
+        spec = req.object.get("spec") if isinstance(req.object, Mapping) else None
+        node_name = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        node = self.nodes.get(node_name) if isinstance(node_name, str) and node_name else None
+        if node is None:
+            return Verdict.allow(*warnings)
+        was_pinned = pinned(replace(info, cpu_manager=old_mode))
+        ever = await asyncio.to_thread(self.simulator.admit, node, info, occupied=False)
+        change = f"{old_mode or 'kubelet'} -> {info.cpu_manager or 'kubelet'}"
+        if not ever.admitted:
+            z = node.largest_numa
+            numa = (f"the largest NUMA node (node-{z.numa}) has {z.allocatable} allocatable CPUs" if z is not None
+                    else "it has no NUMA node with CPUs")
+            why = f"{ever.reason}: {ever.message}" if ever.reason else ever.message
+            return Verdict.deny(
+                f"pod {info.ref}: changing {CPU_MANAGER_ANNOTATION} ({change}) can never be satisfied on its node "
+                f"{node.name}: under topology manager policy {node.topology_manager_policy} (scope "
+                f"{node.topology_manager_scope}), {_culprit(info, node)} and {numa}; kubelet would reject it ({why})",
+                reason="Forbidden", warnings=tuple(warnings))
+        if not was_pinned:
+            now = await asyncio.to_thread(self.simulator.admit, node, info, occupied=True)
+            if not now.admitted:
+                warnings.append(
+                    f"numapin: node {node.name} cannot give pod {info.ref} CPUs of its own right now (topology "
+                    f"manager policy {node.topology_manager_policy}: {now.reason or now.message}); its proxy refuses "
+                    f"the change ({change}) and the pod keeps running as it was")
+        return Verdict.allow(*warnings)
+
+
+def _annotation_field(key: str) -> str:
+    """The field path kube-apiserver uses for an annotation."""
+    return f"metadata.annotations[{key}]"
+
+
+def _invalid(pod: Mapping[str, Any], req: AdmissionRequest, cause: FieldCause) -> Verdict:
+    """An ``Invalid`` denial naming the pod (its name, or for a pod still to be named its generateName)."""
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    name = next((v for v in (meta.get("name"), req.name, meta.get("generateName")) if isinstance(v, str) and v), "")
+    return Verdict.invalid("Pod", name, (cause,))
 
 
 def _intent_problem(text: str, info: PodInfo, annotations: Mapping[str, Any]) -> str | None:

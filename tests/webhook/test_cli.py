@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -110,3 +111,69 @@ def test_webhook_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         rc = proc.wait(20)
     assert rc == 0
+
+
+def _serve_webhook(tmp_path: Path, certs: Path) -> tuple[subprocess.Popen[str], int]:
+    nrt = tmp_path / "nrt"
+    nrt.mkdir(exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "numapin", "webhook", "--cert", str(certs / "tls.crt"), "--key",
+         str(certs / "tls.key"), "--host", "127.0.0.1", "--port", str(port), "--nrt-dir", str(nrt)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    for _ in range(300):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc, port
+        except OSError:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.1)
+    raise AssertionError("the webhook did not listen")
+
+
+def _healthz_by_ip(port: int, ca: Path) -> int:
+    """GET /healthz at https://127.0.0.1:<port> with full verification: chain and host name (an IP, so the
+    certificate must carry it as an IP SAN)."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    assert ctx.check_hostname and ctx.verify_mode == ssl.CERT_REQUIRED
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/healthz", context=ctx, timeout=10) as r:
+        return r.status
+
+
+def test_certs_ip_sans_let_a_client_connect_by_address(tmp_path: Path) -> None:
+    """`--ip-address` and an IP literal given to `--dns-name` become IP SANs; a TLS client that connects by address
+    and checks the host name accepts the webhook's certificate, and refuses one without the address."""
+    by_flag, by_dns, without = tmp_path / "by-flag", tmp_path / "by-dns", tmp_path / "without"
+    r = numapin("certs", "--out-dir", str(by_flag), "--ip-address", "127.0.0.1", "--ip-address", "fd00::10")
+    assert r.returncode == 0, r.stderr
+    assert "IP:127.0.0.1, IP:fd00::10" in r.stdout
+    assert numapin("certs", "--out-dir", str(by_dns), "--dns-name", "127.0.0.1").returncode == 0
+    assert numapin("certs", "--out-dir", str(without), "--dns-name", "webhook.example").returncode == 0
+    for d in (by_flag, by_dns):
+        cert = x509.load_pem_x509_certificate((d / "tls.crt").read_bytes())
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert "127.0.0.1" not in sans.get_values_for_type(x509.DNSName)
+        assert "127.0.0.1" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
+    for d, trusted in ((by_flag, True), (by_dns, True), (without, False)):
+        proc, port = _serve_webhook(tmp_path, d)
+        try:
+            if trusted:
+                assert _healthz_by_ip(port, d / "ca.crt") == 200
+            else:
+                try:
+                    _healthz_by_ip(port, d / "ca.crt")
+                except urllib.error.URLError as e:
+                    assert isinstance(e.reason, ssl.SSLCertVerificationError), e
+                    assert "IP address mismatch" in str(e.reason), e
+                else:
+                    raise AssertionError("a certificate without the address was accepted")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(20) == 0
+
+
+def test_certs_bad_ip_address_exits_2() -> None:
+    r = numapin("certs", "--ip-address", "10.0.0.300")
+    assert r.returncode == 2 and "--ip-address" in r.stderr and "Traceback" not in r.stderr

@@ -64,10 +64,38 @@ async def test_bad_cpu_manager_value_left_for_validate(client: Client) -> None:
     assert any("intent not recorded" in w for w in resp["warnings"])
 
 
-async def test_update_and_other_operations_not_mutated(client: Client) -> None:
+async def test_update_of_a_pod_numapin_never_stamped_is_not_mutated(client: Client) -> None:
     pod = make_pod("p", [container("c", "1")])
     resp = await client.admit("/mutate", pod_request(copy.deepcopy(pod), operation="UPDATE", old=copy.deepcopy(pod)))
     assert resp["allowed"] is True and "patch" not in resp
+
+
+async def test_update_changing_the_mode_restamps_the_intent(client: Client) -> None:
+    created = make_pod("db", [container("c", "2")], annotations={CPU_MANAGER_ANNOTATION: "exclusive"})
+    resp = await client.admit("/mutate", pod_request(copy.deepcopy(created)))
+    running = apply_patch(copy.deepcopy(created), resp)
+    assert _intent(running)["cpuManager"] == "exclusive"
+    # nothing changed: nothing to patch
+    resp = await client.admit("/mutate", pod_request(copy.deepcopy(running), operation="UPDATE",
+                                                     old=copy.deepcopy(running)))
+    assert "patch" not in resp
+    # kubectl annotate --overwrite qos.gocrane.io/cpu-manager=" Share"
+    changed = copy.deepcopy(running)
+    changed["metadata"]["annotations"][CPU_MANAGER_ANNOTATION] = " Share"
+    resp = await client.admit("/mutate", pod_request(copy.deepcopy(changed), operation="UPDATE", old=running))
+    out = apply_patch(copy.deepcopy(changed), resp)
+    assert out["metadata"]["annotations"][CPU_MANAGER_ANNOTATION] == "share"
+    assert _intent(out)["cpuManager"] == "share"
+    # the annotation removed: kubelet's rule
+    removed = copy.deepcopy(out)
+    del removed["metadata"]["annotations"][CPU_MANAGER_ANNOTATION]
+    resp = await client.admit("/mutate", pod_request(copy.deepcopy(removed), operation="UPDATE", old=out))
+    assert _intent(apply_patch(copy.deepcopy(removed), resp))["cpuManager"] is None
+    # a pod created before numapin gets an intent once its mode changes
+    plain = make_pod("old", [container("c", "2")])
+    annotated = make_pod("old", [container("c", "2")], annotations={CPU_MANAGER_ANNOTATION: "none"})
+    resp = await client.admit("/mutate", pod_request(copy.deepcopy(annotated), operation="UPDATE", old=plain))
+    assert _intent(apply_patch(copy.deepcopy(annotated), resp))["cpuManager"] == "none"
 
 
 async def test_v1beta1_mutation(client: Client) -> None:

@@ -32,9 +32,14 @@ async def test_bad_cpu_manager_value_denied_with_the_allowed_values(client: Clie
     pod = make_pod("p", [container("c", "2")], annotations={CPU_MANAGER_ANNOTATION: "turbo"})
     resp = await client.admit("/validate", pod_request(pod, with_uid=True))
     assert resp["allowed"] is False
-    assert resp["status"]["code"] == 400
-    msg = resp["status"]["message"]
-    assert "turbo" in msg and "none, exclusive, share" in msg and CPU_MANAGER_ANNOTATION in msg
+    status = resp["status"]
+    # kube-apiserver's own shape of a validation error, which kubectl prints as `The Pod "p" is invalid: ...`
+    assert (status["code"], status["reason"], status["status"]) == (422, "Invalid", "Failure")
+    assert status["details"] == {"kind": "Pod", "name": "p", "causes": [{
+        "reason": "FieldValueNotSupported", "field": f"metadata.annotations[{CPU_MANAGER_ANNOTATION}]",
+        "message": 'Unsupported value: "turbo": supported values: "none", "exclusive", "share" (numapin)'}]}
+    assert status["message"] == f'Pod "p" is invalid: metadata.annotations[{CPU_MANAGER_ANNOTATION}]: ' + \
+        status["details"]["causes"][0]["message"]
 
 
 async def test_update_denies_only_a_new_bad_value(client: Client) -> None:
@@ -47,7 +52,7 @@ async def test_update_denies_only_a_new_bad_value(client: Client) -> None:
     bad = copy.deepcopy(good)
     bad["metadata"]["annotations"][CPU_MANAGER_ANNOTATION] = "Sharing"
     resp = await client.admit("/validate", pod_request(bad, operation="UPDATE", old=good))
-    assert resp["allowed"] is False and "none, exclusive, share" in resp["status"]["message"]
+    assert resp["allowed"] is False and '"none", "exclusive", "share"' in resp["status"]["message"]
 
 
 async def test_exclusive_without_eligible_container_warns(client: Client) -> None:
@@ -69,7 +74,73 @@ async def test_intent_must_match_the_pod(client: Client) -> None:
     changed["metadata"]["annotations"][INTENT_ANNOTATION] = changed["metadata"]["annotations"][
         INTENT_ANNOTATION].replace("2000", "4000")
     resp = await client.admit("/validate", pod_request(changed, operation="UPDATE", old=pod))
-    assert resp["allowed"] is False and "cannot be" in resp["status"]["message"]
+    assert resp["allowed"] is False and "does not match" in resp["status"]["message"]
+    removed = copy.deepcopy(pod)
+    del removed["metadata"]["annotations"][INTENT_ANNOTATION]
+    resp = await client.admit("/validate", pod_request(removed, operation="UPDATE", old=pod))
+    assert resp["allowed"] is False and "cannot be removed" in resp["status"]["message"]
+
+
+async def _annotated(client: Client, running: dict, mode: str | None) -> dict:
+    """``kubectl annotate`` of a running pod, through /mutate as kube-apiserver does."""
+    changed = copy.deepcopy(running)
+    if mode is None:
+        del changed["metadata"]["annotations"][CPU_MANAGER_ANNOTATION]
+    else:
+        changed["metadata"]["annotations"][CPU_MANAGER_ANNOTATION] = mode
+    resp = await client.admit("/mutate", pod_request(copy.deepcopy(changed), operation="UPDATE", old=running))
+    return apply_patch(changed, resp)
+
+
+async def test_a_valid_change_of_mode_is_allowed(cluster: WebhookApp, client: Client) -> None:
+    running = await _mutated(client, make_pod("db", [container("c", "4")], node_name="w-0",
+                                              annotations={CPU_MANAGER_ANNOTATION: "exclusive"}))
+    for mode in ("share", "none", None, "exclusive"):
+        changed = await _annotated(client, running, mode)
+        resp = await client.admit("/validate", pod_request(changed, operation="UPDATE", old=running))
+        assert resp["allowed"] is True, (mode, resp)
+        running = changed
+    # still denied: a bad value, and a hand-made intent that says something else
+    bad = copy.deepcopy(running)
+    bad["metadata"]["annotations"][CPU_MANAGER_ANNOTATION] = "turbo"
+    resp = await client.admit("/validate", pod_request(bad, operation="UPDATE", old=running))
+    assert resp["allowed"] is False and '"none", "exclusive", "share"' in resp["status"]["message"]
+    forged = copy.deepcopy(running)
+    forged["metadata"]["annotations"][CPU_MANAGER_ANNOTATION] = "share"  # not stamped again: says exclusive
+    resp = await client.admit("/validate", pod_request(forged, operation="UPDATE", old=running))
+    assert resp["allowed"] is False and INTENT_ANNOTATION in resp["status"]["message"]
+
+
+async def test_a_change_the_node_can_never_satisfy_is_denied(cluster: WebhookApp, client: Client) -> None:
+    # w-0: single-numa-node, the largest NUMA node has 28 allocatable CPUs; 30 CPUs run on the shared pool today
+    running = await _mutated(client, make_pod("big", [container("c", "30", "4Gi")], node_name="w-0",
+                                              annotations={CPU_MANAGER_ANNOTATION: "none"}))
+    changed = await _annotated(client, running, "exclusive")
+    resp = await client.admit("/validate", pod_request(changed, operation="UPDATE", old=running))
+    assert resp["allowed"] is False
+    msg = resp["status"]["message"]
+    assert "w-0" in msg and "single-numa-node" in msg and "none -> exclusive" in msg and "never" in msg
+    assert "28 allocatable" in msg and "TopologyAffinityError" in msg
+    # on the best-effort node the same change is fine
+    elsewhere = copy.deepcopy(running)
+    elsewhere["spec"]["nodeName"] = "w-1"
+    moved = await _annotated(client, elsewhere, "exclusive")
+    assert (await client.admit("/validate", pod_request(moved, operation="UPDATE", old=elsewhere)))["allowed"]
+    # a pod not bound yet, or bound to a node without a published topology, is not judged
+    unknown = copy.deepcopy(running)
+    unknown["spec"]["nodeName"] = "w-9"
+    moved = await _annotated(client, unknown, "exclusive")
+    assert (await client.admit("/validate", pod_request(moved, operation="UPDATE", old=unknown)))["allowed"]
+
+
+async def test_a_change_the_node_cannot_satisfy_now_warns(cluster: WebhookApp, client: Client) -> None:
+    # w-2: 4 NUMA x 8 CPUs, restricted + full-pcpus-only, 27 free now, 30 allocatable when empty
+    running = await _mutated(client, make_pod("wide", [container("c", "28")], node_name="w-2",
+                                              annotations={CPU_MANAGER_ANNOTATION: "none"}))
+    changed = await _annotated(client, running, "share")
+    resp = await client.admit("/validate", pod_request(changed, operation="UPDATE", old=running))
+    assert resp["allowed"] is True
+    assert any("w-2" in w and "right now" in w and "keeps running as it was" in w for w in resp["warnings"])
 
 
 async def test_pod_no_node_could_ever_admit_is_denied(cluster: WebhookApp, client: Client) -> None:
