@@ -49,7 +49,7 @@ class Policy(ABC):
         if self.options.prefer_closest_numa and self.uses_numa_distances:
             if self.distances is None:
                 raise ConfigError(f"topology manager option {PREFER_CLOSEST} needs the NUMA distances of the machine")
-            object.__setattr__(self, "distances", check_numa_distances(nodes, self.distances))
+            check_numa_distances(nodes, self.distances)
 
     @abstractmethod
     def merge(self, providers_hints: Sequence[ProviderHints]) -> tuple[TopologyHint, bool]:
