@@ -25,7 +25,7 @@ from .pinning import Pinning, PinningOptions
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
-from .server import listen_path, start_server
+from .server import RelayServer, listen_path, start_relay_server
 from .starts import StartGuard
 from .status import status_from_thread
 
@@ -57,7 +57,7 @@ class CriProxy:
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
-        self._server: grpc.aio.Server | None = None
+        self._server: RelayServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
@@ -78,7 +78,10 @@ class CriProxy:
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
         self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick())
-        layout = CgroupLayout.detect(KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        problem = await asyncio.to_thread(layout.problem)
+        if problem is not None:
+            log.warning("converge: %s; running containers' cpusets cannot be checked in the kernel", problem)
         self.converger = Converger(self.upstream, self.registry, self.pusher, layout, self.decide,
                                    period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
                                    on_pass=self.metrics.observe_converge)
@@ -90,7 +93,11 @@ class CriProxy:
                            self_pod_uid=cfg.self_pod_uid),
             on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
-        interceptors = {**self.pinning.interceptors(), "StartContainer": self.starts.start_container}
+        interceptors = dict(self.pinning.interceptors())
+        interceptors["StartContainer"] = self.starts.start_container
+        # kubelet's own cpuset-bearing update is sent with the pool gate held (shared): never between a
+        # narrowing's decision and its updates, which would put the wide pool back
+        interceptors["UpdateContainerResources"] = self.starts.gated(interceptors["UpdateContainerResources"])
         handler = RelayHandler(self.upstream, interceptors, observe=self.metrics.observe_call)
         if cfg.publish_nrt or cfg.kubeconfig:
             self._api = ApiPublisher(cfg.kubeconfig)
@@ -100,7 +107,7 @@ class CriProxy:
             self.metrics_port = self.metrics.serve(*endpoint, status=lambda: status_from_thread(self, loop))
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_server(listen_path(cfg.listen), [handler])
+        self._server = await start_relay_server(listen_path(cfg.listen), handler)
         log.info("numapin criproxy listening on %s, runtime %s, topology manager %s/%s, reserved %s",
                  cfg.listen, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
@@ -130,6 +137,7 @@ class CriProxy:
         while not self.reconciled.is_set():
             try:
                 await self.reconcile_once()
+                await self.starts.note_unstarted()
                 self.reconciled.set()
                 self._tasks.append(asyncio.get_running_loop().create_task(self.converger.run()))
                 break

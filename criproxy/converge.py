@@ -139,6 +139,10 @@ class Converger:
             else:  # not started yet, or a runtime that does not tell (asked again a little later)
                 self._retry_at[cid] = now + max(self.period, 1.0) * 5
 
+    def knows(self, container_id: str) -> bool:
+        """Whether the container's cgroup is known (its kernel cpuset can be read once it runs)."""
+        return container_id in self._cgroups
+
     def forget(self, container_id: str) -> None:
         self._cgroups.pop(container_id, None)
         self._retry_at.pop(container_id, None)
@@ -233,3 +237,5 @@ class Converger:
                             e.details(), self.period)
             except OSError as e:
                 log.warning("converge: cannot read the kernel's cpusets: %s", e)
+            except Exception:  # a bug must not end the convergence for the life of the proxy
+                log.exception("converge: pass failed; next pass in %.1f s", self.period)

@@ -191,6 +191,10 @@ class Demo:
         say(f"   /validate pod {name}: {'allowed' if v.allowed else 'DENIED: ' + v.message}")
         for w in v.warnings:
             say(f"             warning: {w}")
+        if v.allowed:  # the API server stores the pod; the webhook reads it from there when judging its binding
+            stored = self.stack.pods_dir / f"{name}.json"
+            stored.with_suffix(".tmp").write_text(json.dumps(mutated))
+            stored.with_suffix(".tmp").replace(stored)
         return mutated, v
 
     async def _bind(self, api: AdmissionClient, pod: Mapping[str, Any]) -> AdmissionAnswer:

@@ -143,6 +143,7 @@ class LocalStack:
         self.state_dir = w / "state"
         self.nrt_dir = w / "nrt"
         self.nrt_file = self.nrt_dir / f"{options.node_name}.json"
+        self.pods_dir = w / "pods"  # the pods "the API server" stored: the webhook reads bindings' pods from here
         self.certs_dir = w / "certs"
         self.logs = w / "logs"
         self.proxy_socket = str(w / "criproxy.sock")
@@ -158,7 +159,7 @@ class LocalStack:
         w = self.workdir
         if w.exists() and any(w.iterdir()):
             raise StackError(f"{w} is not empty")
-        for d in (w, self.state_dir, self.nrt_dir, self.logs):
+        for d in (w, self.state_dir, self.nrt_dir, self.pods_dir, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         (w / ".numapin-stack").touch()
         self._started = True
@@ -200,6 +201,7 @@ class LocalStack:
     def webhook_args(self) -> list[str]:
         return ["webhook", "--cert", str(self.certs_dir / "tls.crt"), "--key", str(self.certs_dir / "tls.key"),
                 "--host", "127.0.0.1", "--port", "0", "--nrt-dir", str(self.nrt_dir), "--nrt-poll-seconds", "0.2",
+                "--pods-dir", str(self.pods_dir),
                 "--log-level", self.options.log_level.lower()]
 
     def start_webhook(self) -> None:

@@ -29,16 +29,16 @@ __all__ = ["BODY_EXPANSION", "PER_CONNECTION_BYTES", "BodyBudget", "BudgetExceed
 
 # A parsed JSON document takes several times its text in Python objects; a request also holds its raw bytes.
 BODY_EXPANSION = 8
-# Measured (benchmarks/webhook_hostile.py, idle TLS connections and half-sent headers): ~100 KiB a connection,
-# rounded up for a request's headers and aiohttp's paused read buffer.
-PER_CONNECTION_BYTES = 256 * 1024
+# An open TLS connection: asyncio's SSL protocol keeps a 256 KiB read buffer per connection, plus OpenSSL's state,
+# a request's headers and aiohttp's paused read buffer (~282 KiB measured by benchmarks/webhook_hostile.py).
+PER_CONNECTION_BYTES = 320 * 1024
 # The process without traffic: interpreter, libraries, caches of node shapes.
 BASELINE_BYTES = 96 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class ServerLimits:
-    max_connections: int = 512
+    max_connections: int = 256
     handshake_timeout: float = 5.0
     header_timeout: float = 10.0
     idle_timeout: float = 60.0

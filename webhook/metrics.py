@@ -38,6 +38,9 @@ class WebhookMetrics:
         self.pods = Gauge(
             "numapin_webhook_cached_pods", "Pods in the cache used to judge bindings.", registry=self.registry)
 
+        self.pod_cache_bytes = Gauge(
+            "numapin_webhook_pod_cache_bytes", "Estimated memory of the pod cache (bounded by --pod-cache-bytes).",
+            registry=self.registry)
         self.unjudged = Counter(
             "numapin_webhook_unjudged", "Requests the webhook could not judge, by endpoint, reason (pod_unknown, "
             "node_unknown, node_unsupported, pod_unreadable, internal_error) and the action taken (allow, deny).",

@@ -70,7 +70,8 @@ class MemoryRuntime:
         for api in services:
             handlers.append(grpc.method_handlers_generic_handler(f"{api}.RuntimeService", self._runtime_handlers()))
             handlers.append(grpc.method_handlers_generic_handler(f"{api}.ImageService", {
-                "ListImages": self._unary("ListImages", pb.ListImagesRequest, self.list_images)}))
+                "ListImages": self._unary("ListImages", pb.ListImagesRequest, self.list_images),
+                "ImageFsInfo": grpc.unary_unary_rpc_method_handler(self._opaque("ImageFsInfo", lambda rt: 1))}))
         self._server = await start_server(self.socket_path, handlers)
         return self
 
@@ -131,10 +132,22 @@ class MemoryRuntime:
         }
         out = {name: self._unary(name, t, fn) for name, (t, fn) in h.items() if fn is not None}
         out["Echo"] = grpc.unary_unary_rpc_method_handler(self._echo)
+        for name, size in _OPAQUE.items():
+            out[name] = grpc.unary_unary_rpc_method_handler(self._opaque(name, size))
         out["GetContainerEvents"] = grpc.unary_stream_rpc_method_handler(
             self._events_stream, request_deserializer=pb.GetEventsRequest.FromString,
             response_serializer=pb.ContainerEventResponse.SerializeToString)
         return out
+
+    def _opaque(self, name: str, size: Callable[[MemoryRuntime], int]):
+        """A method this runtime does not model (stats, sandbox status, image file systems): it answers a
+        well-formed message of a plausible size (a repeated field of 256-byte entries), for relay benchmarks."""
+        async def behavior(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            if self.record:
+                self.calls.append(RecordedCall(name, raw, (), context.time_remaining()))
+            n = size(self)
+            return _ENTRY * n
+        return behavior
 
     async def _echo(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         md = tuple((m.key, m.value) for m in (context.invocation_metadata() or ()))
@@ -261,6 +274,15 @@ class MemoryRuntime:
         return pb.ListImagesResponse(images=[pb.Image(id="sha256:0", repo_tags=["localhost/busybox:latest"])])
 
 
+# field 1, length 253, 253 bytes: one entry of an opaque answer
+_ENTRY = b"\x0a\xfd\x01" + b"x" * 253
+_OPAQUE: dict[str, Callable[[MemoryRuntime], int]] = {
+    "PodSandboxStatus": lambda rt: 4,
+    "ListContainerStats": lambda rt: len(rt.containers),
+    "ListPodSandboxStats": lambda rt: 2 * len(rt.sandboxes),
+}
+
+
 class _NotFound(Exception):
     pass
 
@@ -272,6 +294,7 @@ async def _main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="serve the in-memory CRI runtime on a unix socket")
     ap.add_argument("socket")
     ap.add_argument("--bulk", type=int, default=0, help="pre-create this many running containers")
+    ap.add_argument("--pods", type=int, default=0, help="pre-create this many pods of two running containers each")
     args = ap.parse_args(argv)
     rt = MemoryRuntime(args.socket)
     rt.record = False
@@ -281,6 +304,10 @@ async def _main(argv: list[str] | None = None) -> None:
             name="bulk", uid="bulk-uid", namespace="default")))
         sid = (await rt.run_pod_sandbox(req, None)).pod_sandbox_id
         rt.add_containers(sid, args.bulk)
+    for i in range(args.pods):
+        req = pb.RunPodSandboxRequest(config=pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(
+            name=f"pod-{i}", uid=f"pod-uid-{i}", namespace="default")))
+        rt.add_containers((await rt.run_pod_sandbox(req, None)).pod_sandbox_id, 2)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
