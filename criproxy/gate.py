@@ -11,8 +11,6 @@ narrowing off for ever.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
 __all__ = ["PoolGate"]
 
@@ -24,21 +22,18 @@ class PoolGate:
         self._writers_waiting = 0
         self._cond = asyncio.Condition()
 
-    @contextlib.asynccontextmanager
-    async def shared(self) -> AsyncIterator[None]:
-        async with self._cond:
-            await self._cond.wait_for(lambda: not self._writer and not self._writers_waiting)
-            self._readers += 1
-        try:
-            yield
-        finally:
-            async with self._cond:
-                self._readers -= 1
-                self._cond.notify_all()
+    def shared(self) -> _Hold:
+        return _Hold(self, exclusive=False)
 
-    @contextlib.asynccontextmanager
-    async def exclusive(self) -> AsyncIterator[None]:
+    def exclusive(self) -> _Hold:
+        return _Hold(self, exclusive=True)
+
+    async def _acquire(self, exclusive: bool) -> None:
         async with self._cond:
+            if not exclusive:
+                await self._cond.wait_for(lambda: not self._writer and not self._writers_waiting)
+                self._readers += 1
+                return
             self._writers_waiting += 1
             try:
                 await self._cond.wait_for(lambda: not self._writer and not self._readers)
@@ -46,13 +41,32 @@ class PoolGate:
                 self._writers_waiting -= 1
                 self._cond.notify_all()  # readers held off by this writer may go if it gave up
             self._writer = True
-        try:
-            yield
-        finally:
-            async with self._cond:
+
+    async def _release(self, exclusive: bool) -> None:
+        async with self._cond:
+            if exclusive:
                 self._writer = False
-                self._cond.notify_all()
+            else:
+                self._readers -= 1
+            self._cond.notify_all()
 
     @property
     def busy(self) -> bool:
         return self._writer or self._readers > 0
+
+
+class _Hold:
+    """``async with gate.shared()`` / ``gate.exclusive()`` (a plain context manager: exceptions raised inside,
+    frozen ones included, pass through untouched)."""
+
+    __slots__ = ("_exclusive", "_gate")
+
+    def __init__(self, gate: PoolGate, *, exclusive: bool) -> None:
+        self._gate = gate
+        self._exclusive = exclusive
+
+    async def __aenter__(self) -> None:
+        await self._gate._acquire(self._exclusive)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.shield(self._gate._release(self._exclusive))

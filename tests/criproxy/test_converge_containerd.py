@@ -112,7 +112,7 @@ async def test_widening_refused_with_unavailable_is_retried_until_it_holds(lab: 
     """containerd answering UNAVAILABLE to the widening after a release (e.g. restarting): the shared
     container stays narrowed in the kernel until the convergence applies the widening again."""
     from criproxy.relay import Forward, Rejection, RelayHandler, Upstream
-    from criproxy.server import start_server
+    from criproxy.server import start_relay_server
 
     failing = {"on": False}
 
@@ -122,8 +122,8 @@ async def test_widening_refused_with_unavailable_is_retried_until_it_holds(lab: 
         return await forward(request)
 
     upstream = Upstream(lab.socket)
-    server = await start_server(str(short_tmp / "faulty.sock"), [RelayHandler(upstream, {
-        "UpdateContainerResources": update})])
+    server = await start_relay_server(str(short_tmp / "faulty.sock"), RelayHandler(upstream, {
+        "UpdateContainerResources": update}))
     (short_tmp / "p").mkdir()
     p = ProxyProcess(short_tmp / "p", str(short_tmp / "faulty.sock"))
     try:
