@@ -56,6 +56,7 @@ def json_depth_exceeds(text: str, limit: int) -> bool:
 
 
 def encode_intent(pod: PodInfo) -> str:
+    """The annotation's text. Raises PodSpecError when it would be longer than ``decode_intent`` reads."""
     doc = {
         "v": INTENT_VERSION,
         "qosClass": pod.qos_class,
@@ -70,7 +71,11 @@ def encode_intent(pod: PodInfo) -> str:
             for c in pod.containers
         ],
     }
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    if len(text) > MAX_INTENT_CHARS:
+        raise PodSpecError(f"the CPU intent of pod {pod.ref} would take {len(text)} characters, more than the "
+                           f"{MAX_INTENT_CHARS} numapin reads back ({len(pod.containers)} containers)")
+    return text
 
 
 def decode_intent(

@@ -77,8 +77,9 @@ class Topology:
                                     f"and cpu {c.cpu} (socket {c.socket}, NUMA node {c.numa}) cannot be threads "
                                     f"of one core")
         if self.numa_distances is not None:
+            dist = {int(k): tuple(int(x) for x in v) for k, v in self.numa_distances.items()}
             try:
-                dist = check_numa_distances(nodes, self.numa_distances)
+                check_numa_distances(nodes, dist)
             except ConfigError as e:
                 raise TopologyError(f"numaDistances: {e}") from None
             object.__setattr__(self, "numa_distances", dist)

@@ -136,8 +136,15 @@ def binding_review(name: str, node: str) -> bytes:
     })
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def run_load(ports: int | list[int], ssl_ctx: Any, path: str, bodies: list[bytes], total: int,
-                   concurrency: int) -> dict[str, Any]:
+                   concurrency: int, pids: list[int] | None = None) -> dict[str, Any]:
     """``total`` requests from ``concurrency`` clients, client i on replica ``ports[i % len(ports)]`` (as the
     Service spreads connections); an empty ``bodies`` means GET."""
     ports = [ports] if isinstance(ports, int) else ports
@@ -171,9 +178,11 @@ async def run_load(ports: int | list[int], ssl_ctx: Any, path: str, bodies: list
                 verdicts["allowed" if allowed else "denied"] = verdicts.get("allowed" if allowed else "denied",
                                                                             0) + 1
 
+    cpu0 = [cpu_seconds(p) for p in pids or ()]
     started = time.perf_counter()
     await asyncio.gather(*(worker(ports[i % len(ports)]) for i in range(concurrency)))
     elapsed = time.perf_counter() - started
+    cpu = sum(cpu_seconds(p) for p in pids or ()) - sum(cpu0)
     latencies.sort()
 
     def pct(p: float) -> float:
@@ -181,7 +190,10 @@ async def run_load(ports: int | list[int], ssl_ctx: Any, path: str, bodies: list
 
     return {"concurrency": concurrency, "requests": len(latencies), "errors": errors, "verdicts": verdicts,
             "admissions_per_second": round(len(latencies) / elapsed, 1), "p50_ms": pct(0.50), "p99_ms": pct(0.99),
-            "mean_ms": round(statistics.fmean(latencies) * 1000, 3)}
+            "mean_ms": round(statistics.fmean(latencies) * 1000, 3),
+            # the webhook processes' own CPU: the repeatable figure on a shared machine
+            **({"server_cpu_ms_per_request": round(cpu / len(latencies) * 1000, 3),
+                "admissions_per_cpu_second": round(len(latencies) / cpu, 1) if cpu else None} if pids else {})}
 
 
 async def wait_ready(port: int, ssl_ctx: Any, proc: subprocess.Popen[bytes]) -> None:
@@ -279,7 +291,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             for replicas in args.replicas:
                 for name in paths:
                     results.setdefault(f"replicas_{replicas}", {})[name] = [
-                        await run_load(ports[:replicas], ssl_ctx, paths[name], bodies[name], args.requests, c)
+                        await run_load(ports[:replicas], ssl_ctx, paths[name], bodies[name], args.requests, c,
+                                       [p.pid for p in procs[:replicas]])
                         for c in args.concurrency]
             memory = await soak(ports[:1], procs[0].pid, ssl_ctx, bodies, args.soak) if args.soak else None
         finally:

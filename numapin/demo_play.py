@@ -192,9 +192,7 @@ class Demo:
         for w in v.warnings:
             say(f"             warning: {w}")
         if v.allowed:  # the API server stores the pod; the webhook reads it from there when judging its binding
-            stored = self.stack.pods_dir / f"{name}.json"
-            stored.with_suffix(".tmp").write_text(json.dumps(mutated))
-            stored.with_suffix(".tmp").replace(stored)
+            self.stack.store_pod(mutated)
         return mutated, v
 
     async def _bind(self, api: AdmissionClient, pod: Mapping[str, Any]) -> AdmissionAnswer:

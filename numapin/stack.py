@@ -10,6 +10,7 @@ behind: no process, socket, mount, cgroup directory or file; ``leftovers()`` say
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -17,9 +18,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from criproxy.lab.lab import ContainerdLab
 
@@ -211,6 +213,15 @@ class LocalStack:
         self.webhook.start()
         m = self.webhook.wait_for(r"listening on (https://\S+)", after=after)
         self.webhook_url = m.group(1)
+
+    def store_pod(self, pod: Mapping[str, Any]) -> None:
+        """Keep a created pod where the webhook reads the pods bindings refer to (``--pods-dir``), as the API server
+        stores it: the webhook never learns a pod from the admission requests themselves."""
+        name = pod["metadata"]["name"]
+        stored = self.pods_dir / f"{pod['metadata'].get('namespace') or 'default'}-{name}.json"
+        tmp = stored.with_suffix(".tmp")
+        tmp.write_text(json.dumps(pod))
+        tmp.replace(stored)
 
     @property
     def ca_file(self) -> str:

@@ -31,7 +31,7 @@ from .pods_cache import PodFinder
 from .review import AdmissionRequest, Verdict
 from .simulate import Simulator
 from .unjudged import UnjudgedRule
-from .validate import pinned
+from .validate import assumption_note, pinned
 
 __all__ = ["BindingValidator", "binding_pod"]
 
@@ -154,5 +154,5 @@ class BindingValidator:
         return Verdict.deny(
             f"node {node_name} would reject pod {namespace}/{name} ({why}); topology manager policy "
             f"{node.topology_manager_policy}, scope {node.topology_manager_scope}, free CPUs per NUMA node: "
-            f"{free}{also}",
+            f"{free}{also}{assumption_note(node)}",
             reason="Forbidden")

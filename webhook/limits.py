@@ -3,9 +3,9 @@
 Every client of the HTTPS port is untrusted until the API server is the only one that can reach it (client
 certificates, a NetworkPolicy): the limits keep one process's memory bounded whatever the number of clients.
 
-- at most ``max_connections`` connections at once, TLS handshakes in progress included. At the cap the oldest idle
-  connection (no request being read or answered) is closed for the new one; when none is idle, new connections wait
-  in the kernel's accept queue (backpressure) until one ends;
+- at most ``max_connections`` connections at once, TLS handshakes in progress included. At the cap the connection
+  idle longest (no request being read or answered, for at least half a second) is closed for the new one; when none
+  is, new connections wait in the kernel's accept queue (backpressure) until one ends or becomes evictable;
 - a TLS handshake must end within ``handshake_timeout`` seconds;
 - a connection must deliver a request's headers within ``header_timeout`` seconds of its first byte (and a new
   connection its first request within ``header_timeout`` of the handshake);

@@ -44,7 +44,7 @@ from .review import AdmissionRequest, FieldCause, Verdict
 from .simulate import Simulation, Simulator
 from .unjudged import UnjudgedRule
 
-__all__ = ["Feasibility", "PodValidator", "feasibility"]
+__all__ = ["Feasibility", "PodValidator", "assumption_note", "feasibility"]
 
 log = logging.getLogger("numapin.webhook.validate")
 
@@ -112,6 +112,14 @@ def _culprit(pod: PodInfo, node: NodeTopology) -> str:
     return f'container "{big.name}" needs {guaranteed_cpus(pod, big)} CPUs of its own'
 
 
+def assumption_note(node: NodeTopology) -> str:
+    """What the judgement of ``node`` assumed (its NodeResourceTopology left it out), for a message; "" if
+    nothing."""
+    if not node.assumptions:
+        return ""
+    return f"; judged from a NodeResourceTopology that leaves things out, assuming: {'; '.join(node.assumptions)}"
+
+
 def never_message(pod: PodInfo, f: Feasibility) -> str:
     node, answer = f.example, f.example_answer
     head = f"no known node can ever admit pod {pod.ref or '(new pod)'} ({f.candidates} candidate node(s))"
@@ -123,7 +131,7 @@ def never_message(pod: PodInfo, f: Feasibility) -> str:
     why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
     return (f"{head}: on node {node.name}, under topology manager policy {node.topology_manager_policy} "
             f"(scope {node.topology_manager_scope}), {_culprit(pod, node)} and {numa}; kubelet would reject it "
-            f"({why})")
+            f"({why}){assumption_note(node)}")
 
 
 class PodValidator:

@@ -13,7 +13,7 @@ from ..merge import ProviderHints
 from .policy import Policy
 from .policy_best_effort import BestEffortPolicy
 from .policy_none import NonePolicy
-from .policy_options import MAX_ALLOWABLE, PREFER_CLOSEST, parse_policy_options
+from .policy_options import MAX_ALLOWABLE, NEEDS_DISTANCES, parse_policy_options
 from .policy_restricted import RestrictedPolicy
 from .policy_single_numa_node import SingleNumaNodePolicy
 
@@ -46,7 +46,7 @@ def new_policy(
     opts = parse_policy_options(options)
     nodes = tuple(numa_nodes)
     if opts.prefer_closest_numa and distances is None:
-        raise ConfigError(f"topology manager option {PREFER_CLOSEST} needs the NUMA distances of the machine")
+        raise ConfigError(NEEDS_DISTANCES)
     limit = opts.max_allowable_numa_nodes
     if cls is not NonePolicy and limit is not None and len(nodes) > limit:
         raise ConfigError(f"single-numa-node, restricted and best-effort topology manager policies are "

@@ -579,9 +579,13 @@ class Churn:
                 y1 = await self.truth.one(y.id)
                 x2 = await self.truth.one(x.id)
                 if x1 and y1 and x2 and (x1.cpus & x2.cpus & y1.cpus & own):
+                    await asyncio.sleep(0.1)
+                    y2 = await self.truth.one(y.id)
+                    later = y2.describe() if y2 else "gone"
                     self.violation("a", f"exclusive {x.pod} {x.name} (cpus {own}, id {x.id[:13]}) shares cpus "
                                         f"{y1.cpus & own} with running {y.pod} {y.name} (attempt {y.attempt}, "
-                                        f"id {y.id[:13]}, cpus {y1.cpus})", ("a", x.id, y.id))
+                                        f"id {y.id[:13]}, cpus {y1.cpus}): kernel {y1.describe()}; exclusive "
+                                        f"{x1.describe()}; 0.1 s later: {later}", ("a", x.id, y.id))
 
     async def monitor(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

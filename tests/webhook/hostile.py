@@ -90,6 +90,13 @@ class WebhookProcess:
     def ssl_context(self) -> ssl.SSLContext:
         return self.pki.client_context()
 
+    @property
+    def ca_file(self) -> Path:
+        path = self.workdir / "tls" / "ca.crt"
+        if not path.exists():
+            path.write_bytes(self.pki.ca_pem)
+        return path
+
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
@@ -148,39 +155,64 @@ def metric_sum(values: dict[str, float], name: str, **labels: str) -> float:
 
 
 # -- loop lag --------------------------------------------------------------------------------------------------------
+async def _probe_loop(port: int, ctx: ssl.SSLContext, interval: float, timeout: float, stop: asyncio.Event,
+                      latencies: list[float], failures: list[str]) -> None:
+    while not stop.is_set():
+        started = time.perf_counter()
+        try:
+            status, _ = await request(port, ctx, "GET", "/healthz", timeout=timeout)
+            if status == 200:
+                latencies.append(time.perf_counter() - started)
+            else:
+                failures.append(f"HTTP {status}")
+        except Exception as e:  # a timeout or a refused connection is what the probe is there to see
+            failures.append(f"{type(e).__name__}: {e}")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval):
+                await stop.wait()
+
+
+def _probe_main(port: int, ca_file: str, interval: float, timeout: float) -> None:
+    """The prober's own process: probes until stdin closes, then prints its results as JSON."""
+    ctx = ssl.create_default_context(cafile=ca_file)
+    latencies: list[float] = []
+    failures: list[str] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(sys.stdin.fileno(), stop.set)
+        await _probe_loop(port, ctx, interval, timeout, stop, latencies, failures)
+
+    asyncio.run(main())
+    print(json.dumps({"latencies": latencies, "failures": failures}), flush=True)
+
+
 @dataclass
 class Prober:
-    """GET /healthz on a fresh connection every ``interval`` s; ``latencies`` of the answered, ``failures`` the rest."""
+    """GET /healthz on a fresh connection every ``interval`` s from a separate process (so the attacking client's
+    own work does not delay the probes); ``latencies`` of the answered, ``failures`` the rest."""
 
     port: int
-    ctx: ssl.SSLContext
+    ca_file: Path
     interval: float = 0.1
     timeout: float = 5.0
     latencies: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    _task: asyncio.Task[None] | None = None
+    _proc: asyncio.subprocess.Process | None = None
 
-    async def _run(self) -> None:
-        while True:
-            started = time.perf_counter()
-            try:
-                status, _ = await request(self.port, self.ctx, "GET", "/healthz", timeout=self.timeout)
-                if status == 200:
-                    self.latencies.append(time.perf_counter() - started)
-                else:
-                    self.failures.append(f"HTTP {status}")
-            except Exception as e:  # a timeout or a refused connection is what the probe is there to see
-                self.failures.append(f"{type(e).__name__}: {e}")
-            await asyncio.sleep(self.interval)
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+    async def start(self) -> None:
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.webhook.hostile", "probe", str(self.port), str(self.ca_file),
+            str(self.interval), str(self.timeout), cwd=ROOT, stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
     async def stop(self) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        assert self._proc is not None and self._proc.stdin is not None
+        self._proc.stdin.close()
+        out, _ = await asyncio.wait_for(self._proc.communicate(), 60)
+        result = json.loads(out.decode().strip().splitlines()[-1])
+        self.latencies, self.failures = result["latencies"], result["failures"]
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -481,3 +513,7 @@ async def send_cases(port: int, ctx: ssl.SSLContext, cases: list[Case], concurre
 
     await asyncio.gather(*(one(c) for c in cases))
     return statuses, problems
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["probe"]:
+    _probe_main(int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), float(sys.argv[5]))

@@ -235,16 +235,3 @@ async def test_denial_names_the_pod_when_the_binding_metadata_has_no_name(
     msg = resp["status"]["message"]
     assert "pod default/db3 " in msg and "default/;" not in msg and "default/ " not in msg
     assert "TopologyAffinityError" in msg
-
-
-async def test_pod_created_without_a_name_is_not_cached(nodes: WebhookApp, client: Client) -> None:
-    """A CREATE review whose pod has no name yet (generateName, request.name empty) is not remembered under an
-    empty name, so a binding cannot be judged against the wrong pod."""
-    pod = make_pod("anon", [container("c", "20")])
-    pod = apply_patch(copy.deepcopy(pod), await client.admit("/mutate", pod_request(copy.deepcopy(pod))))
-    pod["metadata"]["name"] = ""
-    pod["metadata"]["generateName"] = "anon-"
-    req = pod_request(pod, with_uid=True)
-    req["name"] = ""
-    assert (await client.admit("/validate", req))["allowed"] is True
-    assert nodes.pods.get("default", "") is None

@@ -57,8 +57,8 @@ async def test_hostile_traffic(tmp_path: Path) -> None:
     port = server.port
     try:
         # -- 1. bodies -------------------------------------------------------------------------------------------
-        prober = Prober(port, ctx, interval=0.05, timeout=4.0)
-        prober.start()
+        prober = Prober(port, server.ca_file, interval=0.05, timeout=4.0)
+        await prober.start()
         cases = hostile_cases() + list(fuzz_bodies(seed=15, count=240))
         statuses, problems = await send_cases(port, ctx, cases)
         await prober.stop()
@@ -73,8 +73,8 @@ async def test_hostile_traffic(tmp_path: Path) -> None:
         # -- 2. connections --------------------------------------------------------------------------------------
         baseline = server.rss_bytes()
         attack = Attack(port, ctx)
-        prober = Prober(port, ctx, interval=0.1, timeout=4.0)
-        prober.start()
+        prober = Prober(port, server.ca_file, interval=0.1, timeout=4.0)
+        await prober.start()
         try:
             opened = await attack.idle(5 * MAX_CONNECTIONS)
             assert opened == 5 * MAX_CONNECTIONS, attack.errors  # idle ones are evicted for new ones
