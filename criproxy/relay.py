@@ -128,7 +128,7 @@ class Upstream:
         await self.channel.close()
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)  # not frozen: raising it through a context manager sets its __traceback__
 class Rejection(Exception):
     """Raised by an interceptor to answer the caller with an error without forwarding anything."""
 
