@@ -129,6 +129,7 @@ class Listener:
         self._room = asyncio.Event()
         self._stopping = False
         self._warned_full = -1e9
+        self._warned_accept = -1e9
         self._on_close = on_close
         self.closed_count: dict[str, int] = {"timeout": 0, "evicted": 0, "handshake_failed": 0}
         self.waited_for_room = 0
@@ -212,7 +213,9 @@ class Listener:
             try:
                 conn, _ = await self.loop.sock_accept(self._sock)
             except OSError as e:  # e.g. EMFILE: wait for descriptors to come back instead of spinning
-                log.warning("accept failed: %s", e)
+                if self.loop.time() - self._warned_accept > 10.0:
+                    self._warned_accept = self.loop.time()
+                    log.warning("accepting a connection failed (retrying every 0.1 s): %s", e)
                 await asyncio.sleep(0.1)
                 continue
             task = asyncio.create_task(self._handshake(conn))
