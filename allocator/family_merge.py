@@ -146,7 +146,7 @@ def _colex_search(cands: list[int], k: int, fixed: int, ok: Callable[[int, int, 
     def hopeless(bound: int) -> bool:
         if not best[2]:
             return False
-        return bound > best[1] or (bound == best[1] and best[3])
+        return bool(bound > best[1] or (bound == best[1] and best[3]))
 
     def visit(r: int, hi: int, chosen: int, cur_d: int) -> None:
         if r == 0:

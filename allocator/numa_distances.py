@@ -16,16 +16,9 @@ __all__ = ["DistanceTable", "check_numa_distances"]
 DistanceTable = Mapping[int, Sequence[int]]
 
 
-def check_numa_distances(numa_nodes: Sequence[int], distances: DistanceTable) -> dict[int, tuple[int, ...]]:
-    """The table with int keys and tuple rows; ConfigError unless every node has one distance per node."""
-    table: dict[int, tuple[int, ...]] = {}
-    for k, row in distances.items():
-        try:
-            table[int(k)] = tuple(int(x) for x in row)
-        except (TypeError, ValueError):
-            raise ConfigError(f"NUMA distances of node {k!r} must be integers, got {row!r}") from None
+def check_numa_distances(numa_nodes: Sequence[int], distances: DistanceTable) -> None:
+    """ConfigError unless every node of ``numa_nodes`` has one distance per node (O(nodes): it runs per merge)."""
     for n in numa_nodes:
-        row = table.get(n)
+        row = distances.get(n)
         if row is None or len(row) != len(numa_nodes):
             raise ConfigError(f"NUMA distances must give node {n} one distance per NUMA node ({len(numa_nodes)})")
-    return table

@@ -14,13 +14,16 @@ Prints one JSON document, each figure beside its direct (or anchor) counterpart:
   percentage of one core, beside the runtime's (the proxy with ``--converge-period 0``: the lab runtime's containers
   have no processes for the kernel-truth pass to read);
 - ``create_remove_containerd``: CreateContainer + RemoveContainer against a real containerd (lab);
+- ``concurrent_pods_containerd``: 20 pods created at once (RunPodSandbox + CreateContainer + StartContainer each)
+  on a real containerd, direct and through the proxy: wall time of the burst (median of rounds) and the ratio;
 - ``narrow_100_shared`` (in-memory runtime) and ``narrow_100_shared_containerd`` (100 real containers): creating
   an exclusive container while 100 shared containers run (each narrowed by UpdateContainerResources first):
   the proxy's narrowing time (from its metrics) and the create latency.
 The proxy, the runtime and containerd run as separate processes (`python -m numapin criproxy`, the
 in-memory runtime module, containerd); the client is this process.
 
-    python benchmarks/criproxy.py [--quick] [--no-containerd] [--only relay|steady] [--steady-seconds S]
+    python benchmarks/criproxy.py [--quick] [--no-containerd] [--only relay|steady|concurrent_pods_containerd]
+    [--steady-seconds S]
 """
 
 from __future__ import annotations
@@ -323,18 +326,64 @@ async def bench_containerd(work: Path, n: int) -> dict:
         await asyncio.to_thread(lab.stop)
 
 
+async def bench_concurrent_pods(work: Path, pods: int, rounds: int) -> dict:
+    """``pods`` pods created at once, direct and through the proxy, ``rounds`` times each (alternating)."""
+    lab = ContainerdLab(work / "ctrd")
+    await asyncio.to_thread(lab.start)
+    proxy = None
+    try:
+        proxy = start_proxy(work, lab.socket, 0)
+        walls: dict[str, list[float]] = {"direct": [], "proxy": []}
+        for r in range(rounds + 1):  # round 0 warms both paths up (image, shims, caches) and is not counted
+            for label, endpoint in (("direct", lab.socket), ("proxy", str(work / "proxy.sock"))):
+                async with CRIClient(endpoint) as k:
+                    await ready(k)
+
+                    async def one(i: int, k: CRIClient = k, label: str = label, r: int = r) -> str:
+                        cfg = k.sandbox_config(f"b-{label}-{r}-{i}", f"b-{label}-{r}-{i}", qos="burstable")
+                        sid = await k.run_pod_sandbox(cfg)
+                        cid = await k.create_container(sid, k.container_config("app", cpu_milli=100), cfg)
+                        await k.start_container(cid)
+                        return sid
+
+                    t0 = time.perf_counter()
+                    sids = await asyncio.gather(*(one(i) for i in range(pods)))
+                    wall = time.perf_counter() - t0
+                    if r:
+                        walls[label].append(wall)
+                    for sid in sids:
+                        await k.stop_pod_sandbox(sid)
+                        await k.remove_pod_sandbox(sid)
+        d, p = statistics.median(walls["direct"]), statistics.median(walls["proxy"])
+        return {"pods": pods, "rounds": rounds,
+                "direct_wall_ms": round(d * 1000, 1), "proxy_wall_ms": round(p * 1000, 1),
+                "ratio": round(p / d, 3),
+                "direct_rounds_ms": [round(w * 1000, 1) for w in walls["direct"]],
+                "proxy_rounds_ms": [round(w * 1000, 1) for w in walls["proxy"]]}
+    finally:
+        if proxy is not None:
+            stop(proxy)
+        await asyncio.to_thread(lab.stop)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer iterations")
     ap.add_argument("--no-containerd", action="store_true", help="skip the real-containerd part")
     ap.add_argument("--steady-seconds", type=float, default=None,
                     help="length of the kubelet-like steady state (default 60, 20 with --quick)")
-    ap.add_argument("--only", choices=("relay", "steady"), help="run only the relay latency or steady-state part")
+    ap.add_argument("--only", choices=("relay", "steady", "concurrent_pods_containerd"),
+                    help="run only the relay latency, steady-state or concurrent-creates part")
     args = ap.parse_args()
     n = 300 if args.quick else 2000
     work = Path(tempfile.mkdtemp(prefix="npx-bench-", dir="/tmp"))
     try:
         result: dict = {"cpus": os.cpu_count(), "iterations": n}
+        if args.only == "concurrent_pods_containerd":
+            (work / "cp").mkdir()
+            result["concurrent_pods_containerd"] = await bench_concurrent_pods(work / "cp", 20, 3 if args.quick else 7)
+            print(json.dumps(result, indent=2))
+            return
         if args.only != "steady":
             (work / "m").mkdir()
             result.update(await bench_memory(work / "m", n))
@@ -355,6 +404,8 @@ async def main() -> None:
         if not args.no_containerd:
             (work / "c").mkdir()
             result["create_remove_containerd"] = await bench_containerd(work / "c", 10 if args.quick else 40)
+            (work / "cp").mkdir()
+            result["concurrent_pods_containerd"] = await bench_concurrent_pods(work / "cp", 20, 3 if args.quick else 7)
             (work / "cn").mkdir()
             lab = ContainerdLab(work / "cn" / "ctrd")
             await asyncio.to_thread(lab.start)

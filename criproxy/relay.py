@@ -66,11 +66,15 @@ _TRANSPORT_KEYS = frozenset({"user-agent", "content-type", "te", "host", "grpc-t
 _NO_DEADLINE = 365 * 24 * 3600.0
 
 MAX_MESSAGE = 64 * 1024 * 1024
+# Reconnect quickly after the runtime restarts (100 ms, growing to 2 s), but give each connection attempt the time a
+# loaded runtime needs to answer: gRPC takes "min_reconnect_backoff_ms" as the minimum connect timeout (20 s by
+# default), so 100 ms there failed every call on a starved node with "timed out before receiving SETTINGS frame".
+CONNECT_TIMEOUT_MS = 20_000
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),
 )

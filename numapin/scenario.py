@@ -32,7 +32,6 @@ from allocator.errors import AllocatorError, CheckpointError, PodSpecError, Topo
 from allocator.node import NodeConfig
 from allocator.pod import PodInfo
 from allocator.state import CPUState
-from allocator.static_policy import require_reserved
 from allocator.topology import Topology
 
 __all__ = ["FIELDS", "Scenario", "ScenarioError", "load_scenario", "parse_scenario"]
@@ -209,15 +208,12 @@ def parse_scenario(doc: Any, base: Path | None = None) -> Scenario:
         topology_manager_scope=text("topologyManagerScope", "container"),
         topology_manager_policy_options=_options(doc.get("topologyManagerPolicyOptions"),
                                                  "topologyManagerPolicyOptions"),
+        require_reserved_cpus=True,  # kubelet would not start without
     )
     try:
         config.validate()
     except AllocatorError as e:
         raise ScenarioError(str(e)) from None
-    try:
-        require_reserved(config.reserved_cpus, config.num_reserved_cpus)  # kubelet would not start without
-    except AllocatorError as e:
-        raise ScenarioError(f"numReservedCPUs: {e}") from None
 
     raw_pods = doc.get("pods")
     if not isinstance(raw_pods, list):

@@ -44,6 +44,7 @@ class NodeStore:
         self._labels: dict[str, dict[str, str]] = {}
         self._synced: set[str] = set()
         self._sources: set[str] = set()
+        self._told: dict[str, tuple[str, ...]] = {}  # assumptions last logged per node
         self._index = NodeIndex()
         self.version = 0
 
@@ -61,15 +62,29 @@ class NodeStore:
     def replace(self, nrts: Iterable[NodeTopology], labels: Mapping[str, Mapping[str, str]]) -> None:
         self._nrt = {n.name: n for n in nrts}
         self._labels = {k: dict(v) for k, v in labels.items()}
+        self._told = {k: v for k, v in self._told.items() if k in self._nrt}
+        for node in self._nrt.values():
+            self._tell(node)
         self._reindex()
         self.version += 1
 
     def put(self, node: NodeTopology) -> None:
         self._nrt[node.name] = node
+        self._tell(node)
         self._index.put(node, self.labels(node.name))
         self.version += 1
 
+    def _tell(self, node: NodeTopology) -> None:
+        """Log what the webhook assumes to judge a node, once per node and set of assumptions."""
+        if node.assumptions and self._told.get(node.name) != node.assumptions:
+            self._told[node.name] = node.assumptions
+            log.warning("node %s: judging its pods from a NodeResourceTopology that leaves things out; assumed: %s",
+                        node.name, "; ".join(node.assumptions))
+        elif not node.assumptions:
+            self._told.pop(node.name, None)
+
     def delete(self, name: str) -> None:
+        self._told.pop(name, None)
         if self._nrt.pop(name, None) is not None:
             self._index.delete(name)
             self.version += 1

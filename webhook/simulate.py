@@ -152,6 +152,13 @@ class Simulator:
     def _simulate(self, node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]
                   ) -> Simulation:
         self.simulations += 1
+        if occupied and node.total_available == 0 and not any(z.reserved for z in node.zones):
+            # every CPU taken and none reserved (a document of another exporter can say so): the CPU state would
+            # have an empty default set, which the static policy refuses to load, as kubelet's does; the node has
+            # no CPU to give a pinned container
+            return Simulation(admitted=False, reason="UnexpectedAdmissionError",
+                              message="not enough cpus available to satisfy request: the node publishes no free CPU "
+                                      "and no reserved CPU")
         try:
             alloc = self._allocator(node, occupied)
             if prior:

@@ -40,11 +40,11 @@ from allocator.pod import (
 
 from .node_index import FrozenShapeGroup, ShapeGroup
 from .nodes import NodeStore
-from .pods_cache import PodCache
 from .review import AdmissionRequest, FieldCause, Verdict
 from .simulate import Simulation, Simulator
+from .unjudged import UnjudgedRule
 
-__all__ = ["Feasibility", "PodValidator", "feasibility"]
+__all__ = ["Feasibility", "PodValidator", "assumption_note", "feasibility"]
 
 log = logging.getLogger("numapin.webhook.validate")
 
@@ -112,6 +112,14 @@ def _culprit(pod: PodInfo, node: NodeTopology) -> str:
     return f'container "{big.name}" needs {guaranteed_cpus(pod, big)} CPUs of its own'
 
 
+def assumption_note(node: NodeTopology) -> str:
+    """What the judgement of ``node`` assumed (its NodeResourceTopology left it out), for a message; "" if
+    nothing."""
+    if not node.assumptions:
+        return ""
+    return f"; judged from a NodeResourceTopology that leaves things out, assuming: {'; '.join(node.assumptions)}"
+
+
 def never_message(pod: PodInfo, f: Feasibility) -> str:
     node, answer = f.example, f.example_answer
     head = f"no known node can ever admit pod {pod.ref or '(new pod)'} ({f.candidates} candidate node(s))"
@@ -123,14 +131,14 @@ def never_message(pod: PodInfo, f: Feasibility) -> str:
     why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
     return (f"{head}: on node {node.name}, under topology manager policy {node.topology_manager_policy} "
             f"(scope {node.topology_manager_scope}), {_culprit(pod, node)} and {numa}; kubelet would reject it "
-            f"({why})")
+            f"({why}){assumption_note(node)}")
 
 
 class PodValidator:
-    def __init__(self, nodes: NodeStore, pods: PodCache, simulator: Simulator) -> None:
+    def __init__(self, nodes: NodeStore, simulator: Simulator, unjudged: UnjudgedRule) -> None:
         self.nodes = nodes
-        self.pods = pods
         self.simulator = simulator
+        self.unjudged = unjudged
 
     async def validate(self, req: AdmissionRequest) -> Verdict:
         pod = req.object
@@ -162,6 +170,8 @@ class PodValidator:
         try:
             info = PodInfo.from_pod(pod)
         except PodSpecError as e:
+            if req.operation == "CREATE":
+                return self.unjudged.verdict("validate", "pod_unreadable", f"pod not checked: {e}")
             log.info("validate: pod model cannot read %s (%s); allowed", req.describe(), e)
             return Verdict.allow(f"numapin: pod not checked: {e}")
         if (not info.namespace and req.namespace) or (not info.name and req.name):
@@ -198,8 +208,6 @@ class PodValidator:
                     f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free "
                     "CPUs are too few or too scattered for their topology manager policy; it stays Pending until "
                     "CPUs free up")
-        if not req.dry_run and info.name:
-            self.pods.put(info, uid=info.uid)  # for its binding (dry-run creates never get one)
         return Verdict.allow(*warnings)
 
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..pod import PodInfo
 from .factory import new_policy
 from .policy import Policy
 from .scope import AdmitResult, HintProvider, Scope, new_scope
-
-if TYPE_CHECKING:
-    from ..pod import PodInfo
 
 __all__ = ["TopologyManager"]
 

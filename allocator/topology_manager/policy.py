@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..hints import TopologyHint
 from ..merge import HintList, ProviderHints, best_hint
 from ..numa_distances import check_numa_distances
-from .policy_options import PREFER_CLOSEST, PolicyOptions
+from .policy_options import NEEDS_DISTANCES, PolicyOptions
 
 __all__ = ["Policy"]
 
@@ -48,8 +48,8 @@ class Policy(ABC):
             raise ConfigError(f"NUMA node ids must be unique, got {list(nodes)}")
         if self.options.prefer_closest_numa and self.uses_numa_distances:
             if self.distances is None:
-                raise ConfigError(f"topology manager option {PREFER_CLOSEST} needs the NUMA distances of the machine")
-            object.__setattr__(self, "distances", check_numa_distances(nodes, self.distances))
+                raise ConfigError(NEEDS_DISTANCES)
+            check_numa_distances(nodes, self.distances)
 
     @abstractmethod
     def merge(self, providers_hints: Sequence[ProviderHints]) -> tuple[TopologyHint, bool]:

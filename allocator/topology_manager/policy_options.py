@@ -21,6 +21,7 @@ __all__ = [
     "KNOWN_OPTIONS",
     "KUBELET_MIN_MAX_ALLOWABLE",
     "MAX_ALLOWABLE",
+    "NEEDS_DISTANCES",
     "PREFER_CLOSEST",
     "PolicyOptions",
     "parse_policy_options",
@@ -30,6 +31,7 @@ PREFER_CLOSEST = "prefer-closest-numa-nodes"
 MAX_ALLOWABLE = "max-allowable-numa-nodes"
 KNOWN_OPTIONS = (PREFER_CLOSEST, MAX_ALLOWABLE)
 KUBELET_MIN_MAX_ALLOWABLE = 8
+NEEDS_DISTANCES = f"topology manager option {PREFER_CLOSEST} needs the NUMA distances of the machine"
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,7 @@ class ChurnReport:
     start_refusals_logged: int = 0
     seconds: float = 0.0
     violations: list[dict[str, Any]] = field(default_factory=list)
+    trace: list[str] = field(default_factory=list)      # "op kind @t" (and faults), to replay a failure
 
     def to_json(self) -> dict[str, Any]:
         return {"seed": self.seed, "ops": self.ops, "operations": dict(sorted(self.operations.items())),
@@ -108,7 +109,8 @@ class ChurnReport:
                 "restartsAttemptPlusOne": self.restarts_attempt_plus_one, "samples": self.samples,
                 "longestDisagreementSeconds": round(self.longest_disagreement_s, 3),
                 "repairsLogged": self.repairs_logged, "startRefusalsLogged": self.start_refusals_logged,
-                "seconds": round(self.seconds, 1), "violations": self.violations}
+                "seconds": round(self.seconds, 1), "violations": self.violations,
+                **({"trace": self.trace} if self.violations else {})}
 
 
 # -- pods ----------------------------------------------------------------------------------------------
@@ -216,10 +218,12 @@ class Churn:
         self.fault_epoch = 0            # bumped by every kill: a call that spans one may time out
         self.up_since: float | None = time.monotonic()   # proxy and containerd both up and reconciled
         self.last_status: dict[str, Any] | None = None
+        self.t0 = time.monotonic()
         self._disagree: dict[tuple[str, str], float] = {}
         self._flagged: set[tuple[str, ...]] = set()
         self._admitting_exclusive = 0
         self._exclusive_create = asyncio.Event()   # set while a CreateContainer that narrows the pool is sent
+        self._drifted: dict[str, float] = {}       # container id -> when the harness wrote its cgroup
 
     # -- recording ---------------------------------------------------------------------------------
     def violation(self, invariant: str, detail: str, key: tuple[str, ...] | None = None) -> None:
@@ -229,6 +233,20 @@ class Churn:
         self._flagged.add(k)
         self.report.violations.append({"invariant": invariant, "op": self.op, "detail": detail,
                                        "t": round(time.monotonic() - self.t0, 2)})
+        self.trace(f"VIOLATION {invariant}: {detail}")
+
+    def trace(self, what: str) -> None:
+        self.report.trace.append(f"{self.op} {what} @{time.monotonic() - self.t0:.2f}")
+
+    def drift_excused(self, cid: str) -> bool:
+        """A cgroup the harness itself wrote may be wrong until the proxy has had ``REPAIR_BOUND`` seconds of
+        being up to repair it (invariant b judges that); invariant a must not count it meanwhile."""
+        at = self._drifted.get(cid)
+        if at is None:
+            return False
+        if self.up_since is None:
+            return True
+        return time.monotonic() - max(at, self.up_since) <= REPAIR_BOUND
 
     async def call(self, method: str, call: Awaitable[T], deadline: float = CALL_DEADLINE, *,
                    fine: tuple[grpc.StatusCode, ...] = ()) -> tuple[bool, T | None]:
@@ -299,8 +317,16 @@ class Churn:
             command = ("sleep", "3600")
         config = CRIClient.container_config(c.name, cpu_milli=c.cpu, limit_milli=c.limit, command=command,
                                             attempt=attempt)
-        ok, cid = await self.call("CreateContainer", self.kubelet.create_container(run.sandbox, config,
-                                                                                           run.config))
+        narrowing = run.plan.qos == "guaranteed" and run.plan.mode != "none" and c.cpu is not None and \
+            c.cpu % 1000 == 0
+        if narrowing:
+            self._exclusive_create.set()
+        try:
+            ok, cid = await self.call("CreateContainer",
+                                      self.kubelet.create_container(run.sandbox, config, run.config))
+        finally:
+            if narrowing:
+                self._exclusive_create.clear()
         if not ok or not cid:
             return None
         if attempt > 0:
@@ -417,7 +443,7 @@ class Churn:
     async def kill_proxy_during(self, carrier: Callable[[], Awaitable[None]], *, mid_create: bool) -> None:
         """SIGKILL the proxy while ``carrier`` runs: a random moment, or (``mid_create``) a few ms into the
         CreateContainer of an exclusive container (the proxy narrows the shared pool then)."""
-        delay = self.rng.uniform(0.0, 0.08) if mid_create else self.rng.uniform(0.0, 1.0)
+        delay = self.rng.uniform(0.0, 0.03) if mid_create else self.rng.uniform(0.0, 1.0)
 
         async def killer() -> None:
             if mid_create:
@@ -430,6 +456,8 @@ class Churn:
             self.fault_epoch += 1
             await asyncio.to_thread(self.proxy.kill)
             self.report.proxy_kills += 1
+            self.trace("proxy SIGKILLed" + (" during an exclusive CreateContainer"
+                                            if self._exclusive_create.is_set() else ""))
 
         await asyncio.gather(carrier(), killer())
         await self.restart_proxy()
@@ -442,6 +470,7 @@ class Churn:
             self.up_since = None
             self.fault_epoch += 1
             await asyncio.to_thread(self.lab.stop_containerd, signal.SIGKILL)
+            self.trace("containerd SIGKILLed")
             await asyncio.sleep(self.rng.uniform(0.0, 1.0))
             await asyncio.to_thread(self.lab.start_containerd)
             self.report.containerd_restarts += 1
@@ -481,7 +510,9 @@ class Churn:
                 wrong = everything if c.cgroup_cpus != everything else CPUSet([everything.max()])
                 with contextlib.suppress(OSError):
                     (target / "cpuset.cpus").write_text(str(wrong))
+                    self._drifted[c.id] = time.monotonic()
                     self.report.drifts_written += 1
+                    self.trace(f"drift {c.pod} {c.name} {c.id[:13]} -> {wrong}")
                 return
 
     # -- the monitor ----------------------------------------------------------------------------------
@@ -537,20 +568,24 @@ class Churn:
                 self.violation("a", f"reserved CPUs {cpus & self.reserved} pinned to pod {uid} container {name}")
         for x in running:
             own, mode = pinned.get((x.pod_uid, x.name), (CPUSet(), ""))
-            if mode != "exclusive":
+            if mode != "exclusive" or self.drift_excused(x.id):
                 continue
             mine = x.cpus & own
             for y in running:
-                if y.id == x.id or not (y.cpus & mine):
+                if y.id == x.id or not (y.cpus & mine) or self.drift_excused(y.id):
                     continue
                 # confirm: x runs (same process) before and after y is seen on its CPUs
                 x1 = await self.truth.one(x.id)
                 y1 = await self.truth.one(y.id)
                 x2 = await self.truth.one(x.id)
                 if x1 and y1 and x2 and (x1.cpus & x2.cpus & y1.cpus & own):
+                    await asyncio.sleep(0.1)
+                    y2 = await self.truth.one(y.id)
+                    later = y2.describe() if y2 else "gone"
                     self.violation("a", f"exclusive {x.pod} {x.name} (cpus {own}, id {x.id[:13]}) shares cpus "
                                         f"{y1.cpus & own} with running {y.pod} {y.name} (attempt {y.attempt}, "
-                                        f"id {y.id[:13]}, cpus {y1.cpus})", ("a", x.id, y.id))
+                                        f"id {y.id[:13]}, cpus {y1.cpus}): kernel {y1.describe()}; exclusive "
+                                        f"{x1.describe()}; 0.1 s later: {later}", ("a", x.id, y.id))
 
     async def monitor(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -565,6 +600,7 @@ class Churn:
     async def step(self) -> None:
         kind = self.rng.choices(OP_KINDS, OP_WEIGHTS)[0]
         self.report.operations[kind] += 1
+        self.trace(kind)
         if kind == "create":
             await self.create_pod()
         elif kind == "burst":

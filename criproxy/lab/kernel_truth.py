@@ -29,26 +29,32 @@ class ContainerTruth:
     pid: int
     cgroup_cpus: CPUSet
     cgroup_mems: CPUSet
-    tasks: tuple[tuple[int, CPUSet, CPUSet], ...]   # (pid, Cpus_allowed_list, Mems_allowed_list)
+    tasks: tuple[tuple[int, CPUSet, CPUSet, str], ...]   # (pid, Cpus_allowed_list, Mems_allowed_list, Name)
+    cgroup: str = ""
 
     @property
     def cpus(self) -> CPUSet:
         """Every CPU any of its processes, or its cgroup, allows."""
         out = self.cgroup_cpus
-        for _, c, _ in self.tasks:
+        for _, c, _, _ in self.tasks:
             out = out | c
         return out
 
     @property
     def mems(self) -> CPUSet:
         out = self.cgroup_mems
-        for _, _, m in self.tasks:
+        for _, _, m, _ in self.tasks:
             out = out | m
         return out
 
+    def describe(self) -> str:
+        """The kernel's view in words (for violation reports)."""
+        tasks = ", ".join(f"pid {p} {n} cpus {c} mems {m}" for p, c, m, n in self.tasks)
+        return f"cgroup {self.cgroup} cpuset.cpus {self.cgroup_cpus} mems {self.cgroup_mems}; {tasks}"
+
     def exactly(self) -> tuple[CPUSet, CPUSet] | None:
         """(cpus, mems) when the cgroup and every process agree, else None."""
-        if all(c == self.cgroup_cpus and m == self.cgroup_mems for _, c, m in self.tasks):
+        if all(c == self.cgroup_cpus and m == self.cgroup_mems for _, c, m, _ in self.tasks):
             return self.cgroup_cpus, self.cgroup_mems
         return None
 
@@ -57,35 +63,41 @@ def _parse(text: str) -> CPUSet:
     return CPUSet.parse(text.strip()) if text.strip() else CPUSet()
 
 
-def _status(proc: Path, pid: int) -> tuple[CPUSet, CPUSet] | None:
+def _status(proc: Path, pid: int) -> tuple[CPUSet, CPUSet, str] | None:
     try:
         text = (proc / str(pid) / "status").read_text()
     except OSError:
         return None
     cpus = mems = None
+    name = ""
     for line in text.splitlines():
-        if line.startswith("Cpus_allowed_list:"):
+        if line.startswith("Name:"):
+            name = line.split(":", 1)[1].strip()
+        elif line.startswith("Cpus_allowed_list:"):
             cpus = _parse(line.split(":", 1)[1])
         elif line.startswith("Mems_allowed_list:"):
             mems = _parse(line.split(":", 1)[1])
-    return (cpus, mems) if cpus is not None and mems is not None else None
+    return (cpus, mems, name) if cpus is not None and mems is not None else None
 
 
-def read_container(proc: Path, cgroup_root: Path, pid: int) -> tuple[CPUSet, CPUSet, tuple] | None:
-    """(cgroup cpus, cgroup mems, tasks) of the container whose first process is ``pid``; None if gone."""
+def read_container(proc: Path, cgroup_root: Path, pid: int, cid: str) -> tuple[CPUSet, CPUSet, tuple, str] | None:
+    """(cgroup cpus, cgroup mems, tasks, cgroup) of container ``cid`` whose first process is ``pid``; None if it
+    is gone (also when ``pid`` now belongs to another process: pids are reused, the container's cgroup is named
+    after its id)."""
     try:
         lines = (proc / str(pid) / "cgroup").read_text().splitlines()
     except OSError:
         return None
     d = None
+    where = ""
     for line in lines:
         _, ctrls, path = line.split(":", 2)
         if "cpuset" in ctrls.split(","):
-            d = cgroup_root / "cpuset" / path.lstrip("/")
+            d, where = cgroup_root / "cpuset" / path.lstrip("/"), path
             break
         if ctrls == "":
-            d = cgroup_root / path.lstrip("/")
-    if d is None:
+            d, where = cgroup_root / path.lstrip("/"), path
+    if d is None or cid not in where:
         return None
     v2 = not (d / "cpuset.cpus").exists() or (cgroup_root / "cgroup.controllers").exists()
     try:
@@ -101,7 +113,7 @@ def read_container(proc: Path, cgroup_root: Path, pid: int) -> tuple[CPUSet, CPU
             tasks.append((p, *st))
     if not tasks:
         return None
-    return cpus, mems, tuple(tasks)
+    return cpus, mems, tuple(tasks), where
 
 
 class KernelTruth:
@@ -138,7 +150,7 @@ class KernelTruth:
         for cid in [c for c in self._pids if c not in live]:
             del self._pids[cid]
         todo = [(c, p) for c, p in zip(items, pids, strict=True) if isinstance(p, int) and p > 0]
-        read = await asyncio.to_thread(lambda: [read_container(self.proc, self.cgroup_root, p) for _, p in todo])
+        read = await asyncio.to_thread(lambda: [read_container(self.proc, self.cgroup_root, p, c.id) for c, p in todo])
         out = []
         for (c, pid), r in zip(todo, read, strict=True):
             if r is None:
@@ -154,7 +166,7 @@ class KernelTruth:
         pid = self._pids.get(cid)
         if not pid:
             return None
-        r = await asyncio.to_thread(read_container, self.proc, self.cgroup_root, pid)
+        r = await asyncio.to_thread(read_container, self.proc, self.cgroup_root, pid, cid)
         if r is None:
             return None
         return ContainerTruth(cid, "", "", "", 0, pid, *r)

@@ -38,6 +38,9 @@ class _Container:
     state: int = pb.CONTAINER_CREATED
     resources: pb.LinuxContainerResources = field(default_factory=pb.LinuxContainerResources)
     created_at: int = 0
+    started_at: int = 0
+    finished_at: int = 0
+    exit_code: int = 0
 
 
 class MemoryRuntime:
@@ -58,6 +61,8 @@ class MemoryRuntime:
         # method -> (code, message[, trailing metadata]): the next call of that method fails so
         self.fail_next: dict[str, tuple] = {}
         self.hooks: dict[str, Callable[[bytes], None]] = {}  # called with the raw request before handling
+        # (method, predicate on the raw request, event): a matching call waits for the event (a slow runtime)
+        self.holds: list[tuple[str, Callable[[bytes], bool], asyncio.Event]] = []
         self.record = True
         self._ids = itertools.count(1)
         self._events: list[asyncio.Queue[pb.ContainerEventResponse]] = []
@@ -91,6 +96,11 @@ class MemoryRuntime:
                                              "io.kubernetes.pod.uid": sb.metadata.uid})
             self.containers[cid] = _Container(cid, sandbox_id, cfg, pb.CONTAINER_RUNNING, created_at=time.time_ns())
 
+    def exit(self, container_id: str, code: int) -> None:
+        """The container's process ends by itself with ``code`` (it completed, or it crashed)."""
+        c = self.containers[container_id]
+        c.state, c.exit_code, c.finished_at = pb.CONTAINER_EXITED, code, time.time_ns()
+
     def requests(self, method: str) -> list[bytes]:
         return [c.request for c in self.calls if c.method == method]
 
@@ -103,6 +113,9 @@ class MemoryRuntime:
             hook = self.hooks.get(name)
             if hook is not None:
                 hook(raw)
+            for method, matches, event in list(self.holds):
+                if method == name and matches(raw):
+                    await event.wait()
             fail = self.fail_next.pop(name, None)
             if fail is not None:
                 await context.abort(fail[0], fail[1], tuple(fail[2]) if len(fail) > 2 else ())
@@ -196,8 +209,8 @@ class MemoryRuntime:
         if req.pod_sandbox_id in self.sandboxes:
             self.sandbox_state[req.pod_sandbox_id] = pb.SANDBOX_NOTREADY
             for c in self.containers.values():
-                if c.sandbox_id == req.pod_sandbox_id:
-                    c.state = pb.CONTAINER_EXITED
+                if c.sandbox_id == req.pod_sandbox_id and c.state != pb.CONTAINER_EXITED:
+                    self.exit(c.id, 137)
         return pb.StopPodSandboxResponse()
 
     async def remove_pod_sandbox(self, req: pb.RemovePodSandboxRequest, ctx) -> pb.RemovePodSandboxResponse:
@@ -224,12 +237,15 @@ class MemoryRuntime:
         return pb.CreateContainerResponse(container_id=cid)
 
     async def start_container(self, req: pb.StartContainerRequest, ctx) -> pb.StartContainerResponse:
-        self._container(req.container_id).state = pb.CONTAINER_RUNNING
+        c = self._container(req.container_id)
+        c.state, c.started_at = pb.CONTAINER_RUNNING, time.time_ns()
         self._emit(req.container_id, pb.CONTAINER_STARTED_EVENT)
         return pb.StartContainerResponse()
 
     async def stop_container(self, req: pb.StopContainerRequest, ctx) -> pb.StopContainerResponse:
-        self._container(req.container_id).state = pb.CONTAINER_EXITED
+        c = self._container(req.container_id)
+        if c.state != pb.CONTAINER_EXITED:
+            self.exit(c.id, 137)  # killed
         return pb.StopContainerResponse()
 
     async def remove_container(self, req: pb.RemoveContainerRequest, ctx) -> pb.RemoveContainerResponse:
@@ -255,7 +271,8 @@ class MemoryRuntime:
     async def container_status(self, req: pb.ContainerStatusRequest, ctx) -> pb.ContainerStatusResponse:
         c = self._container(req.container_id)
         return pb.ContainerStatusResponse(status=pb.ContainerStatus(
-            id=c.id, metadata=c.config.metadata, state=c.state, labels=c.config.labels,
+            id=c.id, metadata=c.config.metadata, state=c.state, created_at=c.created_at, started_at=c.started_at,
+            finished_at=c.finished_at, exit_code=c.exit_code, labels=c.config.labels,
             annotations=c.config.annotations, resources=pb.ContainerResources(linux=c.resources)))
 
     async def update_container_resources(self, req: pb.UpdateContainerResourcesRequest,
