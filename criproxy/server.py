@@ -72,8 +72,11 @@ def prepare_socket(path: str) -> None:
     raise SocketInUseError(f"{path}: another server is listening on it; refusing to start")
 
 
-async def start_server(path: str, handlers: Sequence[grpc.GenericRpcHandler]) -> grpc.aio.Server:
+async def start_server(path: str, handlers: Sequence[grpc.GenericRpcHandler]
+                       ) -> grpc.aio.Server | RelayServer:
     """Start a gRPC server on the unix socket ``path`` (mode 0660) with ``handlers``."""
+    if len(handlers) == 1 and isinstance(handlers[0], RelayHandler):
+        return await start_relay_server(path, handlers[0])  # the relay's handler needs its own kind of server
     prepare_socket(path)
     server = grpc.aio.server(options=_SERVER_OPTIONS)
     server.add_generic_rpc_handlers(tuple(handlers))
