@@ -16,12 +16,15 @@ from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
 from .config import ProxyConfig
+from .control import ControlServer
 from .converge import Converger, Decision, decision_of
 from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
+from .mode_apply import ModeApplier
 from .narrowing import CpusetPusher
 from .nrt import ApiPublisher, write_nrt
 from .pinning import Pinning, PinningOptions
+from .pod_watch import NodePodWatch
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
@@ -60,6 +63,8 @@ class CriProxy:
         self._tasks: list[asyncio.Task[None]] = []
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
+        self._control: ControlServer | None = None
+        self._stop_watch = asyncio.Event()
         # numapinStateVersion of the published NRT: unique to this process, bumped on every publication
         self._nrt_epoch = uuid.uuid4().hex[:12]
         self._nrt_generation = 0
@@ -89,6 +94,10 @@ class CriProxy:
                            self_pod_uid=cfg.self_pod_uid),
             on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
+        self.modes = ModeApplier(self.pinning, self.upstream, self.registry, self.converger,
+                                 lift_cfs_quota=cfg.lift_cfs_quota, self_pod=cfg.self_pod,
+                                 on_transition=self.metrics.observe_mode_change,
+                                 on_refusal=self.metrics.observe_mode_refusal)
         interceptors = {**self.pinning.interceptors(), "StartContainer": self.starts.start_container}
         handler = RelayHandler(self.upstream, interceptors, observe=self.metrics.observe_call)
         if cfg.publish_nrt or cfg.kubeconfig:
@@ -107,7 +116,22 @@ class CriProxy:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._reconcile_loop()))
         self._tasks.append(loop.create_task(self._nrt_loop()))
+        self._tasks.append(loop.create_task(self._modes_loop()))
         return self
+
+    async def _modes_loop(self) -> None:
+        """Changes of a running pod's mode: from the local control socket and the API watch, once the start-up
+        reconcile has the node's picture; refused ones are tried again."""
+        await self.reconciled.wait()
+        cfg = self.config
+        path = cfg.control_path
+        if path:
+            self._control = await ControlServer(path, self.modes.request, self.modes.modes).start()
+        if cfg.watch_pods:
+            watch = NodePodWatch(cfg.node_name, self.modes.request, kubeconfig=cfg.kubeconfig)
+            self._tasks.append(asyncio.get_running_loop().create_task(watch.run(self._stop_watch)))
+            log.info("watching the pods of node %s for changes of their CPU mode", cfg.node_name)
+        await self.modes.run()
 
     def decide(self, t: Tracked) -> Decision | None:
         """What the container must run on now (its pinned CPUs, else the shared pool)."""
@@ -118,7 +142,10 @@ class CriProxy:
             report = await reconcile(
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
                 converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
+            gone = self.modes.prune({uid for uid in self.registry.sandboxes.values()})
             await self.pinning.save()
+        if gone:
+            log.info("reconcile: forgot the CPU mode set while running of pods gone: %s", ", ".join(gone))
         log.info("reconcile: %s", report)  # after the state is on disk
         self.last_reconcile = report
         self._nrt_dirty.set()
@@ -174,6 +201,10 @@ class CriProxy:
             await self._server.wait_for_termination()
 
     async def stop(self, grace: float | None = 1.0) -> None:
+        self._stop_watch.set()
+        if self._control is not None:
+            await self._control.stop()
+            self._control = None
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
