@@ -28,7 +28,7 @@ from .pod_watch import NodePodWatch
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
-from .server import listen_path, start_server
+from .server import SocketInUseError, listen_path, start_server
 from .starts import StartGuard
 from .status import status_from_thread
 
@@ -126,7 +126,12 @@ class CriProxy:
         cfg = self.config
         path = cfg.control_path
         if path:
-            self._control = await ControlServer(path, self.modes.request, self.modes.modes).start()
+            self._control = ControlServer(path, self.modes.request, self.modes.modes)
+            try:
+                await self._control.start()
+            except (OSError, SocketInUseError) as e:
+                log.error("control socket %s not opened: %s; `numapin mode` cannot reach this proxy", path, e)
+                self._control = None
         if cfg.watch_pods:
             watch = NodePodWatch(cfg.node_name, self.modes.request, kubeconfig=cfg.kubeconfig)
             self._tasks.append(asyncio.get_running_loop().create_task(watch.run(self._stop_watch)))
@@ -202,15 +207,15 @@ class CriProxy:
 
     async def stop(self, grace: float | None = 1.0) -> None:
         self._stop_watch.set()
-        if self._control is not None:
-            await self._control.stop()
-            self._control = None
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
+        if self._control is not None:
+            await self._control.stop()
+            self._control = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None

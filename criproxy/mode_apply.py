@@ -111,17 +111,22 @@ class ModeApplier:
         created = _created_mode(annotations)
         pod = self._pod_model(req, sb, annotations)
         pod = replace(pod, uid=uid, cpu_manager=None if created == KUBELET_RULE else created)  # type: ignore[arg-type]
+        gate = self.pinning.pusher.gate
         async with self.pinning.lock:
             current = self.allocator.pod_mode(uid) or created
             if current == target:
                 return ModeAnswer("unchanged", f"pod {ref} already runs in mode {target}")
-            change = await asyncio.to_thread(self.allocator.change_mode, pod, target)
-            if not change.admitted:
-                self.on_refusal(change.reason or "Refused")
-                return ModeAnswer("refused", change.message, change.reason, change.to_dict())
-            await self.pinning.save()  # on disk before any container moves: a restart converges to it
-            self.pinning.on_change()
-            seconds = await self._apply(change)
+            # the pool gate is held from the decision until the kernel shows it: no convergence pass (which
+            # follows the state) can move the pod's containers before the shared ones are narrowed
+            async with gate.exclusive():
+                change = await asyncio.to_thread(self.allocator.change_mode, pod, target)
+                if not change.admitted:
+                    self.on_refusal(change.reason or "Refused")
+                    return ModeAnswer("refused", change.message, change.reason, change.to_dict())
+                await self.pinning.save()  # on disk before any container moves: a restart converges to it
+                self.pinning.on_change()
+                seconds = await self._apply(change)
+            self.pinning.pusher.on_resized()
         self.on_transition(change.old, change.new)
         moved = ", ".join(f"{m.name} {m.old_mode}->{m.new_mode} cpus={m.new_cpus or 'shared pool'}"
                           for m in change.moves if m.moved) or "no container moved"
@@ -163,16 +168,16 @@ class ModeApplier:
 
     # -- applying -------------------------------------------------------------------------------------------
     async def _apply(self, change: ModeChange) -> float:
-        """Move the pod's running containers and the shared pool (zero-window order); returns the seconds taken."""
+        """Move the pod's running containers and the shared pool (zero-window order), the pool gate held by the
+        caller; returns the seconds taken."""
         t0 = time.perf_counter()
-        pod = [t for t in self.registry.of_pod(change.uid) if not t.exited and t.mode != "bypass"]
-        moves = []
-        for t in pod:
+        info = self.allocator.pod(change.uid)
+        moves: list[tuple[Tracked, CPUSet | None, int | None]] = []
+        for t in self.registry.of_pod(change.uid):
             m = change.move(t.name)
-            if m is None:
+            if t.exited or t.mode == "bypass" or m is None:
                 continue
-            limit = self.allocator.pod(change.uid)
-            c = next((x for x in limit.containers if x.name == t.name), None) if limit is not None else None
+            c = next((x for x in info.containers if x.name == t.name), None) if info is not None else None
             quota = None
             if self.lift_cfs_quota and m.new_mode != "shared" and m.old_mode == "shared":
                 quota = UNLIMITED_QUOTA
@@ -181,14 +186,23 @@ class ModeApplier:
             t.mode = m.new_mode  # type: ignore[assignment]
             moves.append((t, m.new_cpus, quota))
         if change.narrows_pool:
-            await self.pinning._resize_shared()    # 1. the shared containers leave the new exclusive CPUs
-            await self._push_pod(moves)            # 2. then the pod's containers take them
+            await self._resize_shared()    # 1. the shared containers leave the new exclusive CPUs,
+            await self.converger.repair(self.registry.on_shared_pool(), "before a mode change")  # in the kernel
+            await self._push_pod(moves)    # 2. then the pod's containers take them
         else:
-            await self._push_pod(moves)            # 1. the pod's containers move (nothing new is exclusive)
-            await self.pinning._resize_shared()    # 2. then the shared pool widens
-        async with self.pinning.pusher.gate.exclusive():  # the kernel, not the updates' answers, is the truth
-            await self.converger.repair(self.converger.live(), "after a mode change")
+            await self._push_pod(moves)    # 1. the pod's containers move (nothing new is exclusive)
+            await self._resize_shared()    # 2. then the shared pool widens
+        # the kernel, not the updates' answers, is the truth
+        await self.converger.repair(self.converger.live(), "after a mode change")
         return time.perf_counter() - t0
+
+    async def _resize_shared(self) -> None:
+        pool, mems = self.pinning.shared_pool()
+        result = await self.pinning.pusher.push((t, pool, mems, None) for t in self.registry.on_shared_pool())
+        if result.changed or result.failed:
+            self.pinning.on_narrow(result.seconds)
+            log.info("shared pool -> cpus=%s mems=%s: %d containers updated, %d failed in %.1f ms", pool, mems,
+                     result.changed, result.failed, result.seconds * 1000)
 
     async def _push_pod(self, moves: list[tuple[Tracked, CPUSet | None, int | None]]) -> None:
         pool, pool_mems = self.pinning.shared_pool()
@@ -197,11 +211,8 @@ class ModeApplier:
         for t, own, quota in moves:
             cpus, mems = (own, topology.numa_of(own)) if own is not None else (pool, pool_mems)
             items.append((t, cpus, mems, quota))
-            if quota is not None:
-                t.cpus = None  # pushed even when the cpuset stays: the quota changes
-        if items:
-            async with self.pinning.pusher.gate.exclusive():
-                await self.pinning.pusher.push(items)
+        # forced: the quota may change with the same cpuset, and the record may lag the kernel
+        await self.pinning.pusher.push(items, force=True)
 
     # -- refused requests, tried again ------------------------------------------------------------------------
     async def run(self) -> None:
