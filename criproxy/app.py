@@ -92,7 +92,7 @@ class CriProxy:
             self.node_config, self.allocator, self.store, self.pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid),
-            on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
+            on_change=self._state_changed, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
         self.modes = ModeApplier(self.pinning, self.upstream, self.registry, self.converger,
                                  lift_cfs_quota=cfg.lift_cfs_quota, self_pod=cfg.self_pod,
@@ -137,6 +137,12 @@ class CriProxy:
             self._tasks.append(asyncio.get_running_loop().create_task(watch.run(self._stop_watch)))
             log.info("watching the pods of node %s for changes of their CPU mode", cfg.node_name)
         await self.modes.run()
+
+    def _state_changed(self) -> None:
+        """The allocation changed: publish the NodeResourceTopology again, retry refused changes of mode."""
+        self._nrt_dirty.set()
+        if hasattr(self, "modes"):
+            self.modes.kick()
 
     def decide(self, t: Tracked) -> Decision | None:
         """What the container must run on now (its pinned CPUs, else the shared pool)."""

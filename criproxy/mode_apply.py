@@ -17,8 +17,9 @@ and refusals. Nothing here is used by CreateContainer: that path only sees the a
 mode is recorded (``CPUState.pod_modes``), so a restarted container gets the new mode and a restarted proxy's
 reconcile and convergence apply it.
 
-A request the node refuses is kept and tried again every ``retry_seconds`` until it succeeds or another request for
-the pod replaces it (for example CPUs freed by a deleted pod let a pod become ``exclusive``).
+A request from the API the node refuses is kept and tried again whenever the allocation changes (CPUs freed by a
+deleted pod may let the pod become ``exclusive``) and every ``retry_seconds``, until it succeeds or another request
+for the pod replaces it.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class ModeApplier:
         self.on_refusal = on_refusal or (lambda reason: None)
         self.pending: dict[str, ModeRequest] = {}   # pod uid -> a refused request, tried again
         self.refs: dict[str, str] = {}               # pod uid -> namespace/name, for status
+        self._kick = asyncio.Event()
 
     # -- requests -----------------------------------------------------------------------------------------
     async def request(self, req: ModeRequest) -> ModeAnswer:
@@ -153,10 +155,17 @@ class ModeApplier:
         intent = annotations.get(INTENT_ANNOTATION)
         if intent is not None:
             return decode_intent(intent, uid=md.uid, namespace=md.namespace, name=md.name, annotations=annotations)
+        # CRI alone tells only of the containers created so far: those that exist are moved (the others are admitted
+        # when kubelet creates them, in the new mode)
+        exist = {t.name for t in self.registry.of_pod(md.uid)}
         admitted = self.allocator.pod(md.uid)  # the model CreateContainer built (QoS from the cgroup parent)
         if admitted is not None:
-            return admitted
-        known = self.registry.pod_containers.get(md.uid)
+            return replace(admitted, containers=tuple(c for c in admitted.containers if c.name in exist))
+        known = {n: c for n, c in self.registry.pod_containers.get(md.uid, {}).items() if n in exist}
+        if not exist:
+            # nothing runs yet: the new mode is recorded and applies to the containers created from now on
+            return PodInfo(uid=md.uid, namespace=md.namespace, name=md.name, qos_class="BestEffort", cpu_manager=None,
+                           bypass=False, containers=())
         if not known:
             raise PodSpecError(
                 f"its resources are unknown to the proxy: the pod has no {INTENT_ANNOTATION} annotation (created "
@@ -211,14 +220,22 @@ class ModeApplier:
         for t, own, quota in moves:
             cpus, mems = (own, topology.numa_of(own)) if own is not None else (pool, pool_mems)
             items.append((t, cpus, mems, quota))
-        # forced: the quota may change with the same cpuset, and the record may lag the kernel
-        await self.pinning.pusher.push(items, force=True)
+            if quota is not None:
+                t.cpus = None  # pushed even when the cpuset stays: the quota changes
+        await self.pinning.pusher.push(items)
 
     # -- refused requests, tried again ------------------------------------------------------------------------
+    def kick(self) -> None:
+        """The node's allocation changed (CPUs freed, say): try refused requests again now."""
+        if self.pending:
+            self._kick.set()
+
     async def run(self) -> None:
-        """Try refused requests again every ``retry_seconds``, for ever."""
+        """Try refused requests again after every change of the allocation and every ``retry_seconds``, for ever."""
         while True:
-            await asyncio.sleep(self.retry_seconds)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.retry_seconds)
+            self._kick.clear()
             for uid, req in list(self.pending.items()):
                 if self.pending.get(uid) is req:
                     with contextlib.suppress(Exception):
