@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     "StaticPolicyOptions": "policy_options",
     "generate_cpu_hints": "cpu_hints",
     # topology manager
-    "merge_hints": "merge",
+    "merge_hints": "topology_manager",
     "HintFamily": "compact_hints",
     "cpu_hint_family": "compact_hints",
     "TopologyManager": "topology_manager",

@@ -30,10 +30,11 @@ MAX_NUMA_ID = 63
 
 
 def mask_of(nodes: Iterable[int]) -> int:
-    """The mask of ``nodes``; ConfigError for an id outside 0..63 (kubelet's BitMask limit)."""
+    """The mask of ``nodes``; ConfigError for an id outside 0..63 (kubelet's BitMask limit). The one NUMA-id
+    check of the allocator."""
     m = 0
     for n in nodes:
-        if not isinstance(n, int) or n < 0 or n > MAX_NUMA_ID:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0 or n > MAX_NUMA_ID:
             raise ConfigError(f"NUMA node id {n!r} is out of range: ids must be 0..{MAX_NUMA_ID}")
         m |= 1 << n
     return m

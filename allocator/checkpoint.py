@@ -25,6 +25,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from typing import Any
 
 from .cpuset import CPUSet
 from .errors import CheckpointError
+from .modes import PINNED_MODES
 from .state import CPUState
 
 __all__ = [
@@ -48,7 +50,7 @@ __all__ = [
 ]
 
 EXTRA_FIELD = "numapin"
-MODES = ("exclusive", "share")
+MODES = PINNED_MODES  # what the state file records per pinned container (allocator.modes)
 POD_MODES = ("none", "exclusive", "share", "kubelet")
 _MAX_U64 = (1 << 64) - 1
 _FNV32_OFFSET = 0x811C9DC5
@@ -437,6 +439,23 @@ class CheckpointStore:
         """The saved state, or None when the file does not exist. Raises CheckpointError (file left untouched)."""
         cp = self.read(container_ids)
         return None if cp is None else _state_from(cp)
+
+    def clean_leftovers(self) -> list[Path]:
+        """Remove temp files a writer killed between creating and renaming them left behind (``.<name>.<12
+        hex digits>.tmp`` in the state's directory, regular files only); returns what was removed. Call at
+        start, before the first save: the caller must be the file's only writer."""
+        pattern = re.compile(rf"\.{re.escape(self.path.name)}\.[0-9a-f]{{12}}\.tmp")
+        removed: list[Path] = []
+        try:
+            entries = list(os.scandir(self.path.parent))
+        except FileNotFoundError:
+            return removed
+        for e in entries:
+            if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(e.path)
+                    removed.append(Path(e.path))
+        return removed
 
     def save(self, state: CPUState, *, force: bool = False) -> None:
         """Write ``state`` atomically. Refuses (CheckpointError) to replace an existing file that is not a valid

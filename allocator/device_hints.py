@@ -17,16 +17,14 @@ counts as present in a mask holding any one of them (kubelet's rule for such dev
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .bitmask import bits_of, iterate_masks, mask_of
 from .compact_hints import HintFamily
 from .errors import ConfigError
 from .hints import TopologyHint
-
-if TYPE_CHECKING:
-    from .merge import ProviderHints
-    from .pod import PodInfo
+from .merge import ProviderHints
+from .pod import PodInfo
 
 __all__ = ["DeviceHintProvider", "device_hints"]
 

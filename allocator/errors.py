@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 __all__ = [
+    "AdmitReason",
     "AllocationError",
     "AllocatorError",
     "CheckpointError",
@@ -12,6 +15,10 @@ __all__ = [
     "TopologyAffinityError",
     "TopologyError",
 ]
+
+
+# why kubelet's admission refuses a pod (its PodAdmitResult reasons)
+AdmitReason = Literal["TopologyAffinityError", "SMTAlignmentError", "UnexpectedAdmissionError"]
 
 
 class AllocatorError(Exception):
@@ -37,13 +44,13 @@ class CheckpointError(AllocatorError):
 class AllocationError(AllocatorError):
     """CPUs could not be allocated (not enough free CPUs, invalid request). kubelet's UnexpectedAdmissionError."""
 
-    reason = "UnexpectedAdmissionError"
+    reason: ClassVar[AdmitReason] = "UnexpectedAdmissionError"
 
 
 class SMTAlignmentError(AllocationError):
     """``full-pcpus-only``: the request is not a multiple of the SMT width or whole cores are not free."""
 
-    reason = "SMTAlignmentError"
+    reason: ClassVar[AdmitReason] = "SMTAlignmentError"
 
     def __init__(self, requested: int, cpus_per_core: int, available_physical_cpus: int = 0,
                  cause: str = "") -> None:
@@ -62,4 +69,4 @@ class SMTAlignmentError(AllocationError):
 class TopologyAffinityError(AllocatorError):
     """The topology manager policy cannot align the pod's resources (kubelet's TopologyAffinityError)."""
 
-    reason = "TopologyAffinityError"
+    reason: ClassVar[AdmitReason] = "TopologyAffinityError"

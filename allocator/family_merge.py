@@ -15,13 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .bitmask import bits_of
 from .compact_hints import HintFamily
-
-if TYPE_CHECKING:
-    from .merge import _Order
+from .hint_order import HintOrder
 
 __all__ = ["best_common_preferred", "best_nonpreferred_with_families"]
 
@@ -42,7 +40,7 @@ def _fams(families: list[HintFamily]) -> list[_Fam]:
 
 
 # -- preferred: the best mask every family holds as a preferred member --------------------------------
-def best_common_preferred(families: list[HintFamily], default: int, order: _Order) -> int | None:
+def best_common_preferred(families: list[HintFamily], default: int, order: HintOrder) -> int | None:
     universe = reduce(lambda a, f: a & f.universe, families, default)
     required = reduce(lambda a, f: a | f.required, families, 0)
     if required & ~universe:
@@ -64,7 +62,7 @@ def best_common_preferred(families: list[HintFamily], default: int, order: _Orde
 
 
 def _best_member_of_size(families: list[HintFamily], universe: int, required: int, size: int,
-                         leaf: Callable[[int], bool] | None, order: _Order) -> int | None:
+                         leaf: Callable[[int], bool] | None, order: HintOrder) -> int | None:
     """The best (numerically smallest, or closest then smallest) mask of ``size`` nodes in every family."""
     free = bits_of(universe & ~required)  # ascending
     k = size - required.bit_count()
@@ -100,7 +98,7 @@ def _best_member_of_size(families: list[HintFamily], universe: int, required: in
 
 
 def _colex_search(cands: list[int], k: int, fixed: int, ok: Callable[[int, int, int], bool],
-                  leaf: Callable[[int], bool] | None, order: _Order) -> int | None:
+                  leaf: Callable[[int], bool] | None, order: HintOrder) -> int | None:
     """Best ``fixed ∪ S`` over k-subsets S of ``cands`` (ascending ids) under kubelet's mask order.
 
     Subsets are visited in colex order (the highest node as low as possible, recursively), which is
@@ -148,7 +146,7 @@ def _colex_search(cands: list[int], k: int, fixed: int, ok: Callable[[int, int, 
     def hopeless(bound: int) -> bool:
         if not best[2]:
             return False
-        return bound > best[1] or (bound == best[1] and best[3])
+        return bool(bound > best[1] or (bound == best[1] and best[3]))
 
     def visit(r: int, hi: int, chosen: int, cur_d: int) -> None:
         if r == 0:
@@ -180,7 +178,7 @@ def _colex_search(cands: list[int], k: int, fixed: int, ok: Callable[[int, int, 
 
 
 def _greedy_seed(cands: list[int], k: int, fixed: int, ok: Callable[[int, int, int], bool],
-                 leaf: Callable[[int], bool] | None, order: _Order, link: dict[int, int], self_d: dict[int, int],
+                 leaf: Callable[[int], bool] | None, order: HintOrder, link: dict[int, int], self_d: dict[int, int],
                  pair_min: dict[int, int], best: list[Any]) -> None:
     """A quick valid subset with a small distance sum (nearest-neighbour growth from a few starts)."""
     if k == 0:
@@ -211,7 +209,7 @@ def _greedy_seed(cands: list[int], k: int, fixed: int, ok: Callable[[int, int, i
 
 # -- non-preferred: the best reachable AND -----------------------------------------------------------
 def best_nonpreferred_with_families(explicit_ands: set[int], families: list[HintFamily], default: int,
-                                    order: _Order) -> int | None:
+                                    order: HintOrder) -> int | None:
     universe = reduce(lambda a, f: a & f.universe, families, default)
     dropper = _Dropper(_fams(families), universe)
     best: int | None = None
@@ -225,7 +223,7 @@ def best_nonpreferred_with_families(explicit_ands: set[int], families: list[Hint
     return best
 
 
-def _best_reachable_in(v: int, dropper: _Dropper, order: _Order) -> int | None:
+def _best_reachable_in(v: int, dropper: _Dropper, order: HintOrder) -> int | None:
     n = v.bit_count()
     most = dropper.maxcover(0, v)  # nodes the families can drop at most
     narrowest = max(n - most, 1)

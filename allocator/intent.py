@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import PodSpecError
-from .pod import BYPASS_ANNOTATION, CPU_MANAGER_VALUES, ContainerInfo, PodInfo
+from .pod import CPU_MANAGER_VALUES, ContainerInfo, PodInfo, is_bypassed
 
 __all__ = ["INTENT_ANNOTATION", "INTENT_VERSION", "MAX_INTENT_CHARS", "MAX_INTENT_DEPTH", "decode_intent",
            "encode_intent", "json_depth_exceeds"]
@@ -56,6 +56,7 @@ def json_depth_exceeds(text: str, limit: int) -> bool:
 
 
 def encode_intent(pod: PodInfo) -> str:
+    """The annotation's text. Raises PodSpecError when it would be longer than ``decode_intent`` reads."""
     doc = {
         "v": INTENT_VERSION,
         "qosClass": pod.qos_class,
@@ -70,7 +71,11 @@ def encode_intent(pod: PodInfo) -> str:
             for c in pod.containers
         ],
     }
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    if len(text) > MAX_INTENT_CHARS:
+        raise PodSpecError(f"the CPU intent of pod {pod.ref} would take {len(text)} characters, more than the "
+                           f"{MAX_INTENT_CHARS} numapin reads back ({len(pod.containers)} containers)")
+    return text
 
 
 def decode_intent(
@@ -104,7 +109,7 @@ def decode_intent(
     containers = tuple(_container(c, f"{where}: containers[{i}]") for i, c in enumerate(raw))
     if len({c.name for c in containers}) != len(containers):
         raise PodSpecError(f"{where}: container names must be unique")
-    bypass = (annotations or {}).get(BYPASS_ANNOTATION, "").strip().lower() == "true"
+    bypass = is_bypassed(annotations or {})
     return PodInfo(uid=uid, namespace=namespace, name=name, qos_class=qos, cpu_manager=mode, bypass=bypass,
                    containers=containers)
 

@@ -3,13 +3,11 @@ memory itself has no NUMA preference (kubelet's nil hints: "don't care") and nee
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .hints import TopologyHint
-
-if TYPE_CHECKING:
-    from .merge import ProviderHints
-    from .pod import PodInfo
+from .merge import ProviderHints
+from .pod import PodInfo
 
 __all__ = ["MemoryHintProvider"]
 

@@ -21,15 +21,14 @@ sandbox was created with, so a container of the pod that restarts gets the new m
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from .cpuset import CPUSet
 from .errors import PodSpecError
 from .memory_hints import MemoryHintProvider
+from .modes import CPU_MANAGER_VALUES, ContainerMode, CPUManagerAnnotation
 from .pod import (
     CPU_MANAGER_ANNOTATION,
-    CPU_MANAGER_VALUES,
-    ContainerMode,
     PodInfo,
     container_mode,
     guaranteed_cpus,
@@ -52,7 +51,7 @@ __all__ = [
     "with_pod_mode",
 ]
 
-KUBELET_RULE = "kubelet"
+KUBELET_RULE: Final = "kubelet"
 TARGET_MODES = (*CPU_MANAGER_VALUES, KUBELET_RULE)
 TargetMode = Literal["none", "exclusive", "share", "kubelet"]
 _KUBELET_ALIASES = ("", KUBELET_RULE, "default")
@@ -69,7 +68,7 @@ def parse_target(value: str | None) -> TargetMode:
             f"{CPU_MANAGER_ANNOTATION}={value!r} is not a mode: allowed values are {', '.join(CPU_MANAGER_VALUES)}, "
             f"or {KUBELET_RULE} (the annotation removed: kubelet's rule)"
         )
-    return v  # type: ignore[return-value]
+    return v
 
 
 def mode_name(cpu_manager: str | None) -> TargetMode:
@@ -154,7 +153,8 @@ def plan_mode_change(
     if current.bypass:
         return ModeChange(pod.uid, pod.ref, old, new, False, "Bypassed",
                           f"pod {pod.ref} is annotated numapin.io/bypass=true: numapin leaves its CPUs alone"), None
-    moved = replace(current, cpu_manager=None if new == KUBELET_RULE else new)
+    target_mode: CPUManagerAnnotation | None = None if new == KUBELET_RULE else new
+    moved = replace(current, cpu_manager=target_mode)
     running = replace(moved, containers=tuple(c for c in moved.containers if c.role != "init"))
     uid = pod.uid
     work = state.copy()
@@ -166,11 +166,11 @@ def plan_mode_change(
             work.set(uid, name, cpus, container_mode(moved, c))
         else:
             policy.remove(work, uid, name)
-    saved_reuse = policy.reusable_cpus
+    saved_reuse = (work.reuse_pod, work.reuse)
     try:
         result = topology_manager.admit(work, running, [policy, MemoryHintProvider()])
     finally:
-        policy.restore_reusable(saved_reuse)  # a transition is no step of another pod's admission
+        work.reuse_pod, work.reuse = saved_reuse  # a transition is no step of another pod's admission
     if not result.admitted:
         free = work.default_cpuset - CPUSet(policy.reserved)
         per_numa = ", ".join(f"{n}: {len(free & policy.topology.cpus_in_numa(n))}"

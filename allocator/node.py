@@ -20,21 +20,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from .compact_hints import HintFamily
 from .cpuset import CPUSet
 from .device_hints import DeviceHintProvider
-from .errors import ConfigError
+from .errors import AdmitReason, ConfigError
 from .hints import TopologyHint
 from .memory_hints import MemoryHintProvider
 from .mode_change import ModeChange, plan_mode_change, with_pod_mode
+from .modes import SHARED_POOL, ContainerMode
 from .pod import PodInfo, container_mode, guaranteed_cpus, pod_guaranteed_cpus
 from .policy_options import StaticPolicyOptions
 from .state import CPUState
-from .static_policy import StaticPolicy
+from .static_policy import StaticPolicy, require_reserved
 from .topology import Topology
-from .topology_manager import TopologyManager
+from .topology_manager import POLICIES, SCOPES, HintProvider, NonePolicy, TopologyManager
 
 __all__ = [
     "TM_POLICIES",
@@ -42,23 +43,29 @@ __all__ = [
     "ContainerDecision",
     "NodeAllocator",
     "NodeConfig",
+    "NodeParts",
     "PodDecision",
+    "build_node",
 ]
 
-TM_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
-TM_SCOPES = ("container", "pod")
+TM_POLICIES = POLICIES
+TM_SCOPES = SCOPES
 
-TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
-
-Mode = Literal["exclusive", "share", "shared"]
-Reason = Literal["TopologyAffinityError", "SMTAlignmentError", "UnexpectedAdmissionError"]
+Mode = ContainerMode  # exclusive | share (own CPUs) | shared (the pool): allocator.modes
+Reason = AdmitReason
 # {container: {device or resource: its NUMA nodes}} (a list of node sets for several devices of one resource)
 DeviceMap = Mapping[str, Mapping[str, Iterable[int] | Iterable[Iterable[int]]]]
 
 
+
 @dataclass(frozen=True)
 class NodeConfig:
-    """kubelet's CPU- and topology-manager configuration of one node (field names as in KubeletConfiguration)."""
+    """kubelet's CPU- and topology-manager configuration of one node (field names as in KubeletConfiguration).
+
+    ``require_reserved_cpus``: refuse a node without reserved CPUs, as kubelet's container manager does at
+    start-up (``static_policy.require_reserved``): set where a node is configured (the proxy's node, ``numapin
+    plan``'s scenario). Off by default, as for kubelet's policy itself: the webhook judges NodeResourceTopology
+    documents of nodes it does not configure, some with no reserved CPU."""
 
     topology: Topology
     reserved_cpus: CPUSet | None = None
@@ -67,47 +74,65 @@ class NodeConfig:
     topology_manager_policy: str = "none"
     topology_manager_scope: str = "container"
     topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
+    require_reserved_cpus: bool = False
 
     def validate(self) -> None:
         """Raise ConfigError (naming the kubelet setting) for what kubelet would refuse at startup."""
-        if self.topology_manager_policy not in TM_POLICIES:
-            raise ConfigError(
-                f"topologyManagerPolicy: unknown policy {self.topology_manager_policy!r} "
-                f"(allowed: {', '.join(TM_POLICIES)})"
-            )
-        if self.topology_manager_scope not in TM_SCOPES:
-            raise ConfigError(
-                f"topologyManagerScope: unknown scope {self.topology_manager_scope!r} "
-                f"(allowed: {', '.join(TM_SCOPES)})"
-            )
-        try:  # options and machine checks: the topology manager package's own rules
-            TopologyManager.from_config(
-                numa_nodes=self.topology.numa_nodes,
-                policy=self.topology_manager_policy,
-                scope=self.topology_manager_scope,
-                options=dict(self.topology_manager_policy_options),
-                distances=self.topology.numa_distances,
-            )
-        except ConfigError as e:
-            raise ConfigError(f"topologyManagerPolicyOptions: {e}") from None
-        try:
-            StaticPolicyOptions.parse(self.cpu_manager_policy_options).validate(
-                self.topology, self.topology_manager_policy
-            )
-        except ConfigError as e:
-            raise ConfigError(f"cpuManagerPolicyOptions: {e}") from None
-        if self.num_reserved_cpus < 0:
-            raise ConfigError(f"numReservedCPUs must be >= 0, got {self.num_reserved_cpus}")
-        if self.reserved_cpus is not None:
-            outside = self.reserved_cpus - self.topology.all_cpus
-            if outside:
-                raise ConfigError(f"reservedCPUs: CPUs {outside} are not on this machine "
-                                  f"(it has {self.topology.all_cpus})")
-            if self.num_reserved_cpus and self.num_reserved_cpus != len(self.reserved_cpus):
-                raise ConfigError(
-                    f"reservedCPUs ({self.reserved_cpus}, {len(self.reserved_cpus)} CPUs) and "
-                    f"numReservedCPUs ({self.num_reserved_cpus}) disagree; give one of them"
-                )
+        build_node(self)
+
+
+@dataclass(frozen=True)
+class NodeParts:
+    """A node's parts, built and checked once (``build_node``) and handed to one ``NodeAllocator``."""
+
+    config: NodeConfig
+    static_policy: StaticPolicy
+    topology_manager: TopologyManager
+
+
+def build_node(config: NodeConfig) -> NodeParts:
+    """The one construction path of a node: check the configuration against the machine as kubelet does at
+    start-up and build the static policy and the topology manager. ConfigError names the kubelet setting."""
+    if config.topology_manager_policy not in POLICIES:
+        raise ConfigError(
+            f"topologyManagerPolicy: unknown policy {config.topology_manager_policy!r} "
+            f"(allowed: {', '.join(POLICIES)})"
+        )
+    if config.topology_manager_scope not in SCOPES:
+        raise ConfigError(
+            f"topologyManagerScope: unknown scope {config.topology_manager_scope!r} "
+            f"(allowed: {', '.join(SCOPES)})"
+        )
+    topology = config.topology
+    try:  # options and machine checks: the topology manager package's own rules
+        manager = TopologyManager.from_config(
+            numa_nodes=topology.numa_nodes,
+            policy=config.topology_manager_policy,
+            scope=config.topology_manager_scope,
+            options=dict(config.topology_manager_policy_options),
+            distances=topology.numa_distances,
+        )
+    except ConfigError as e:
+        raise ConfigError(f"topologyManagerPolicyOptions: {e}") from None
+    try:
+        options = StaticPolicyOptions.parse(config.cpu_manager_policy_options)
+        options.validate(topology, config.topology_manager_policy)
+    except ConfigError as e:
+        raise ConfigError(f"cpuManagerPolicyOptions: {e}") from None
+    reserved_field = "reservedCPUs" if config.reserved_cpus is not None else "numReservedCPUs"
+    try:  # the reserved-CPU checks are the static policy's (kubelet's wording)
+        if config.require_reserved_cpus:
+            require_reserved(config.reserved_cpus, config.num_reserved_cpus)
+        policy = StaticPolicy(
+            topology,
+            reserved_cpus=config.reserved_cpus,
+            num_reserved_cpus=config.num_reserved_cpus,
+            options=options,
+            topology_manager_policy=config.topology_manager_policy,
+        )
+    except ConfigError as e:
+        raise ConfigError(f"{reserved_field}: {e}") from None
+    return NodeParts(config=config, static_policy=policy, topology_manager=manager)
 
 
 def hints_to_json(hints: Any, limit: int | None = None) -> Any:
@@ -201,28 +226,17 @@ def _hint_dict(h: TopologyHint) -> dict[str, Any]:
 class NodeAllocator:
     """One node's CPU allocation: the state, the static policy and the topology manager together."""
 
-    def __init__(self, config: NodeConfig, state: CPUState | None = None) -> None:
-        config.validate()
-        self.config = config
-        self.topology = config.topology
-        self.policy = StaticPolicy(
-            config.topology,
-            reserved_cpus=config.reserved_cpus,
-            num_reserved_cpus=config.num_reserved_cpus,
-            options=dict(config.cpu_manager_policy_options),
-            topology_manager_policy=config.topology_manager_policy,
-        )
-        self.topology_manager = TopologyManager.from_config(
-            numa_nodes=config.topology.numa_nodes,
-            policy=config.topology_manager_policy,
-            scope=config.topology_manager_scope,
-            options=dict(config.topology_manager_policy_options),
-            distances=config.topology.numa_distances,
-        )
+    def __init__(self, config: NodeConfig | NodeParts, state: CPUState | None = None) -> None:
+        """``config``: a configuration (built and checked here, ConfigError) or parts ``build_node`` made.
+        ``state``: the state to start from (copied; CheckpointError when it does not fit the node)."""
+        parts = config if isinstance(config, NodeParts) else build_node(config)
+        self.config = parts.config
+        self.topology = parts.config.topology
+        self.policy = parts.static_policy
+        self.topology_manager = parts.topology_manager
         work = state.copy() if state is not None else CPUState()
         self.policy.start(work)
         self.state: CPUState = work
-        self._pods: dict[str, PodInfo] = {}
 
     # -- queries ----------------------------------------------------------------------
     @property
@@ -243,9 +257,6 @@ class NodeAllocator:
         free = state.default_cpuset - self.reserved_cpus
         return {n: len(free & self.topology.cpus_in_numa(n)) for n in self.topology.numa_nodes}
 
-    def pod(self, pod_uid: str) -> PodInfo | None:
-        return self._pods.get(pod_uid)
-
     # -- admission --------------------------------------------------------------------
     def admit_pod(
         self,
@@ -253,33 +264,30 @@ class NodeAllocator:
         *,
         devices: DeviceMap | None = None,
         dry_run: bool = False,
+        reallocate: Iterable[str] = (),
     ) -> PodDecision:
         """Admit ``pod`` as kubelet would (see the module doc). Raises PodSpecError for a pod it cannot read,
-        ConfigError for devices on NUMA nodes the machine does not have."""
+        ConfigError for devices on NUMA nodes the machine does not have.
+
+        ``reallocate`` names containers whose current CPUs are dropped first (in the working copy, so a
+        rejection keeps them): they get CPUs again like a new container. The CRI proxy uses it for a container
+        it took for an init container whose CPUs passed to a sibling, and which kubelet re-creates."""
         info = with_pod_mode(pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod), self.state)
         work = self.state.copy()
-        # The policy keeps one piece of state of its own, the init-container CPU reuse of the pod being admitted:
-        # saved here and put back unless the admission is committed.
-        saved_reuse = self.policy.reusable_cpus
+        for name in reallocate:
+            self.policy.remove(work, info.uid, name)
         if info.bypass:
             return self._decision(info, work, None, True, None, "bypassed (numapin.io/bypass)")
         device_map = {c: {r: _device_nodes(n) for r, n in d.items()} for c, d in (devices or {}).items()}
-        providers = [self.policy, MemoryHintProvider(), DeviceHintProvider(device_map, self.topology.numa_nodes)]
-        try:
-            result = self.topology_manager.admit(work, info, providers)
-        except BaseException:
-            self.policy.restore_reusable(saved_reuse)
-            raise
+        providers: list[HintProvider] = [self.policy, MemoryHintProvider(),
+                                         DeviceHintProvider(device_map, self.topology.numa_nodes)]
+        result = self.topology_manager.admit(work, info, providers)  # on the copy, init-container reuse included
         if not result.admitted:
-            self.policy.restore_reusable(saved_reuse)
             return self._decision(info, self.state, result, False, result.reason,
                                   self._reject_message(result, info, work))
         decision = self._decision(info, work, result, True, None, "admitted")
-        if dry_run:
-            self.policy.restore_reusable(saved_reuse)
-        else:
+        if not dry_run:
             self.state = work
-            self._pods[info.uid] = info
         return decision
 
     def _reject_message(self, result: Any, pod: PodInfo, work: CPUState) -> str:
@@ -303,7 +311,7 @@ class NodeAllocator:
             elif h is not None and not isinstance(h, HintFamily):
                 h = tuple(h)
             out[resource] = h
-        if self.config.topology_manager_policy != "none":
+        if not isinstance(self.topology_manager.policy, NonePolicy):  # policy none gathers no hints
             out.setdefault("memory", None)
         return out
 
@@ -322,13 +330,13 @@ class NodeAllocator:
         for c in pod.containers:
             r = per_container.get(c.name)
             own = work.get(pod.uid, c.name) if admitted else None
-            mode: Mode = "shared" if pod.bypass else container_mode(pod, c)
+            mode: Mode = SHARED_POOL if pod.bypass else container_mode(pod, c)
             if not admitted:
                 cpus = CPUSet()  # a rejected pod gets nothing; mode says what it asked for
             elif own:
                 cpus = own
             else:
-                mode = "shared"
+                mode = SHARED_POOL
                 cpus = pool
             out.append(ContainerDecision(
                 name=c.name,
@@ -349,7 +357,6 @@ class NodeAllocator:
         change, work = plan_mode_change(self.state, self.policy, self.topology_manager, pod, target)
         if work is not None and not dry_run:
             self.state = work
-            self._pods[pod.uid] = with_pod_mode(pod, work)
         return change
 
     def pod_mode(self, pod_uid: str) -> str | None:
@@ -367,5 +374,4 @@ class NodeAllocator:
         for name in names:
             self.policy.remove(self.state, pod_uid, name)
         self.state.pod_modes.pop(pod_uid, None)
-        self._pods.pop(pod_uid, None)
         return self.state.default_cpuset - before

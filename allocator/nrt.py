@@ -18,6 +18,13 @@ One document per node, named after the node. Layout (what ``build_nrt`` writes a
 ``parse_nrt`` turns a document into a ``NodeTopology`` value; ``NodeTopology.synthetic_topology()`` and
 ``NodeTopology.synthetic_state()`` rebuild an approximate machine for the webhook's simulation (see their
 docstrings for what is approximated). Nothing here does I/O.
+
+``parse_nrt`` reads any valid v1alpha2 document, including those of the ecosystem's exporters (NFD's
+topology-updater, the resource-topology-exporter), which carry ``topologyManagerPolicy``/``topologyManagerScope``
+(or only the deprecated ``topologyPolicies``), zones ``node-<n>`` of type ``Node`` with ``cpu``, ``memory``,
+``hugepages-*`` and device resources, and ``costs``, but no numapin attribute. What it derives or assumes for such a
+node is listed in ``NodeTopology.assumptions`` (reserved CPUs = capacity - allocatable per NUMA node, one thread
+per core, each NUMA node its own socket, ...), for the webhook's logs and messages.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from .cpuset import CPUSet
 from .errors import TopologyError
 from .state import CPUState
 from .topology import CPUInfo, Topology
+from .topology_manager import POLICIES, SCOPES
 
 __all__ = [
     "NRT_API_VERSION",
@@ -56,8 +64,8 @@ NRT_PLURAL = "noderesourcetopologies"
 # pod uid under which synthetic_state() records CPUs other pods hold on the node
 OCCUPIED_POD_UID = "numapin.io/occupied"
 
-_TM_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
-_TM_SCOPES = ("container", "pod")
+_TM_POLICIES = POLICIES
+_TM_SCOPES = SCOPES
 _ZONE_RE = re.compile(r"^node-(\d+)$")
 _LEGACY_POLICY = {
     ("none", "container"): "None",
@@ -196,6 +204,8 @@ class NodeTopology:
     threads_per_core: int = 1
     labels: Mapping[str, str] = field(default_factory=dict)
     state_version: str | None = None  # numapinStateVersion: a new value on every allocation change
+    # what parse_nrt derived or assumed because the document did not say it (empty for numapin's own documents)
+    assumptions: tuple[str, ...] = ()
 
     # -- summaries --------------------------------------------------------------------------------------------
     @property
@@ -330,10 +340,10 @@ class NodeTopology:
             idx += 1
         # the remaining free CPUs: one thread of each following core, then fill up
         extra = []
-        for core in cores[idx:]:
-            extra.append(core.min())
-        for core in cores[idx:]:
-            extra.extend(c for c in core if c != core.min())
+        for threads in cores[idx:]:
+            extra.append(threads.min())
+        for threads in cores[idx:]:
+            extra.extend(c for c in threads if c != threads.min())
         for cpu in extra[:left]:
             free |= 1 << cpu
         return CPUSet.from_mask(allocatable.mask & ~free)
@@ -424,13 +434,16 @@ def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None
     attrs = _attributes(doc.get("attributes"), "attributes")
     policy = attrs.get("topologyManagerPolicy")
     scope = attrs.get("topologyManagerScope")
+    policy_from = "attributes"
     if policy is None:
+        policy_from = "not published"
         legacy = doc.get("topologyPolicies")
         if isinstance(legacy, Sequence) and not isinstance(legacy, str) and legacy:
             guess = _LEGACY_TO_POLICY.get(str(legacy[0]))
             if guess is not None:
                 policy, legacy_scope = guess
                 scope = scope or legacy_scope
+                policy_from = f"from the deprecated topologyPolicies {legacy[0]}"
     policy = policy or "none"
     scope = scope or "container"
     if policy not in _TM_POLICIES:
@@ -442,6 +455,17 @@ def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None
     cpu_options = {_kebab(k[len("cpuManagerPolicyOption"):]): v for k, v in attrs.items()
                    if k.startswith("cpuManagerPolicyOption") and len(k) > len("cpuManagerPolicyOption")}
     tpc = _int_attr(attrs, "numapinThreadsPerCore", "attributes") or 1
+    from_numapin = any(k.startswith("numapin") for k in attrs)
+    assumed: list[str] = []
+    if not from_numapin:
+        assumed.append("no numapin attributes (a document of another exporter, e.g. NFD topology-updater or "
+                       "resource-topology-exporter)")
+    if policy_from != "attributes":
+        assumed.append(f"topology manager policy {policy}, scope {scope} ({policy_from})")
+    elif "topologyManagerScope" not in attrs:
+        assumed.append(f"topology manager scope {scope} (not published)")
+    if "numapinThreadsPerCore" not in attrs:
+        assumed.append("one thread per core (SMT not published)")
 
     raw_zones = doc.get("zones")
     if not isinstance(raw_zones, Sequence) or isinstance(raw_zones, str):
@@ -476,6 +500,9 @@ def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None
         capacity = _quantity_cpus(cpu.get("capacity"), f"{rpath}.capacity")
         allocatable = _quantity_cpus(cpu.get("allocatable", capacity), f"{rpath}.allocatable")
         available = _quantity_cpus(cpu.get("available", allocatable), f"{rpath}.available")
+        for key, fallback in (("allocatable", "capacity"), ("available", "allocatable")):
+            if cpu.get(key) is None:
+                assumed.append(f"{zname} cpu {key} = {fallback} (not published)")
         if allocatable > capacity:
             raise _field_error(f"{rpath}.allocatable", f"{allocatable} is more than capacity {capacity}")
         if available > allocatable:
@@ -502,8 +529,19 @@ def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None
     zones.sort(key=lambda z: z.numa)
     if len({z.numa for z in zones}) != len(zones):
         raise _field_error("zones", "a NUMA node is listed twice")
+    if not from_numapin:
+        reserved = ", ".join(f"node-{z.numa}: {z.reserved}" for z in zones)
+        assumed.append(f"reserved CPUs = capacity - allocatable ({reserved or 'no NUMA node with CPUs'})")
+        if any(z.socket is None for z in zones):
+            assumed.append("each NUMA node on a socket of its own")
+        if attrs.get("cpuManagerPolicy") not in (None, "static"):
+            assumed.append(f"cpuManagerPolicy {attrs['cpuManagerPolicy']} published; judged as numapin's "
+                           "static policy")
+        assumed.append("free CPUs as published (an exporter counts the exclusive CPUs kubelet assigned, not "
+                       "numapin's)")
     return NodeTopology(
         name=name, zones=tuple(zones), topology_manager_policy=policy, topology_manager_scope=scope,
         topology_manager_policy_options=tm_options, cpu_manager_policy_options=cpu_options,
         threads_per_core=tpc, labels=node_labels, state_version=attrs.get("numapinStateVersion"),
+        assumptions=tuple(assumed),
     )

@@ -14,6 +14,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .errors import PodSpecError
+from .modes import (
+    CPU_MANAGER_VALUES,
+    EXCLUSIVE,
+    PINNED_MODES,
+    SHARE,
+    SHARED_POOL,
+    ContainerMode,
+    CPUManagerAnnotation,
+)
 from .quantity import cpu_milli, memory_bytes
 
 __all__ = [
@@ -24,19 +33,23 @@ __all__ = [
     "PodInfo",
     "container_mode",
     "guaranteed_cpus",
+    "is_bypassed",
     "normalize_cpu_manager",
     "pod_guaranteed_cpus",
     "qos_class",
 ]
 
 CPU_MANAGER_ANNOTATION = "qos.gocrane.io/cpu-manager"
-CPU_MANAGER_VALUES = ("none", "exclusive", "share")
 BYPASS_ANNOTATION = "numapin.io/bypass"
+
+
+def is_bypassed(annotations: Mapping[str, str]) -> bool:
+    """The pod asks numapin to leave it alone (``numapin.io/bypass: "true"``, any case, spaces trimmed)."""
+    return annotations.get(BYPASS_ANNOTATION, "").strip().lower() == "true"
 
 Role = Literal["init", "sidecar", "app"]
 QOSClass = Literal["Guaranteed", "Burstable", "BestEffort"]
-CPUManagerMode = Literal["none", "exclusive", "share"]
-ContainerMode = Literal["exclusive", "share", "shared"]
+CPUManagerMode = CPUManagerAnnotation  # the annotation's value (allocator.modes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +138,7 @@ class PodInfo:
             name=name,
             qos_class=qos,
             cpu_manager=mode,
-            bypass=annotations.get(BYPASS_ANNOTATION, "").strip().lower() == "true",
+            bypass=is_bypassed(annotations),
             containers=tuple(containers),
         )
 
@@ -138,7 +151,7 @@ def normalize_cpu_manager(value: str) -> CPUManagerMode:
             f"annotation {CPU_MANAGER_ANNOTATION}={value!r} is not valid: allowed values are "
             + ", ".join(CPU_MANAGER_VALUES)
         )
-    return v  # type: ignore[return-value]
+    return v
 
 
 def qos_class(containers: tuple[ContainerInfo, ...] | list[ContainerInfo]) -> QOSClass:
@@ -169,7 +182,7 @@ def guaranteed_cpus(pod: PodInfo, c: ContainerInfo) -> int:
     if pod.cpu_manager == "none":
         return 0
     req = c.cpu_request_milli
-    if pod.cpu_manager in ("exclusive", "share"):
+    if pod.cpu_manager in PINNED_MODES:
         lim = c.cpu_limit_milli
         if req is None or lim is None or req != lim or req < 1000 or req % 1000:
             return 0
@@ -180,9 +193,10 @@ def guaranteed_cpus(pod: PodInfo, c: ContainerInfo) -> int:
 
 
 def container_mode(pod: PodInfo, c: ContainerInfo) -> ContainerMode:
+    """``shared`` (the pool) without CPUs of its own, else ``share`` or ``exclusive`` as the pod asks."""
     if guaranteed_cpus(pod, c) == 0:
-        return "shared"
-    return "share" if pod.cpu_manager == "share" else "exclusive"
+        return SHARED_POOL
+    return SHARE if pod.cpu_manager == SHARE else EXCLUSIVE
 
 
 def pod_guaranteed_cpus(pod: PodInfo) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .go_bool import parse_go_bool
 from .topology import Topology
 
 __all__ = [
@@ -58,22 +59,15 @@ _FORBIDDEN_PAIRS = (
     (PREFER_ALIGN_CPUS_BY_UNCORECACHE, DISTRIBUTE_CPUS_ACROSS_NUMA),
 )
 
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
-_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
-
 
 def parse_bool(value: object, *, field: str) -> bool:
     """Go ``strconv.ParseBool``: ``true``/``false`` (and ``1 t T TRUE True``, ``0 f F FALSE False``).
 
     A real boolean (from YAML) is accepted as is. Anything else raises ConfigError naming the field.
     """
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        if value in _TRUE:
-            return True
-        if value in _FALSE:
-            return False
+    parsed = parse_go_bool(value)
+    if parsed is not None:
+        return parsed
     raise ConfigError(f'bad value for option "{field}": {value!r} is not a boolean (use "true" or "false")')
 
 

@@ -19,6 +19,7 @@ pod needs it), so no value ever reaches Python's int/str conversion limit.
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -106,6 +107,13 @@ def parse_quantity(value: str | int | float) -> Fraction:
                            f"quantities of at most {MAX_QUANTITY_CHARS} characters")
     if not value:
         raise PodSpecError("invalid quantity '': empty")
+    return _scan_text(value)
+
+
+# perf (issue 13): a pod's quantities repeat across pods ("500m", "1Gi"); parsing one is a pure function of its text,
+# so the last few thousand answers are remembered (bounded; errors are not cached, they raise every time)
+@functools.lru_cache(maxsize=4096)
+def _scan_text(value: str) -> Fraction:
     return _scan(value, repr(value))
 
 

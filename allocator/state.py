@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cpuset import CPUSet
+from .modes import EXCLUSIVE, SHARE
 
 __all__ = ["CPUState"]
 
@@ -19,12 +20,18 @@ class CPUState:
     ``pod_modes`` keeps the ``qos.gocrane.io/cpu-manager`` value a running pod was moved to after its creation
     (``none``, ``exclusive``, ``share``, or ``kubelet`` when the annotation was removed: kubelet's rule); it wins
     over what the pod's sandbox says (see ``allocator.mode_change``).
+
+    ``reuse_pod``/``reuse`` are the static policy's init-container CPU reuse (kubelet's ``cpusToReuse``, for
+    one pod at a time): working state that travels with each copy, so an admission rolled back (or a dry run)
+    leaves none behind. It is not saved (kubelet does not checkpoint it either) and not compared.
     """
 
     default_cpuset: CPUSet = field(default_factory=CPUSet)
     assignments: dict[str, dict[str, CPUSet]] = field(default_factory=dict)
     modes: dict[str, dict[str, str]] = field(default_factory=dict)
     pod_modes: dict[str, str] = field(default_factory=dict)
+    reuse_pod: str | None = field(default=None, compare=False)
+    reuse: CPUSet = field(default_factory=CPUSet, compare=False)
 
     def get(self, pod_uid: str, container: str) -> CPUSet | None:
         return self.assignments.get(pod_uid, {}).get(container)
@@ -46,7 +53,7 @@ class CPUState:
                 del self.modes[pod_uid]
 
     def mode(self, pod_uid: str, container: str) -> str:
-        return self.modes.get(pod_uid, {}).get(container, "exclusive")
+        return self.modes.get(pod_uid, {}).get(container, EXCLUSIVE)
 
     def assigned_cpus(self) -> CPUSet:
         m = 0
@@ -60,7 +67,7 @@ class CPUState:
         m = 0
         for uid, pod in self.assignments.items():
             for name, cpus in pod.items():
-                if self.mode(uid, name) == "share":
+                if self.mode(uid, name) == SHARE:
                     m |= cpus.mask
         return CPUSet.from_mask(m)
 
@@ -74,4 +81,6 @@ class CPUState:
             assignments={u: dict(p) for u, p in self.assignments.items()},
             modes={u: dict(p) for u, p in self.modes.items()},
             pod_modes=dict(self.pod_modes),
+            reuse_pod=self.reuse_pod,
+            reuse=self.reuse,
         )

@@ -29,16 +29,23 @@ from .policy_options import StaticPolicyOptions
 from .state import CPUState
 from .topology import Topology
 
-__all__ = ["CPU_RESOURCE", "StaticPolicy"]
+__all__ = ["CPU_RESOURCE", "ZERO_RESERVED", "StaticPolicy", "require_reserved"]
 
 CPU_RESOURCE = "cpu"
 
 Hints = dict[str, list[TopologyHint] | HintFamily | None]
 
-_ZERO_RESERVED = (
+ZERO_RESERVED = (
     "the static policy requires systemreserved.cpu + kubereserved.cpu to be greater than zero "
     "(set reservedCPUs or numReservedCPUs)"
 )
+
+
+def require_reserved(reserved_cpus: CPUSet | None, num_reserved_cpus: int) -> None:
+    """kubelet's start-up rule for a node with the static policy (checked where kubelet builds its container manager,
+    not by the policy itself, which accepts zero reserved CPUs): some CPUs must be reserved. ConfigError if not."""
+    if not reserved_cpus and not num_reserved_cpus:
+        raise ConfigError(ZERO_RESERVED)
 
 
 class StaticPolicy:
@@ -62,9 +69,6 @@ class StaticPolicy:
         self.cpus_per_core = topology.threads_per_core
         self.reserved = self._reserve(reserved_cpus, num_reserved_cpus)
         self.reserved_physical = topology.core_siblings(self.reserved)
-        # init-container CPU reuse (kubelet's cpusToReuse), for one pod at a time
-        self._reuse_pod: str | None = None
-        self._reuse = CPUSet()
 
     def _reserve(self, reserved_cpus: CPUSet | None, num_reserved_cpus: int) -> CPUSet:
         if isinstance(num_reserved_cpus, bool) or not isinstance(num_reserved_cpus, int) or num_reserved_cpus < 0:
@@ -83,7 +87,7 @@ class StaticPolicy:
                 )
             return reserved_cpus
         if num_reserved_cpus == 0:
-            raise ConfigError(_ZERO_RESERVED)
+            return CPUSet()  # kubelet's policy accepts it; its container manager refuses it (require_reserved)
         try:
             reserved = self._take(self.topology.all_cpus, num_reserved_cpus)
         except AllocationError:
@@ -177,17 +181,17 @@ class StaticPolicy:
                 raise SMTAlignmentError(n, per_core)
         existing = state.get(info.uid, c.name)
         if existing is not None:
-            self._update_reuse(info, c, existing)
+            self._update_reuse(state, info, c, existing)
             return existing
         if self.options.full_pcpus_only:
             physical = len(self.available_physical_cpus(state))
             if n > physical:
                 raise SMTAlignmentError(n, self.cpus_per_core or 1, physical, cause="not enough free physical CPUs")
-        reusable = self._reusable(info.uid)
+        reusable = self._reusable(state, info.uid)
         cpus = self._allocate_cpus(state, n, affinity, reusable)
         state.default_cpuset = state.default_cpuset - cpus
         state.set(info.uid, c.name, cpus, container_mode(info, c))
-        self._update_reuse(info, c, cpus)
+        self._update_reuse(state, info, c, cpus)
         return cpus
 
     def _allocate_cpus(self, state: CPUState, n: int, affinity: TopologyHint | None, reusable: CPUSet) -> CPUSet:
@@ -239,7 +243,7 @@ class StaticPolicy:
             if len(allocated) != requested:
                 return {CPU_RESOURCE: []}
             return {CPU_RESOURCE: self._hints(allocated, CPUSet(), requested)}
-        return {CPU_RESOURCE: self._hints(self.available_cpus(state), self._reusable(info.uid), requested)}
+        return {CPU_RESOURCE: self._hints(self.available_cpus(state), self._reusable(state, info.uid), requested)}
 
     def pod_topology_hints(self, state: CPUState, pod: PodInfo | Mapping[str, Any]) -> Hints | None:
         """Pod-scope CPU hints for kubelet's pod-level CPU count (init and sidecar rule)."""
@@ -259,10 +263,10 @@ class StaticPolicy:
             assigned = assigned | allocated
         if len(assigned) == requested:
             return {CPU_RESOURCE: self._hints(assigned, CPUSet(), requested)}
-        reusable = self._reusable(info.uid) | assigned
+        reusable = self._reusable(state, info.uid) | assigned
         return {CPU_RESOURCE: self._hints(self.available_cpus(state), reusable, requested)}
 
-    def _hints(self, available: CPUSet, reusable: CPUSet, request: int) -> list[TopologyHint] | HintFamily:
+    def _hints(self, available: CPUSet, reusable: CPUSet, request: int) -> list[TopologyHint] | HintFamily | None:
         if len(self.topology.cpu_numa_nodes) > COMPACT_ABOVE_NUMA_NODES:
             # many NUMA nodes: the same hints as a family (no 2^N masks); the merge result is the same
             return cpu_hint_family(self.topology, available, reusable, request, self.options.align_by_socket)
@@ -274,28 +278,22 @@ class StaticPolicy:
         """The container's exclusive CPU count; 0 for a pod numapin is told to leave alone."""
         return 0 if pod.bypass else guaranteed_cpus(pod, c)
 
-    def _reusable(self, pod_uid: str) -> CPUSet:
-        return self._reuse if self._reuse_pod == pod_uid else CPUSet()
+    @staticmethod
+    def _reusable(state: CPUState, pod_uid: str) -> CPUSet:
+        return state.reuse if state.reuse_pod == pod_uid else CPUSet()
 
-    def _update_reuse(self, pod: PodInfo, c: ContainerInfo, cpus: CPUSet) -> None:
+    @staticmethod
+    def _update_reuse(state: CPUState, pod: PodInfo, c: ContainerInfo, cpus: CPUSet) -> None:
         """kubelet's updateCPUsToReuse: an init container's CPUs become reusable by the containers after it;
-        an app or sidecar container's CPUs stop being reusable. Only the current pod is tracked."""
-        if self._reuse_pod != pod.uid:
-            self._reuse_pod = pod.uid
-            self._reuse = CPUSet()
+        an app or sidecar container's CPUs stop being reusable. Only the current pod is tracked (on the state,
+        so a discarded working copy takes it along)."""
+        if state.reuse_pod != pod.uid:
+            state.reuse_pod = pod.uid
+            state.reuse = CPUSet()
         if c.role == "init":
-            self._reuse = self._reuse | cpus
+            state.reuse = state.reuse | cpus
         else:
-            self._reuse = self._reuse - cpus
-
-    @property
-    def reusable_cpus(self) -> tuple[str | None, CPUSet]:
-        """(pod uid, CPUs) of the init-container reuse bookkeeping: save it before a dry run or an
-        admission that may be rolled back, and put it back with ``restore_reusable``."""
-        return self._reuse_pod, self._reuse
-
-    def restore_reusable(self, saved: tuple[str | None, CPUSet]) -> None:
-        self._reuse_pod, self._reuse = saved
+            state.reuse = state.reuse - cpus
 
 
 def _pod_info(pod: PodInfo | Mapping[str, Any]) -> PodInfo:

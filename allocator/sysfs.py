@@ -11,13 +11,23 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
+from .cpu_info import CPUInfo
 from .cpuset import CPUSet
 from .errors import TopologyError
-from .topology import CPUInfo, Topology
 
-__all__ = ["read_topology"]
+__all__ = ["SysfsMachine", "read_sysfs"]
+
+
+@dataclass(frozen=True, slots=True)
+class SysfsMachine:
+    """What the sysfs tree says; ``Topology.from_sysfs`` checks it and builds the topology."""
+
+    cpus: tuple[CPUInfo, ...]
+    numa_nodes: tuple[int, ...]
+    numa_distances: dict[int, tuple[int, ...]] | None
 
 _CPU_DIR = re.compile(r"^cpu(\d+)$")
 _NODE_DIR = re.compile(r"^node(\d+)$")
@@ -59,7 +69,7 @@ def _l3_id(cpu_dir: Path) -> int | None:
     return None
 
 
-def read_topology(root: str | os.PathLike[str] = "/sys") -> Topology:
+def read_sysfs(root: str | os.PathLike[str] = "/sys") -> SysfsMachine:
     base = Path(root)
     cpu_root = base / "devices/system/cpu"
     node_root = base / "devices/system/node"
@@ -115,4 +125,4 @@ def read_topology(root: str | os.PathLike[str] = "/sys") -> Topology:
     if not nodes:
         nodes = [0]
     dist_arg: dict[int, tuple[int, ...]] | None = distances if distances and set(distances) == set(nodes) else None
-    return Topology(cpus=tuple(cpus), numa_nodes=tuple(nodes), numa_distances=dist_arg)
+    return SysfsMachine(cpus=tuple(cpus), numa_nodes=tuple(nodes), numa_distances=dist_arg)

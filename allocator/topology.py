@@ -1,9 +1,10 @@
 """The machine's CPU topology: logical CPUs with their core, socket, NUMA node and uncore (L3) cache.
 
 Built from a sysfs root (``Topology.from_sysfs``), or from / to a JSON-friendly dict. Ids follow
-kubelet's conventions: a core's id is the lowest logical CPU id among its threads (unique across the
-machine), the uncore id is the L3 cache id (the socket id where no L3 is reported), and NUMA nodes
-without CPUs (memory-only, GPU memory) are still NUMA nodes.
+kubelet's conventions: a core id is a label unique across the machine (sysfs discovery uses the lowest logical
+CPU id among the core's threads; a JSON document may number cores otherwise, as kubelet's own test machines
+do), the uncore id is the L3 cache id (the socket id where no L3 is reported), and NUMA nodes without CPUs
+(memory-only, GPU memory) are still NUMA nodes.
 """
 
 from __future__ import annotations
@@ -13,19 +14,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cpu_info import CPUInfo
 from .cpuset import CPUSet
-from .errors import TopologyError
+from .errors import ConfigError, TopologyError
+from .numa_distances import check_numa_distances
+from .sysfs import read_sysfs
 
 __all__ = ["CPUInfo", "Topology"]
-
-
-@dataclass(frozen=True, slots=True)
-class CPUInfo:
-    cpu: int
-    core: int
-    socket: int
-    numa: int
-    uncore: int
 
 
 def _group(cpus: Iterable[CPUInfo], key: str) -> dict[int, CPUSet]:
@@ -74,17 +69,19 @@ class Topology:
         object.__setattr__(self, "_uncore", _group(cpus, "uncore"))
         object.__setattr__(self, "_all", CPUSet(by_id))
         object.__setattr__(self, "_numa_index", {n: i for i, n in enumerate(nodes)})
-        for core, members in self._core.items():
-            if members.min() != core:
-                raise TopologyError(f"core id {core} must be the lowest cpu id of its threads ({members})")
+        first: dict[int, CPUInfo] = {}
+        for c in cpus:  # a core id is a label, but one core's threads share a socket and a NUMA node
+            other = first.setdefault(c.core, c)
+            if (other.socket, other.numa) != (c.socket, c.numa):
+                raise TopologyError(f"core {c.core}: cpu {other.cpu} (socket {other.socket}, NUMA node {other.numa}) "
+                                    f"and cpu {c.cpu} (socket {c.socket}, NUMA node {c.numa}) cannot be threads "
+                                    f"of one core")
         if self.numa_distances is not None:
             dist = {int(k): tuple(int(x) for x in v) for k, v in self.numa_distances.items()}
-            for n in nodes:
-                row = dist.get(n)
-                if row is None or len(row) != len(nodes):
-                    raise TopologyError(
-                        f"numaDistances must give node {n} one distance per NUMA node ({len(nodes)})"
-                    )
+            try:
+                check_numa_distances(nodes, dist)
+            except ConfigError as e:
+                raise TopologyError(f"numaDistances: {e}") from None
             object.__setattr__(self, "numa_distances", dist)
 
     # -- queries ------------------------------------------------------------------
@@ -245,9 +242,8 @@ class Topology:
     @classmethod
     def from_sysfs(cls, root: str | os.PathLike[str] = "/sys") -> Topology:
         """Discover the topology under a sysfs root (``/sys`` on a node, a fixture tree in tests)."""
-        from .sysfs import read_topology
-
-        return read_topology(root)
+        found = read_sysfs(root)
+        return cls(cpus=found.cpus, numa_nodes=found.numa_nodes, numa_distances=found.numa_distances)
 
 
 _EMPTY = CPUSet()

@@ -35,8 +35,8 @@ from allocator.compact_hints import cpu_hint_family
 from allocator.cpuset import CPUSet
 from allocator.device_hints import device_hints
 from allocator.hints import TopologyHint
-from allocator.merge import merge_hints
 from allocator.topology import Topology
+from allocator.topology_manager import merge_hints
 
 
 def _stats(samples: list[float]) -> dict[str, float]:

@@ -1,17 +1,24 @@
 """Benchmark of the admission webhook over TLS with keep-alive; prints JSON.
 
 Starts ``numapin webhook`` as a separate process (its own interpreter, as in a cluster) with a fresh CA and serving
-certificate and a directory of 1000 NodeResourceTopology documents (2-socket, 2 NUMA x 28-CPU nodes under
+certificate and a directory of 5000 (``--nodes``) NodeResourceTopology documents (2-socket, 2 NUMA x 28-CPU nodes under
 single-numa-node, each with its own free CPUs, so most nodes differ), then for 1, 16 and 64 concurrent clients
 (one keep-alive TLS connection each) measures admissions per second and p50/p99 latency of:
 
 - ``mutate``: pods CREATE of a realistic 8-container pod (2 init containers, a native sidecar, 5 app containers;
   Guaranteed, two of them with whole CPUs);
-- ``binding``: pods/binding CREATE of that pod to each of the 1000 nodes in turn (the node simulated with its free
+- ``binding``: pods/binding CREATE of that pod to each node in turn (the node simulated with its free
   CPUs; answers cached by node state);
-- ``validate_pod``: pods CREATE of that pod, checked against all 1000 nodes (distinct node shapes simulated once).
+- ``validate_pod``: pods CREATE of that pod, checked against every node (through the node index: each distinct
+  shape and free-CPU state asked once).
 
-Usage: python benchmarks/webhook.py [--requests N] [--concurrency 1,16,64] [--nodes 1000]
+Every figure stands beside its anchor, ``healthz_anchor`` (GET /healthz over the same connections: the cost of TLS
+and HTTP alone). ``--replicas 1,2`` repeats everything with that many webhook processes, the clients spread over
+them as the Service spreads connections (the Deployment's scaling story). ``--soak N`` then sends N more requests
+to one replica and reports its resident memory along the way (``--soak 1000000`` is the long form, hours here).
+
+Usage: python benchmarks/webhook.py [--requests N] [--concurrency 1,16,64] [--nodes 5000] [--replicas 1,2]
+                                    [--soak N]
 """
 
 from __future__ import annotations
@@ -34,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -68,7 +74,7 @@ def write_nodes(directory: Path, count: int, seed: int = 7) -> int:
         doc = build_nrt(f"node-{i:04d}", topo, free_cpus=free, reserved_cpus=reserved,
                         topology_manager_policy="single-numa-node", labels={"pool": "general"})
         states.add(tuple(len(free & topo.cpus_in_numa(n)) for n in (0, 1)))
-        (directory / f"node-{i:04d}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        (directory / f"node-{i:04d}.json").write_text(json.dumps(doc))
     return len(states)
 
 
@@ -130,21 +136,37 @@ def binding_review(name: str, node: str) -> bytes:
     })
 
 
-async def run_load(port: int, ssl_ctx: Any, path: str, bodies: list[bytes], total: int,
-                   concurrency: int) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run_load(ports: int | list[int], ssl_ctx: Any, path: str, bodies: list[bytes], total: int,
+                   concurrency: int, pids: list[int] | None = None) -> dict[str, Any]:
+    """``total`` requests from ``concurrency`` clients, client i on replica ``ports[i % len(ports)]`` (as the
+    Service spreads connections); an empty ``bodies`` means GET."""
+    ports = [ports] if isinstance(ports, int) else ports
     latencies: list[float] = []
     errors = 0
     verdicts: dict[str, int] = {}
     next_index = 0
 
-    async def worker() -> None:
+    async def worker(port: int) -> None:
         nonlocal next_index, errors
         conn = aiohttp.TCPConnector(limit=1, ssl=ssl_ctx)
         async with aiohttp.ClientSession(connector=conn) as s:
             while next_index < total:
-                body = bodies[next_index % len(bodies)]
                 next_index += 1
                 t0 = time.perf_counter()
+                if not bodies:
+                    async with s.get(f"https://127.0.0.1:{port}{path}", server_hostname=SERVER_NAME) as r:
+                        await r.read()
+                    latencies.append(time.perf_counter() - t0)
+                    errors += r.status != 200
+                    continue
+                body = bodies[next_index % len(bodies)]
                 async with s.post(f"https://127.0.0.1:{port}{path}", data=body, server_hostname=SERVER_NAME,
                                   headers={"Content-Type": "application/json"}) as r:
                     raw = await r.read()
@@ -156,9 +178,11 @@ async def run_load(port: int, ssl_ctx: Any, path: str, bodies: list[bytes], tota
                 verdicts["allowed" if allowed else "denied"] = verdicts.get("allowed" if allowed else "denied",
                                                                             0) + 1
 
+    cpu0 = [cpu_seconds(p) for p in pids or ()]
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(ports[i % len(ports)]) for i in range(concurrency)))
     elapsed = time.perf_counter() - started
+    cpu = sum(cpu_seconds(p) for p in pids or ()) - sum(cpu0)
     latencies.sort()
 
     def pct(p: float) -> float:
@@ -166,7 +190,10 @@ async def run_load(port: int, ssl_ctx: Any, path: str, bodies: list[bytes], tota
 
     return {"concurrency": concurrency, "requests": len(latencies), "errors": errors, "verdicts": verdicts,
             "admissions_per_second": round(len(latencies) / elapsed, 1), "p50_ms": pct(0.50), "p99_ms": pct(0.99),
-            "mean_ms": round(statistics.fmean(latencies) * 1000, 3)}
+            "mean_ms": round(statistics.fmean(latencies) * 1000, 3),
+            # the webhook processes' own CPU: the repeatable figure on a shared machine
+            **({"server_cpu_ms_per_request": round(cpu / len(latencies) * 1000, 3),
+                "admissions_per_cpu_second": round(len(latencies) / cpu, 1) if cpu else None} if pids else {})}
 
 
 async def wait_ready(port: int, ssl_ctx: Any, proc: subprocess.Popen[bytes]) -> None:
@@ -184,8 +211,48 @@ async def wait_ready(port: int, ssl_ctx: Any, proc: subprocess.Popen[bytes]) -> 
     raise SystemExit("webhook never became ready")
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def start_replica(d: Path, port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "numapin", "webhook", "--cert", str(d / "tls.crt"), "--key", str(d / "tls.key"),
+         "--host", "127.0.0.1", "--port", str(port), "--nrt-dir", str(d / "nrt"), "--log-level", "warning",
+         "--nrt-poll-seconds", "60"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def free_port() -> int:
     import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def soak(ports: list[int], pid: int, ssl_ctx: Any, bodies: dict[str, list[bytes]], total: int,
+               samples: int = 20) -> dict[str, Any]:
+    """``total`` requests (mutate, validate, binding in turn, 16 clients) to one replica; its RSS every
+    ``total / samples`` requests."""
+    step = max(total // samples, 3)
+    series = [rss_kib(pid)]
+    done = 0
+    while done < total:
+        n = min(step, total - done)
+        for path, key in (("/mutate", "mutate"), ("/validate", "validate_pod"), ("/validate", "binding")):
+            await run_load(ports, ssl_ctx, path, bodies[key], max(n // 3, 1), 16)
+        done += n
+        series.append(rss_kib(pid))
+    quarter = series[len(series) // 4]
+    return {"requests": done, "rss_kib": series, "rss_growth_after_first_quarter_kib": series[-1] - quarter}
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import ssl
 
     with tempfile.TemporaryDirectory(prefix="numapin-bench-") as tmp:
@@ -196,54 +263,65 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         (d / "tls.crt").write_bytes(pair.cert_pem)
         (d / "tls.key").write_bytes(pair.key_pem)
         distinct = write_nodes(d / "nrt", args.nodes)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "numapin", "webhook", "--cert", str(d / "tls.crt"), "--key", str(d / "tls.key"),
-             "--host", "127.0.0.1", "--port", str(port), "--nrt-dir", str(d / "nrt"), "--log-level", "warning",
-             "--nrt-poll-seconds", "60"],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         ssl_ctx = ssl.create_default_context(cadata=ca.cert_pem.decode())
+        ports = [free_port() for _ in range(max(args.replicas))]
+        procs = [start_replica(d, p) for p in ports]
         try:
-            await wait_ready(port, ssl_ctx, proc)
+            for port, proc in zip(ports, procs, strict=True):
+                await wait_ready(port, ssl_ctx, proc)
             pod = realistic_pod("checkout-7d9f-abcde")
             # what the API server stores: the mutated pod; validating its CREATE puts it in the binding cache
             async with aiohttp.ClientSession() as s, s.post(
-                    f"https://127.0.0.1:{port}/mutate", data=pod_review(pod, with_uid=False), ssl=ssl_ctx,
+                    f"https://127.0.0.1:{ports[0]}/mutate", data=pod_review(pod, with_uid=False), ssl=ssl_ctx,
                     server_hostname=SERVER_NAME, headers={"Content-Type": "application/json"}) as r:
                 patch = json.loads(base64.b64decode((await r.json())["response"]["patch"]))
             import jsonpatch
 
             stored = jsonpatch.JsonPatch(patch).apply(pod)
-            mutate_bodies = [pod_review(pod, with_uid=False) for _ in range(50)]
-            validate_bodies = [pod_review(stored, with_uid=True) for _ in range(50)]
-            binding_bodies = [binding_review(pod["metadata"]["name"], f"node-{i:04d}") for i in range(args.nodes)]
+            bodies = {"healthz_anchor": [],
+                      "mutate": [pod_review(pod, with_uid=False) for _ in range(50)],
+                      "validate_pod": [pod_review(stored, with_uid=True) for _ in range(50)],
+                      "binding": [binding_review(pod["metadata"]["name"], f"node-{i:04d}")
+                                  for i in range(args.nodes)]}
+            paths = {"healthz_anchor": "/healthz", "mutate": "/mutate", "validate_pod": "/validate",
+                     "binding": "/validate"}
+            for port in ports:  # every replica caches the pod (validate CREATE) before bindings are judged
+                await run_load(port, ssl_ctx, "/validate", bodies["validate_pod"][:1], 1, 1)
             results: dict[str, Any] = {}
-            for name, path, bodies in (("mutate", "/mutate", mutate_bodies),
-                                       ("validate_pod", "/validate", validate_bodies),
-                                       ("binding", "/validate", binding_bodies)):
-                if name == "binding":
-                    # the pod must be in the cache (validate CREATE) before bindings are judged
-                    await run_load(port, ssl_ctx, "/validate", validate_bodies[:1], 1, 1)
-                results[name] = [await run_load(port, ssl_ctx, path, bodies, args.requests, c)
-                                 for c in args.concurrency]
+            for replicas in args.replicas:
+                for name in paths:
+                    results.setdefault(f"replicas_{replicas}", {})[name] = [
+                        await run_load(ports[:replicas], ssl_ctx, paths[name], bodies[name], args.requests, c,
+                                       [p.pid for p in procs[:replicas]])
+                        for c in args.concurrency]
+            memory = await soak(ports[:1], procs[0].pid, ssl_ctx, bodies, args.soak) if args.soak else None
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(10)
-    return {"benchmark": "webhook", "tls": "TLSv1.2+, keep-alive, one connection per client",
-            "pod": "8 containers (2 init, 1 native sidecar, 5 app), Guaranteed, cpu-manager exclusive",
-            "nodes": args.nodes, "distinct_node_states": distinct, "cpu_count": os.cpu_count(),
-            "results": results}
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                proc.wait(10)
+    out = {"benchmark": "webhook", "tls": "TLSv1.2+, keep-alive, one connection per client",
+           "pod": "8 containers (2 init, 1 native sidecar, 5 app), Guaranteed, cpu-manager exclusive",
+           "anchor": "healthz_anchor: GET /healthz over the same connections (TLS + HTTP, no decision)",
+           "nodes": args.nodes, "distinct_node_states": distinct, "cpu_count": os.cpu_count(),
+           "results": results}
+    if memory is not None:
+        out["memory"] = memory
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=2000, help="requests per (endpoint, concurrency)")
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated client counts")
-    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--replicas", default="1", help="comma-separated replica counts (webhook processes, clients "
+                   "spread over them as the Service does), e.g. 1,2")
+    p.add_argument("--soak", type=int, default=0, help="then send this many more requests to one replica and "
+                   "report its RSS along the way (1000000 for the long form)")
     args = p.parse_args()
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    args.replicas = [int(x) for x in args.replicas.split(",")]
     print(json.dumps(asyncio.run(main_async(args)), indent=2))
 
 

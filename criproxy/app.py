@@ -18,6 +18,8 @@ from allocator.topology import Topology
 from .config import ProxyConfig
 from .control import ControlServer
 from .converge import Converger, Decision, decision_of
+from .cri_api import RuntimeApi
+from .cri_pods import rebuild_cri_pods
 from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
 from .mode_apply import ModeApplier
@@ -28,7 +30,7 @@ from .pod_watch import NodePodWatch
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
-from .server import SocketInUseError, listen_path, start_server
+from .server import RelayServer, SocketInUseError, listen_path, start_relay_server
 from .starts import StartGuard
 from .status import status_from_thread
 
@@ -44,7 +46,8 @@ def node_config_of(config: ProxyConfig) -> NodeConfig:
                     cpu_manager_policy_options=dict(config.cpu_manager_policy_options),
                     topology_manager_policy=config.topology_manager_policy,
                     topology_manager_scope=config.topology_manager_scope,
-                    topology_manager_policy_options=dict(config.topology_manager_policy_options))
+                    topology_manager_policy_options=dict(config.topology_manager_policy_options),
+                    require_reserved_cpus=True)  # kubelet's start-up rule for a node with the static policy
     nc.validate()
     return nc
 
@@ -56,10 +59,11 @@ class CriProxy:
         self.config = config
         self.metrics = ProxyMetrics()
         self.registry = Registry()
+        self.api = RuntimeApi()  # the runtime's CRI version, for the proxy's own calls
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
-        self._server: grpc.aio.Server | None = None
+        self._server: RelayServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
@@ -74,6 +78,8 @@ class CriProxy:
         self.node_config = await asyncio.to_thread(node_config_of, cfg)
         self.store = CheckpointStore(cfg.state_file, "numapin")
         cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
+        for leftover in await asyncio.to_thread(self.store.clean_leftovers):
+            log.info("removed %s (a state write interrupted by a kill)", leftover)
         state = await asyncio.to_thread(self.store.load)
         if state is None and cfg.import_kubelet_state:
             state = await asyncio.to_thread(import_kubelet_state, cfg.import_kubelet_state)
@@ -81,8 +87,12 @@ class CriProxy:
         self.allocator = NodeAllocator(self.node_config, state)
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
-        self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick())
-        layout = CgroupLayout.detect(KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick(),
+                                   api=self.api)
+        layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
+        problem = await asyncio.to_thread(layout.problem)
+        if problem is not None:
+            log.warning("converge: %s; running containers' cpusets cannot be checked in the kernel", problem)
         self.converger = Converger(self.upstream, self.registry, self.pusher, layout, self.decide,
                                    period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
                                    on_pass=self.metrics.observe_converge)
@@ -92,13 +102,17 @@ class CriProxy:
             self.node_config, self.allocator, self.store, self.pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid),
+            api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._state_changed, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
         self.modes = ModeApplier(self.pinning, self.upstream, self.registry, self.converger,
-                                 lift_cfs_quota=cfg.lift_cfs_quota, self_pod=cfg.self_pod,
-                                 on_transition=self.metrics.observe_mode_change,
+                                 lift_cfs_quota=cfg.lift_cfs_quota, on_transition=self.metrics.observe_mode_change,
                                  on_refusal=self.metrics.observe_mode_refusal)
-        interceptors = {**self.pinning.interceptors(), "StartContainer": self.starts.start_container}
+        interceptors = dict(self.pinning.interceptors())
+        interceptors["StartContainer"] = self.starts.start_container
+        # kubelet's own cpuset-bearing update is sent with the pool gate held (shared): never between a
+        # narrowing's decision and its updates, which would put the wide pool back
+        interceptors["UpdateContainerResources"] = self.starts.gated(interceptors["UpdateContainerResources"])
         handler = RelayHandler(self.upstream, interceptors, observe=self.metrics.observe_call)
         if cfg.publish_nrt or cfg.kubeconfig:
             self._api = ApiPublisher(cfg.kubeconfig)
@@ -108,7 +122,7 @@ class CriProxy:
             self.metrics_port = self.metrics.serve(*endpoint, status=lambda: status_from_thread(self, loop))
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_server(listen_path(cfg.listen), [handler])
+        self._server = await start_relay_server(listen_path(cfg.listen), handler)
         log.info("numapin criproxy listening on %s, runtime %s, topology manager %s/%s, reserved %s",
                  cfg.listen, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
@@ -149,12 +163,17 @@ class CriProxy:
         return decision_of(self.allocator, self.node_config.topology, t)
 
     async def reconcile_once(self) -> ReconcileReport:
+        if not self.reconciled.is_set():
+            await self.api.detect(self.upstream.call)  # the CRI version the proxy's own calls use
         async with self.pinning.lock:
             report = await reconcile(
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
-                converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota, self_pod=self.config.self_pod)
+                converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota,
+                self_pod=self.pinning.self_pod, api=self.api, creating=self.pinning.creating)
             gone = self.modes.prune({uid for uid in self.registry.sandboxes.values()})
             await self.pinning.save()
+            if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
+                await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.self_pod)
         if gone:
             log.info("reconcile: forgot the CPU mode set while running of pods gone: %s", ", ".join(gone))
         log.info("reconcile: %s", report)  # after the state is on disk
@@ -167,6 +186,7 @@ class CriProxy:
         while not self.reconciled.is_set():
             try:
                 await self.reconcile_once()
+                await self.starts.note_unstarted()
                 self.reconciled.set()
                 self._tasks.append(asyncio.get_running_loop().create_task(self.converger.run()))
                 break

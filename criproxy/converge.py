@@ -38,9 +38,6 @@ __all__ = ["ConvergeReport", "Converger", "Decision", "Repair", "decision_of"]
 
 log = logging.getLogger("numapin.criproxy")
 
-_STATUS = "/runtime.v1.RuntimeService/ContainerStatus"
-
-
 @dataclass(frozen=True)
 class Decision:
     cpus: CPUSet
@@ -106,7 +103,8 @@ class Converger:
         req = cri_pb2.ContainerStatusRequest(container_id=t.id, verbose=True).SerializeToString()
         try:
             async with self._slots:
-                raw = await self.upstream.call(_STATUS, req, timeout=self.timeout)
+                raw = await self.upstream.call(self.pusher.api.method("ContainerStatus"), req,
+                                               timeout=self.timeout)
         except grpc.aio.AioRpcError:
             return t.id, None, 0
         resp = cri_pb2.ContainerStatusResponse.FromString(raw)
@@ -138,6 +136,10 @@ class Converger:
                 self._retry_at.pop(cid, None)
             else:  # not started yet, or a runtime that does not tell (asked again a little later)
                 self._retry_at[cid] = now + max(self.period, 1.0) * 5
+
+    def knows(self, container_id: str) -> bool:
+        """Whether the container's cgroup is known (its kernel cpuset can be read once it runs)."""
+        return container_id in self._cgroups
 
     def forget(self, container_id: str) -> None:
         self._cgroups.pop(container_id, None)
@@ -233,3 +235,5 @@ class Converger:
                             e.details(), self.period)
             except OSError as e:
                 log.warning("converge: cannot read the kernel's cpusets: %s", e)
+            except Exception:  # a bug must not end the convergence for the life of the proxy
+                log.exception("converge: pass failed; next pass in %.1f s", self.period)

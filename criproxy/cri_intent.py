@@ -4,7 +4,8 @@ The webhook's ``numapin.io/cpu-intent`` annotation (allocator.intent) is authori
 it, numapin estimates what kubelet knew from what CRI carries: the QoS class from the sandbox's cgroup
 parent, the container's CPU request from ``cpu_shares`` and its limit from ``cpu_quota``/``cpu_period``,
 the memory limit from ``memory_limit_in_bytes``. Containers of the pod seen earlier are kept, so the pod
-model grows as kubelet creates them (CRI never shows the whole pod at once).
+model grows as kubelet creates them (CRI never shows the whole pod at once); which of them are init
+containers is learned from the order kubelet creates them (criproxy.pod_roles).
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ from allocator.cfs import quota_to_milli_cpu, shares_to_milli_cpu
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import (
-    BYPASS_ANNOTATION,
     CPU_MANAGER_ANNOTATION,
     ContainerInfo,
     PodInfo,
     QOSClass,
+    is_bypassed,
     normalize_cpu_manager,
 )
 from protos import cri_pb2
 
-__all__ = ["PodIdentity", "container_from_cri", "identity_of", "pod_from_cri", "qos_from_cgroup_parent"]
+from .pod_roles import PodRoles
+
+__all__ = ["PodIdentity", "SelfPod", "container_from_cri", "identity_of", "pod_from_cri", "qos_from_cgroup_parent"]
 
 log = logging.getLogger("numapin.criproxy")
 
@@ -47,7 +50,23 @@ class PodIdentity:
 
     @property
     def bypass(self) -> bool:
-        return self.annotations.get(BYPASS_ANNOTATION, "").strip().lower() == "true"
+        return is_bypassed(self.annotations)
+
+
+@dataclass(frozen=True)
+class SelfPod:
+    """The proxy's own pod, which it passes through untouched, known by namespace and name, uid, or both."""
+
+    namespace_name: tuple[str, str] | None = None
+    uid: str | None = None
+
+    def matches(self, uid: str, namespace: str, name: str) -> bool:
+        return bool(self.uid and uid == self.uid) or (self.namespace_name is not None
+                                                      and (namespace, name) == self.namespace_name)
+
+    def passes(self, uid: str, namespace: str, name: str, annotations: Mapping[str, str]) -> bool:
+        """numapin leaves the pod alone: annotated ``numapin.io/bypass: "true"``, or the proxy's own pod."""
+        return is_bypassed(annotations) or self.matches(uid, namespace, name)
 
 
 def identity_of(sandbox: cri_pb2.PodSandboxConfig) -> PodIdentity:
@@ -89,14 +108,15 @@ def container_from_cri(name: str, resources: cri_pb2.LinuxContainerResources, qo
                          memory_request=mem if qos == "Guaranteed" else None, memory_limit=mem)
 
 
-def pod_from_cri(req: cri_pb2.CreateContainerRequest, known: Mapping[str, ContainerInfo],
-                 exited: frozenset[str] = frozenset()) -> PodInfo:
+def pod_from_cri(req: cri_pb2.CreateContainerRequest,
+                 known: Mapping[str, cri_pb2.LinuxContainerResources] | None = None,
+                 roles: PodRoles | None = None) -> PodInfo:
     """The pod model for ``req``: from the intent annotation if present (PodSpecError if it is bad), else
-    from CRI with ``known`` (earlier containers of the pod, by name) plus this container.
+    from CRI: ``known`` (the resources kubelet asked for each earlier container of the pod, by name) plus this
+    container, with the roles ``roles`` learned (criproxy.pod_roles; unknown: app).
 
-    Known containers named in ``exited`` (they ran to completion before this one is created) count as init
-    containers, as kubelet runs init containers to completion before the app containers: their CPUs can pass
-    to the app containers, as kubelet's CPU manager does."""
+    Init containers come first (their CPUs pass to the containers after them, as kubelet's CPU manager does),
+    then sidecars and app containers in the order they were first created, then this container."""
     ident = identity_of(req.sandbox_config)
     name = req.config.metadata.name
     intent = ident.annotations.get(INTENT_ANNOTATION)
@@ -109,9 +129,11 @@ def pod_from_cri(req: cri_pb2.CreateContainerRequest, known: Mapping[str, Contai
     qos = qos_from_cgroup_parent(req.sandbox_config.linux.cgroup_parent) or "BestEffort"
     raw_mode = ident.annotations.get(CPU_MANAGER_ANNOTATION)
     mode = None if raw_mode is None else normalize_cpu_manager(raw_mode)
-    this = container_from_cri(name, req.config.linux.resources, qos)
-    earlier = [c for n, c in known.items() if n != name]
-    inits = [replace(c, role="init") for c in earlier if c.name in exited]
-    containers = inits + [c for c in earlier if c.name not in exited] + [this]
+    roles = roles or PodRoles()
+    order = {n: i for i, n in enumerate(roles.order)}
+    earlier = sorted((n for n in (known or {}) if n != name), key=lambda n: order.get(n, len(order)))
+    containers = [replace(container_from_cri(n, (known or {})[n], qos), role=roles.role(n)) for n in earlier]
+    containers.sort(key=lambda c: c.role != "init")  # stable: init containers first, each group in order
+    this = replace(container_from_cri(name, req.config.linux.resources, qos), role=roles.role(name))
     return PodInfo(uid=ident.uid, namespace=ident.namespace, name=ident.name, qos_class=qos, cpu_manager=mode,
-                   bypass=ident.bypass, containers=tuple(containers))
+                   bypass=ident.bypass, containers=(*containers, this))

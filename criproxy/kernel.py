@@ -83,6 +83,15 @@ class CgroupLayout:
     def detect(cls, roots: KernelRoots) -> CgroupLayout:
         return cls(roots, unified=(roots.cgroup / "cgroup.controllers").exists())
 
+    def problem(self) -> str | None:
+        """Why cpusets cannot be read under these roots (None: they can)."""
+        if not self.roots.proc.joinpath("self", "status").exists():
+            return f"{self.roots.proc} is not a proc file system (--proc-root)"
+        if not self.unified and not (self.roots.cgroup / "cpuset").is_dir():
+            return (f"{self.roots.cgroup} holds neither a cgroup v2 hierarchy nor a v1 cpuset hierarchy "
+                    f"(--cgroup-root)")
+        return None
+
     def directory(self, cgroup: str) -> Path:
         rel = cgroup.lstrip("/")
         return self.roots.cgroup / rel if self.unified else self.roots.cgroup / "cpuset" / rel

@@ -39,12 +39,14 @@ from allocator.cpuset import CPUSet
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.mode_change import KUBELET_RULE, ModeChange, mode_name, parse_target
-from allocator.pod import BYPASS_ANNOTATION, CPU_MANAGER_ANNOTATION, PodInfo, qos_class
+from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, qos_class
 from protos import cri_pb2
 
 from .converge import Converger
+from .cri_api import UNLIMITED_QUOTA
+from .cri_intent import container_from_cri
 from .mode_request import ModeAnswer, ModeRequest
-from .pinning import UNLIMITED_QUOTA, Pinning
+from .pinning import Pinning
 from .registry import Registry, Tracked
 from .relay import Upstream
 
@@ -52,14 +54,12 @@ __all__ = ["ModeApplier"]
 
 log = logging.getLogger("numapin.criproxy.modes")
 
-_LIST_SANDBOXES = "/runtime.v1.RuntimeService/ListPodSandbox"
 _QUOTA_PERIOD = 100000  # kubelet's default cpuCFSQuotaPeriod (100 ms)
 
 
 class ModeApplier:
     def __init__(self, pinning: Pinning, upstream: Upstream, registry: Registry, converger: Converger, *,
-                 lift_cfs_quota: bool = True, self_pod: tuple[str, str] | None = None,
-                 retry_seconds: float = 10.0,
+                 lift_cfs_quota: bool = True, retry_seconds: float = 10.0,
                  on_transition: Callable[[str, str], None] | None = None,
                  on_refusal: Callable[[str], None] | None = None) -> None:
         self.pinning = pinning
@@ -68,7 +68,6 @@ class ModeApplier:
         self.registry = registry
         self.converger = converger
         self.lift_cfs_quota = lift_cfs_quota
-        self.self_pod = self_pod
         self.retry_seconds = retry_seconds
         self.on_transition = on_transition or (lambda old, new: None)
         self.on_refusal = on_refusal or (lambda reason: None)
@@ -107,8 +106,7 @@ class ModeApplier:
         ref = f"{sb.metadata.namespace}/{sb.metadata.name}"
         self.refs[uid] = ref
         annotations = dict(sb.annotations)
-        if (annotations.get(BYPASS_ANNOTATION, "").strip().lower() == "true"
-                or (self.self_pod is not None and (sb.metadata.namespace, sb.metadata.name) == self.self_pod)):
+        if self.pinning.self_pod.passes(uid, sb.metadata.namespace, sb.metadata.name, annotations):
             return ModeAnswer("ignored", f"pod {ref} is passed through untouched (numapin.io/bypass)")
         created = _created_mode(annotations)
         pod = self._pod_model(req, sb, annotations)
@@ -136,7 +134,7 @@ class ModeApplier:
                                      f"{seconds * 1000:.0f} ms)", change=change.to_dict())
 
     async def _sandbox(self, req: ModeRequest) -> cri_pb2.PodSandbox | None:
-        raw = await self.upstream.call(_LIST_SANDBOXES, cri_pb2.ListPodSandboxRequest(
+        raw = await self.upstream.call(self.pinning.api.method("ListPodSandbox"), cri_pb2.ListPodSandboxRequest(
             filter=cri_pb2.PodSandboxFilter(state=cri_pb2.PodSandboxStateValue(state=cri_pb2.SANDBOX_READY))
         ).SerializeToString(), timeout=10.0)
         for sb in cri_pb2.ListPodSandboxResponse.FromString(raw).items:
@@ -161,17 +159,20 @@ class ModeApplier:
         admitted = self.allocator.pod(md.uid)  # the model CreateContainer built (QoS from the cgroup parent)
         if admitted is not None:
             return replace(admitted, containers=tuple(c for c in admitted.containers if c.name in exist))
-        known = {n: c for n, c in self.registry.pod_containers.get(md.uid, {}).items() if n in exist}
+        cri = self.registry.pods.get(md.uid)
+        known = {n: r for n, r in cri.resources.items() if n in exist} if cri is not None else {}
         if not exist:
             # nothing runs yet: the new mode is recorded and applies to the containers created from now on
             return PodInfo(uid=md.uid, namespace=md.namespace, name=md.name, qos_class="BestEffort", cpu_manager=None,
                            bypass=False, containers=())
-        if not known:
+        if not known or cri is None:
             raise PodSpecError(
                 f"its resources are unknown to the proxy: the pod has no {INTENT_ANNOTATION} annotation (created "
-                "without numapin's webhook) and its containers were created before the proxy's last start; change "
-                "the annotation on the API server instead (the proxy's watch reads the pod spec)")
-        containers = tuple(known.values())
+                "without numapin's webhook) and the runtime's record of its containers was not read; change the "
+                "annotation on the API server instead (the proxy's watch reads the pod spec)")
+        # request from the CPU shares, limit from the quota (the QoS class is not in the runtime's sandbox list)
+        containers = tuple(replace(container_from_cri(n, r, "Burstable"), role=cri.roles.role(n))
+                           for n, r in known.items())
         return PodInfo(uid=md.uid, namespace=md.namespace, name=md.name, qos_class=qos_class(containers),
                        cpu_manager=None, bypass=False, containers=containers)
 

@@ -17,6 +17,7 @@ import grpc.aio
 from allocator.cpuset import CPUSet
 from protos import cri_pb2
 
+from .cri_api import RuntimeApi
 from .gate import PoolGate
 from .registry import Registry, Tracked
 from .relay import Upstream
@@ -24,8 +25,6 @@ from .relay import Upstream
 __all__ = ["CpusetPusher", "PushResult"]
 
 log = logging.getLogger("numapin.criproxy")
-
-UPDATE = "/runtime.v1.RuntimeService/UpdateContainerResources"
 
 
 @dataclass(frozen=True)
@@ -37,8 +36,10 @@ class PushResult:
 
 class CpusetPusher:
     def __init__(self, upstream: Upstream, registry: Registry, *, timeout: float = 10.0,
-                 concurrency: int = 128, on_resized: Callable[[], None] | None = None) -> None:
+                 concurrency: int = 128, on_resized: Callable[[], None] | None = None,
+                 api: RuntimeApi | None = None) -> None:
         self.upstream = upstream
+        self.api = api or RuntimeApi()  # the runtime's CRI version
         self.registry = registry
         self.timeout = timeout
         self.gate = PoolGate()
@@ -54,7 +55,7 @@ class CpusetPusher:
         req = cri_pb2.UpdateContainerResourcesRequest(container_id=t.id, linux=res).SerializeToString()
         try:
             async with self._slots:
-                await self.upstream.call(UPDATE, req, timeout=self.timeout)
+                await self.upstream.call(self.api.method("UpdateContainerResources"), req, timeout=self.timeout)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 self.registry.remove(t.id)  # gone meanwhile: nothing to narrow

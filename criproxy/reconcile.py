@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import grpc
@@ -26,6 +27,8 @@ from allocator.topology import Topology
 from protos import cri_pb2
 
 from .converge import Converger
+from .cri_api import RuntimeApi
+from .cri_intent import SelfPod
 from .narrowing import CpusetPusher
 from .registry import Registry, Tracked
 from .relay import Upstream
@@ -34,8 +37,6 @@ __all__ = ["ReconcileReport", "reconcile"]
 
 log = logging.getLogger("numapin.criproxy")
 
-_RT = "/runtime.v1.RuntimeService/"
-_BYPASS = "numapin.io/bypass"
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,17 @@ def _parse_cpus(text: str) -> CPUSet | None:
 
 async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAllocator, registry: Registry,
                     pusher: CpusetPusher, *, converger: Converger | None = None,
-                    lift_cfs_quota: bool = True, self_pod: tuple[str, str] | None = None,
+                    lift_cfs_quota: bool = True, self_pod: SelfPod | None = None,
+                    api: RuntimeApi | None = None, creating: Collection[tuple[str, str]] = (),
                     timeout: float = 30.0) -> ReconcileReport:
-    """Call with the allocation lock held (no CreateContainer may run meanwhile). Raises AioRpcError when the
+    """Call with the allocation lock held (no decision is taken meanwhile). ``creating``: (pod uid, container)
+    whose CPUs are decided and whose create is at the runtime (they keep their CPUs). Raises AioRpcError when the
     runtime cannot be listed; nothing is changed then."""
-    sb_raw = await upstream.call(_RT + "ListPodSandbox", cri_pb2.ListPodSandboxRequest().SerializeToString(),
+    api = api or RuntimeApi()
+    self_pod = self_pod or SelfPod()
+    sb_raw = await upstream.call(api.method("ListPodSandbox"), cri_pb2.ListPodSandboxRequest().SerializeToString(),
                                  timeout=timeout)
-    ct_raw = await upstream.call(_RT + "ListContainers", cri_pb2.ListContainersRequest().SerializeToString(),
+    ct_raw = await upstream.call(api.method("ListContainers"), cri_pb2.ListContainersRequest().SerializeToString(),
                                  timeout=timeout)
     sandboxes = {s.id: s for s in cri_pb2.ListPodSandboxResponse.FromString(sb_raw).items}
     containers = list(cri_pb2.ListContainersResponse.FromString(ct_raw).containers)
@@ -103,7 +108,7 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
     dropped: list[tuple[str, str]] = []
     for uid, pod in list(allocator.state.assignments.items()):
         for name in list(pod):
-            if (uid, name) in announced:
+            if (uid, name) in announced or (uid, name) in creating:
                 continue
             if (uid, name) not in present or uid not in ready_pods:
                 allocator.release_container(uid, name)
@@ -124,8 +129,7 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
         uid = sb.metadata.uid
         ref = f"{sb.metadata.namespace}/{sb.metadata.name}"
         exited = c.state in (cri_pb2.CONTAINER_EXITED, cri_pb2.CONTAINER_UNKNOWN) or sb.state != cri_pb2.SANDBOX_READY
-        bypass = (sb.annotations.get(_BYPASS, "").strip().lower() == "true"
-                  or (self_pod is not None and (sb.metadata.namespace, sb.metadata.name) == self_pod))
+        bypass = self_pod.passes(uid, sb.metadata.namespace, sb.metadata.name, sb.annotations)
         cpus = None if bypass else allocator.container_cpus(uid, c.metadata.name)
         if bypass:
             mode = "bypass"
@@ -143,7 +147,7 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
     async def status(cid: str) -> cri_pb2.LinuxContainerResources | None:
         async with sem:
             try:
-                raw = await upstream.call(_RT + "ContainerStatus", cri_pb2.ContainerStatusRequest(
+                raw = await upstream.call(api.method("ContainerStatus"), cri_pb2.ContainerStatusRequest(
                     container_id=cid).SerializeToString(), timeout=timeout)
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:

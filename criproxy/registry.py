@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from allocator.cpuset import CPUSet
-from allocator.pod import ContainerInfo
+from protos import cri_pb2
 
-__all__ = ["Registry", "Tracked", "TrackedMode"]
+from .pod_roles import PodRoles
+
+__all__ = ["CriPod", "Registry", "Tracked", "TrackedMode"]
 
 TrackedMode = Literal["exclusive", "share", "shared", "bypass"]
 
@@ -36,11 +38,24 @@ class Tracked:
 
 
 @dataclass
+class CriPod:
+    """What CRI showed of one pod's containers (the pod model without the webhook's annotation): the resources
+    kubelet asked for each container the runtime created, and the roles learned from their order."""
+
+    resources: dict[str, cri_pb2.LinuxContainerResources] = field(default_factory=dict)
+    roles: PodRoles = field(default_factory=PodRoles)
+
+    def forget(self, name: str) -> None:
+        """The container is removed: it leaves the model (it is not allocated again); its role stays known."""
+        self.resources.pop(name, None)
+
+
+@dataclass
 class Registry:
     containers: dict[str, Tracked] = field(default_factory=dict)
     sandboxes: dict[str, str] = field(default_factory=dict)  # sandbox id -> pod uid
-    # what CRI showed of each pod's containers (the pod model without the webhook's annotation)
-    pod_containers: dict[str, dict[str, ContainerInfo]] = field(default_factory=dict)
+    # pod uid -> what CRI showed of its containers (the pod model without the webhook's annotation)
+    pods: dict[str, CriPod] = field(default_factory=dict)
 
     def add(self, t: Tracked) -> None:
         self.containers[t.id] = t
@@ -60,7 +75,7 @@ class Registry:
             del self.containers[t.id]
         for sid in [s for s, u in self.sandboxes.items() if u == pod_uid]:
             del self.sandboxes[sid]
-        self.pod_containers.pop(pod_uid, None)
+        self.pods.pop(pod_uid, None)
 
     def on_shared_pool(self) -> list[Tracked]:
         """Live containers that run on the shared pool (narrowed and widened with it)."""

@@ -1,17 +1,25 @@
 """Transparent gRPC relay: every method of every service is forwarded to the runtime as raw bytes.
 
-Known unary CRI methods take a fast unary path; every other method (``GetContainerEvents``, methods newer
-than this list, unknown services) is relayed as a bidirectional stream, which carries any of the four gRPC
-call shapes unchanged. Metadata and deadlines go upstream as they came ("no deadline" stays none);
-status codes, details and trailing metadata come back unchanged. A few methods are handed to an
-interceptor first: it sees the request bytes and decides what (if anything) goes upstream.
+Relayed calls run on the threads of a synchronous gRPC server, each forwarded with a blocking call on a
+synchronous channel: the cheapest path gRPC's Python bindings offer (about half the instructions per call of a
+grpc.aio server and channel; docs/performance.md). Known unary CRI methods take a unary path; every other method
+(``GetContainerEvents``, methods newer than this list, unknown services) is relayed as a bidirectional stream,
+which carries any of the four gRPC call shapes unchanged. Metadata and deadlines go upstream as they came ("no
+deadline" stays none); status codes, details and trailing metadata come back unchanged.
+
+A few methods are handed to an interceptor first. Interceptors are coroutines of the proxy's event loop (where
+its state lives): the server thread hands the request over and waits for the outcome. The interceptor sees the
+request bytes and decides what (if anything) goes upstream, through ``Forward`` (the event loop's grpc.aio
+channel).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -54,12 +62,19 @@ UNARY_METHODS = frozenset({
 _TRANSPORT_KEYS = frozenset({"user-agent", "content-type", "te", "host", "grpc-timeout", "grpc-encoding",
                              "grpc-accept-encoding", "grpc-message-type"})
 
+# A synchronous server reports "no deadline" as a remaining time of about 2**63 ns; anything beyond a year is that.
+_NO_DEADLINE = 365 * 24 * 3600.0
+
 MAX_MESSAGE = 64 * 1024 * 1024
+# Reconnect quickly after the runtime restarts (100 ms, growing to 2 s), but give each connection attempt the time a
+# loaded runtime needs to answer: gRPC takes "min_reconnect_backoff_ms" as the minimum connect timeout (20 s by
+# default), so 100 ms there failed every call on a starved node with "timed out before receiving SETTINGS frame".
+CONNECT_TIMEOUT_MS = 20_000
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.max_send_message_length", MAX_MESSAGE),
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.enable_retries", 0),
 )
@@ -80,11 +95,15 @@ def normalize_endpoint(endpoint: str) -> str:
 
 
 class Upstream:
-    """The runtime's gRPC channel (reconnects with back-off by itself; calls fail fast when it is down)."""
+    """The runtime's gRPC channels (each reconnects with back-off by itself; calls fail fast when it is down):
+    ``channel`` (grpc.aio) for the event loop — interceptors and the proxy's own calls —, and a synchronous one for
+    the relay's server threads."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
-        self.channel = grpc.aio.insecure_channel(normalize_endpoint(endpoint), options=CHANNEL_OPTIONS)
+        target = normalize_endpoint(endpoint)
+        self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self.sync_channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._unary: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
         self._stream: dict[str, grpc.aio.StreamStreamMultiCallable] = {}
 
@@ -105,6 +124,7 @@ class Upstream:
         return await self.unary(method)(request, timeout=timeout)
 
     async def close(self) -> None:
+        self.sync_channel.close()
         await self.channel.close()
 
 
@@ -119,45 +139,88 @@ class Rejection(Exception):
         return self.message
 
 
+class _Replies:
+    """The runtime's initial and trailing metadata of an intercepted call, passed back to the caller."""
+
+    __slots__ = ("initial", "trailing")
+
+    def __init__(self) -> None:
+        self.initial: Metadata = ()
+        self.trailing: Metadata = ()
+
+
 class Forward:
     """What an interceptor uses to send (possibly changed) request bytes upstream with the caller's
     metadata and deadline."""
 
-    __slots__ = ("_context", "_upstream", "metadata", "method", "timeout")
+    __slots__ = ("_replies", "_upstream", "metadata", "method", "timeout")
 
-    def __init__(self, upstream: Upstream, method: str, context: grpc.aio.ServicerContext) -> None:
+    def __init__(self, upstream: Upstream, method: str, metadata: Metadata, timeout: float | None,
+                 replies: _Replies | None = None) -> None:
         self._upstream = upstream
-        self._context = context
+        self._replies = replies if replies is not None else _Replies()
         self.method = method
-        self.metadata = caller_metadata(context)
-        self.timeout: float | None = context.time_remaining()
+        self.metadata = metadata
+        self.timeout = timeout
 
     async def __call__(self, request: bytes) -> bytes:
         call = self._upstream.unary(self.method)(request, metadata=self.metadata, timeout=self.timeout)
         response = await call
         initial = await call.initial_metadata()
         if initial:
-            await self._context.send_initial_metadata(tuple(initial))
+            self._replies.initial = tuple(initial)
         trailing = await call.trailing_metadata()
         if trailing:
-            self._context.set_trailing_metadata(tuple(trailing))
+            self._replies.trailing = tuple(trailing)
         return response
 
 
 Interceptor = Callable[[bytes, Forward], Awaitable[bytes]]
 
 
-def caller_metadata(context: grpc.aio.ServicerContext) -> Metadata:
+def caller_metadata(context: grpc.ServicerContext) -> Metadata:
     md = context.invocation_metadata() or ()
     return tuple((m.key, m.value) for m in md if not m.key.startswith(":") and m.key not in _TRANSPORT_KEYS)
 
 
+def caller_timeout(context: grpc.ServicerContext) -> float | None:
+    """The caller's remaining time; None when it set no deadline."""
+    remaining = context.time_remaining()
+    return None if remaining is None or remaining > _NO_DEADLINE else remaining
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How an intercepted call ends: a response, or an error status."""
+
+    response: bytes = b""
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    details: str = ""
+    initial: Metadata = ()
+    trailing: Metadata = ()
+
+
+def _answer(context: grpc.ServicerContext, initial: Metadata, trailing: Metadata) -> None:
+    if initial:
+        context.send_initial_metadata(initial)
+    if trailing:
+        context.set_trailing_metadata(trailing)
+
+
+def _fail(context: grpc.ServicerContext, code: grpc.StatusCode, details: str, trailing: Metadata) -> None:
+    """End the call with the runtime's (or numapin's) status; raises."""
+    if trailing:
+        context.set_trailing_metadata(trailing)
+    context.abort(code, details)
+
+
 class RelayHandler(grpc.GenericRpcHandler):
-    """A generic handler that relays every method to ``upstream``.
+    """A generic handler (for ``start_relay_server``) that relays every method to ``upstream``.
 
     ``interceptors`` maps a method's short name (``CreateContainer``) to an interceptor; it applies to that
-    method of every CRI service (runtime.v1 and runtime.v1alpha2 share field numbers). ``observe`` is told
-    each call's method, duration and status code (metrics).
+    method of every CRI service (runtime.v1 and runtime.v1alpha2 share field numbers). Interceptors run on
+    ``loop`` (set by ``start_relay_server`` to the event loop that starts it). ``observe`` is told each call's
+    method, duration and status code (metrics; called from the server's threads).
     """
 
     def __init__(self, upstream: Upstream, interceptors: Mapping[str, Interceptor] | None = None,
@@ -165,6 +228,7 @@ class RelayHandler(grpc.GenericRpcHandler):
         self.upstream = upstream
         self.interceptors = dict(interceptors or {})
         self.observe = observe
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
@@ -178,70 +242,109 @@ class RelayHandler(grpc.GenericRpcHandler):
         service, _, name = method.lstrip("/").rpartition("/")
         if service in CRI_SERVICES and name in UNARY_METHODS:
             interceptor = self.interceptors.get(name)
-            return grpc.unary_unary_rpc_method_handler(self._unary_behavior(method, interceptor))
+            if interceptor is not None:
+                return grpc.unary_unary_rpc_method_handler(self._intercepted_behavior(method, interceptor))
+            return grpc.unary_unary_rpc_method_handler(self._unary_behavior(method))
         return grpc.stream_stream_rpc_method_handler(self._stream_behavior(method))
 
     def _done(self, method: str, t0: float, code: grpc.StatusCode) -> None:
         if self.observe is not None:
             self.observe(method, time.perf_counter() - t0, code)
 
-    def _unary_behavior(self, method: str, interceptor: Interceptor | None):
-        upstream = self.upstream
-        name = method.rsplit("/", 1)[-1]
+    def _unary_behavior(self, method: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        forward = self.upstream.sync_channel.unary_unary(method)
 
-        async def behavior(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        def behavior(request: bytes, context: grpc.ServicerContext) -> bytes:
             t0 = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
-                forward = Forward(upstream, method, context)
-                if interceptor is None:
-                    return await forward(request)
-                return await interceptor(request, forward)
-            except grpc.aio.AioRpcError as e:
-                code = e.code()
-                await context.abort(e.code(), e.details() or "", tuple(e.trailing_metadata() or ()))
+                response, call = forward.with_call(request, metadata=caller_metadata(context),
+                                                   timeout=caller_timeout(context))
+            except grpc.RpcError as e:
+                code = e.code()  # type: ignore[attr-defined]
+                _fail(context, code, e.details() or "", tuple(e.trailing_metadata() or ()))  # type: ignore[attr-defined]
                 raise  # not reached: abort raises
-            except Rejection as e:
-                code = e.code
-                await context.abort(e.code, e.message)
-                raise
-            except (DecodeError, WireError) as e:
-                code = grpc.StatusCode.INVALID_ARGUMENT
-                await context.abort(code, f"numapin: cannot parse the {name} request: {e}")
-                raise
-            except grpc.aio.AbortError:
-                raise
-            except Exception as e:
-                code = grpc.StatusCode.INTERNAL
-                log.exception("%s: unexpected error in numapin's interceptor", method)
-                await context.abort(code, f"numapin: internal error handling {name}: {type(e).__name__}: {e}")
-                raise
+            else:
+                _answer(context, tuple(call.initial_metadata() or ()), tuple(call.trailing_metadata() or ()))
+                return response  # type: ignore[no-any-return]
             finally:
                 self._done(method, t0, code)
 
         return behavior
 
-    def _stream_behavior(self, method: str):
-        upstream = self.upstream
+    def _intercepted_behavior(self, method: str, interceptor: Interceptor
+                              ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        def behavior(request: bytes, context: grpc.ServicerContext) -> bytes:
+            t0 = time.perf_counter()
+            outcome = _Outcome(code=grpc.StatusCode.INTERNAL)
+            try:
+                outcome = self._on_loop(self._intercept(method, interceptor, request, caller_metadata(context),
+                                                        caller_timeout(context)))
+                if outcome.code != grpc.StatusCode.OK:
+                    _fail(context, outcome.code, outcome.details, outcome.trailing)
+                _answer(context, outcome.initial, outcome.trailing)
+                return outcome.response
+            finally:
+                self._done(method, t0, outcome.code)
 
-        async def behavior(request_iterator: AsyncIterator[bytes],
-                           context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        return behavior
+
+    def _on_loop(self, coro: Awaitable[_Outcome]) -> _Outcome:
+        """Run ``coro`` on the proxy's event loop and wait for it (the caller going away does not stop it: a
+        decision is carried through)."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            coro.close()  # type: ignore[attr-defined]
+            return _Outcome(code=grpc.StatusCode.UNAVAILABLE, details="numapin: the proxy is stopping")
+        future = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
+        while True:
+            try:
+                return future.result(timeout=1.0)
+            except concurrent.futures.TimeoutError:
+                if loop.is_closed():
+                    return _Outcome(code=grpc.StatusCode.UNAVAILABLE, details="numapin: the proxy is stopping")
+            except concurrent.futures.CancelledError:
+                return _Outcome(code=grpc.StatusCode.UNAVAILABLE, details="numapin: the proxy is stopping")
+
+    async def _intercept(self, method: str, interceptor: Interceptor, request: bytes, metadata: Metadata,
+                         timeout: float | None) -> _Outcome:
+        name = method.rsplit("/", 1)[-1]
+        replies = _Replies()
+        try:
+            response = await interceptor(request, Forward(self.upstream, method, metadata, timeout, replies))
+        except grpc.aio.AioRpcError as e:
+            return _Outcome(code=e.code(), details=e.details() or "", trailing=tuple(e.trailing_metadata() or ()))
+        except Rejection as e:
+            return _Outcome(code=e.code, details=e.message)
+        except (DecodeError, WireError) as e:
+            return _Outcome(code=grpc.StatusCode.INVALID_ARGUMENT,
+                            details=f"numapin: cannot parse the {name} request: {e}")
+        except Exception as e:
+            log.exception("%s: unexpected error in numapin's interceptor", method)
+            return _Outcome(code=grpc.StatusCode.INTERNAL,
+                            details=f"numapin: internal error handling {name}: {type(e).__name__}: {e}")
+        return _Outcome(response=response, initial=replies.initial, trailing=replies.trailing)
+
+    def _stream_behavior(self, method: str) -> Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]:
+        forward = self.upstream.sync_channel.stream_stream(method)
+
+        def behavior(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
             t0 = time.perf_counter()
             code = grpc.StatusCode.OK
-            call = upstream.stream(method)(request_iterator, metadata=caller_metadata(context),
-                                           timeout=context.time_remaining())
+            call = forward(request_iterator, metadata=caller_metadata(context), timeout=caller_timeout(context))
+            context.add_callback(call.cancel)  # the caller went away: so does the upstream stream
             try:
-                initial = await call.initial_metadata()
+                initial = call.initial_metadata()
                 if initial:
-                    await context.send_initial_metadata(tuple(initial))
-                async for response in call:
-                    yield response
-                trailing = await call.trailing_metadata()
+                    context.send_initial_metadata(tuple(initial))
+                yield from call
+                trailing = call.trailing_metadata()
                 if trailing:
                     context.set_trailing_metadata(tuple(trailing))
-            except grpc.aio.AioRpcError as e:
-                code = e.code()
-                await context.abort(e.code(), e.details() or "", tuple(e.trailing_metadata() or ()))
+            except grpc.RpcError as e:
+                code = e.code()  # type: ignore[attr-defined]
+                if context.is_active():
+                    _fail(context, code, e.details() or "", tuple(e.trailing_metadata() or ()))  # type: ignore[attr-defined]
             finally:
                 call.cancel()
                 self._done(method, t0, code)

@@ -7,6 +7,10 @@
 - An ``exclusive`` container starts with the gate held *exclusively*, and only once the kernel shows no other
   running container on its CPUs: any that still has them is repaired first; if one still has them after
   that, the start is refused with UNAVAILABLE (kubelet retries) rather than run the two together.
+- After a restart, a ``StartContainer`` the previous proxy forwarded may still be completing in containerd,
+  with the cpuset of before a narrowing. Containers created but not running at the start-up reconcile are
+  suspects for ``suspect_window`` seconds: an exclusive start first waits until each is running (then the
+  kernel check above covers it), gone, started through this proxy, or the window is over.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from allocator.cpuset import CPUSet
 from . import wire
 from .converge import Converger, Decision
 from .registry import Registry, Tracked
-from .relay import Forward, Rejection
+from .relay import Forward, Interceptor, Rejection
 
 __all__ = ["StartGuard"]
 
@@ -43,15 +47,46 @@ def container_id_of(request: bytes) -> str:
 
 class StartGuard:
     def __init__(self, registry: Registry, converger: Converger, decide: Callable[[Tracked], Decision | None], *,
-                 clear_timeout: float = 5.0, on_refusal: Callable[[], None] | None = None) -> None:
+                 clear_timeout: float = 5.0, suspect_window: float = 5.0,
+                 on_refusal: Callable[[], None] | None = None) -> None:
         self.registry = registry
         self.converger = converger
         self.decide = decide
         self.clear_timeout = clear_timeout
+        self.suspect_window = suspect_window
         self.on_refusal = on_refusal or (lambda: None)
+        self._suspects: dict[str, float] = {}   # container id -> until when a foreign start may land
+
+    async def note_unstarted(self) -> None:
+        """After the start-up reconcile: remember the containers created but not running."""
+        live = self.converger.live()
+        views = await self.converger.views(live)
+        until = time.monotonic() + self.suspect_window
+        self._suspects = {t.id: until for t in live if views.get(t.id) is None and self.converger.knows(t.id)}
+        if self._suspects:
+            log.info("start guard: %d containers are created but not running; for %g s an exclusive start waits "
+                     "for any start of them the previous proxy forwarded", len(self._suspects), self.suspect_window)
+
+    async def _await_suspects(self, t: Tracked) -> None:
+        while True:
+            now = time.monotonic()
+            pending = [o for o in self.converger.live()
+                       if o.id != t.id and self._suspects.get(o.id, 0.0) > now]
+            for cid in [c for c, until in self._suspects.items() if until <= now or c not in self.registry.containers]:
+                del self._suspects[cid]
+            if not pending:
+                return
+            views = await self.converger.views(pending)
+            for o in pending:
+                if views.get(o.id) is not None:
+                    self._suspects.pop(o.id, None)  # running now: the kernel check sees it
+            if all(o.id not in self._suspects for o in pending):
+                return
+            await asyncio.sleep(0.05)
 
     async def start_container(self, request: bytes, forward: Forward) -> bytes:
         cid = container_id_of(request)
+        self._suspects.pop(cid, None)  # started through this proxy, under the gate
         t = self.registry.containers.get(cid)
         if t is None or t.mode == "bypass":
             return await forward(request)
@@ -66,6 +101,15 @@ class StartGuard:
             response = await forward(request)
             await self.converger.repair([t], "after start")
         return response
+
+    def gated(self, interceptor: Interceptor) -> Interceptor:
+        """``interceptor`` run with the pool gate held shared (for calls that carry a container's cpuset)."""
+
+        async def call(request: bytes, forward: Forward) -> bytes:
+            async with self.converger.pusher.gate.shared():
+                return await interceptor(request, forward)
+
+        return call
 
     def _overlaps(self, t: Tracked, cpus: CPUSet, views: dict) -> list[tuple[Tracked, CPUSet]]:
         out = []
@@ -84,6 +128,7 @@ class StartGuard:
         d = self.decide(t)
         if d is None:
             return
+        await self._await_suspects(t)
         deadline = time.monotonic() + self.clear_timeout
         while True:
             others = [o for o in self.converger.live() if o.id != t.id]

@@ -35,7 +35,14 @@ Ctrl-C at any time stops and cleans up too. --keep leaves the stack running afte
 it (CRI socket, status URL, webhook URL) until Ctrl-C. Logs of containerd, the proxy and the webhook are in the
 work directory (deleted at the end; --keep to read them).
 
-Needs root and the Debian packages containerd, runc and busybox-static (scripts/demo.sh installs them).
+With --topology (e.g. 2s4n: 2 sockets x 2 cores x 2 threads, 4 NUMA nodes), the same story runs inside a
+throw-away QEMU virtual machine of that shape (numa-lab's numa-vm.sh: this machine's kernel, with the NUMA nodes,
+SMT siblings and distances the guest kernel really enforces), so NUMA alignment can be seen on a single-node
+machine: pods pinned to one of the 4 nodes, their memory nodes, bindings denied by single-numa-node. Under
+software emulation the VM makes it slower (one to two minutes). --keep cannot be combined with it.
+
+Needs root and the Debian packages containerd, runc and busybox-static (scripts/demo.sh installs them; with
+--topology also qemu-system-x86 and linux-image-amd64).
 Exit status: 0 every check passed and nothing was left behind, 1 a check failed, 2 a prerequisite is missing.
 """
 
@@ -51,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="CPUs the proxy keeps for the system (default: the first CPU)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"),
                         help="log level of the proxy and the webhook (their logs are in the work directory)")
+    parser.add_argument("--topology", metavar="SHAPE",
+                        help="run the demo inside a multi-NUMA VM of this shape: a numa-vm.sh preset (2s4n, 1s2n, "
+                             "1s2n-nosmt, 2s2n) or <S>s<C>c<T>t<N>n, e.g. 2s4c1t8n")
 
 
 def _fail(msg: str) -> int:
@@ -58,7 +68,41 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def run_in_vm(args: argparse.Namespace) -> int:
+    """``numapin demo`` again, inside a VM of ``args.topology`` (its work directory on the guest's /run: a tmpfs
+    containerd's snapshots can use), its output streamed here."""
+    from .numa_vm import VM_FAILURE, VMError, VMSpec, find_numa_vm, topology_spec
+    from .numa_vm import run_in_vm as run_vm
+
+    try:
+        topology_spec(args.topology)
+        find_numa_vm()
+    except VMError as e:
+        return _fail(str(e))
+    if args.keep:
+        return _fail("--keep cannot be combined with --topology (the VM stops when the demo ends)")
+    if args.sysfs != "/sys" or args.workdir is not None:
+        return _fail("--sysfs and --workdir cannot be combined with --topology (the VM has its own)")
+    inner = ["demo", "--workdir", "/run/numapin-demo", "--log-level", args.log_level,
+             "--node-name", args.node_name or f"numa-vm-{args.topology}"]
+    if args.reserved_cpus:
+        inner += ["--reserved-cpus", args.reserved_cpus]
+    try:
+        spec = VMSpec(topology=args.topology, env={"PYTHONUNBUFFERED": "1"})
+        print(f"numapin demo: booting a {args.topology} virtual machine (numa-vm.sh; under software emulation "
+              f"this takes a minute or two)", flush=True)
+        result = run_vm(spec, [sys.executable, "-m", "numapin", *inner], cwd=str(Path(__file__).resolve().parents[1]))
+    except VMError as e:
+        return _fail(str(e))
+    if result.returncode == VM_FAILURE:
+        print("numapin demo: the virtual machine failed (see numa-vm's messages above)", file=sys.stderr)
+        return 2
+    return result.returncode
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.topology:
+        return run_in_vm(args)
     import grpc.aio
 
     from allocator.cpuset import CPUSet

@@ -159,9 +159,8 @@ def plan(scenario: Scenario) -> tuple[NodeAllocator, list[PodDecision]]:
         node = NodeAllocator(scenario.config, scenario.state)
     except CheckpointError as e:  # the state does not fit this node (kubelet's validateState)
         raise ScenarioError(f"state: {e}") from None
-    except ConfigError as e:  # options were checked with the scenario: what is left is the reservation
-        field = "reservedCPUs" if scenario.config.reserved_cpus is not None else "numReservedCPUs"
-        raise ScenarioError(f"{field}: {e}") from None
+    except ConfigError as e:  # names the kubelet setting (allocator.node.build_node)
+        raise ScenarioError(str(e)) from None
     except AllocatorError as e:
         raise ScenarioError(f"configuration: {e}") from None
     decisions: list[PodDecision] = []

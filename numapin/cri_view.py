@@ -12,7 +12,7 @@ import grpc
 import grpc.aio
 
 from allocator.cpuset import CPUSet
-from allocator.pod import BYPASS_ANNOTATION
+from allocator.pod import is_bypassed
 from criproxy.relay import CHANNEL_OPTIONS, normalize_endpoint
 from protos import cri_pb2
 
@@ -85,7 +85,7 @@ async def list_runtime_containers(endpoint: str, *, timeout: float = 10.0, runni
             ref = (f"{sb.metadata.namespace}/{sb.metadata.name}" if sb is not None
                    else f"{c.labels.get('io.kubernetes.pod.namespace', '?')}/"
                         f"{c.labels.get('io.kubernetes.pod.name', '?')}")
-            bypass = sb is not None and sb.annotations.get(BYPASS_ANNOTATION, "").strip().lower() == "true"
+            bypass = sb is not None and is_bypassed(sb.annotations)
             out.append(RuntimeContainer(
                 id=c.id, sandbox_id=c.pod_sandbox_id, pod_uid=uid, pod=ref, name=c.metadata.name, running=running,
                 sandbox_ready=sb is not None and sb.state == cri_pb2.SANDBOX_READY, bypass=bypass,

@@ -191,6 +191,8 @@ class Demo:
         say(f"   /validate pod {name}: {'allowed' if v.allowed else 'DENIED: ' + v.message}")
         for w in v.warnings:
             say(f"             warning: {w}")
+        if v.allowed:  # the API server stores the pod; the webhook reads it from there when judging its binding
+            self.stack.store_pod(mutated)
         return mutated, v
 
     async def _bind(self, api: AdmissionClient, pod: Mapping[str, Any]) -> AdmissionAnswer:

@@ -208,6 +208,7 @@ def parse_scenario(doc: Any, base: Path | None = None) -> Scenario:
         topology_manager_scope=text("topologyManagerScope", "container"),
         topology_manager_policy_options=_options(doc.get("topologyManagerPolicyOptions"),
                                                  "topologyManagerPolicyOptions"),
+        require_reserved_cpus=True,  # kubelet would not start without
     )
     try:
         config.validate()

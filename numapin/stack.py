@@ -10,6 +10,7 @@ behind: no process, socket, mount, cgroup directory or file; ``leftovers()`` say
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -17,9 +18,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from criproxy.lab.lab import ContainerdLab
 
@@ -143,6 +145,7 @@ class LocalStack:
         self.state_dir = w / "state"
         self.nrt_dir = w / "nrt"
         self.nrt_file = self.nrt_dir / f"{options.node_name}.json"
+        self.pods_dir = w / "pods"  # the pods "the API server" stored: the webhook reads bindings' pods from here
         self.certs_dir = w / "certs"
         self.logs = w / "logs"
         self.proxy_socket = str(w / "criproxy.sock")
@@ -158,7 +161,7 @@ class LocalStack:
         w = self.workdir
         if w.exists() and any(w.iterdir()):
             raise StackError(f"{w} is not empty")
-        for d in (w, self.state_dir, self.nrt_dir, self.logs):
+        for d in (w, self.state_dir, self.nrt_dir, self.pods_dir, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         (w / ".numapin-stack").touch()
         self._started = True
@@ -200,6 +203,7 @@ class LocalStack:
     def webhook_args(self) -> list[str]:
         return ["webhook", "--cert", str(self.certs_dir / "tls.crt"), "--key", str(self.certs_dir / "tls.key"),
                 "--host", "127.0.0.1", "--port", "0", "--nrt-dir", str(self.nrt_dir), "--nrt-poll-seconds", "0.2",
+                "--pods-dir", str(self.pods_dir),
                 "--log-level", self.options.log_level.lower()]
 
     def start_webhook(self) -> None:
@@ -209,6 +213,15 @@ class LocalStack:
         self.webhook.start()
         m = self.webhook.wait_for(r"listening on (https://\S+)", after=after)
         self.webhook_url = m.group(1)
+
+    def store_pod(self, pod: Mapping[str, Any]) -> None:
+        """Keep a created pod where the webhook reads the pods bindings refer to (``--pods-dir``), as the API server
+        stores it: the webhook never learns a pod from the admission requests themselves."""
+        name = pod["metadata"]["name"]
+        stored = self.pods_dir / f"{pod['metadata'].get('namespace') or 'default'}-{name}.json"
+        tmp = stored.with_suffix(".tmp")
+        tmp.write_text(json.dumps(pod))
+        tmp.replace(stored)
 
     @property
     def ca_file(self) -> str:

@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/setup.sh
+case " $* " in *" --topology"*) export NUMAPIN_NUMA_VM_PACKAGES=1 ;; esac  # the demo in a multi-NUMA VM
 numapin_setup demo
 numapin="$NUMAPIN_VENV/bin/numapin"
 if "$numapin" demo --help >/dev/null 2>&1; then

@@ -1,8 +1,9 @@
 """kubelet's standard test machines (cpumanager policy_test.go and friends) as Topology builders.
 
-Core ids follow numapin (and kubelet's Discover): the lowest thread id of the core. Where kubelet's test
-tables number cores differently, the numbering used here keeps the same order, so every ordering rule
-(free count, then id) gives the same answer. Uncore ids default to 0 like kubelet's zero-valued
+``build`` renumbers core ids to the lowest thread id of the core (what sysfs discovery gives); where kubelet's
+test tables number cores differently, that numbering keeps the same order, so every ordering rule (free count,
+then id) gives the same answer. ``quad_socket_four_way_ht`` keeps kubelet's own core labels (core ids are only
+labels). Uncore ids default to 0 like kubelet's zero-valued
 UncoreCacheID, except on the machines that describe L3 groups.
 """
 
@@ -92,6 +93,40 @@ def dual_socket_multi_numa_per_socket_ht_large() -> Topology:
     return build((c, c % 128, (c % 128) // 64, (c % 128) // 16, 0) for c in range(256))
 
 
+# topoQuadSocketFourWayHT (Knights Landing, SNC4, from hwloc's lstopo picture): 288 CPUs, 4 sockets = 4 NUMA
+# nodes, 72 cores of 4 threads. Per socket: kubelet's core label and its four CPUs.
+_QUAD_SOCKET_FOUR_WAY_HT: tuple[tuple[tuple[int, tuple[int, int, int, int]], ...], ...] = (
+    ((0, (0, 169, 109, 229)), (1, (50, 170, 110, 230)), (64, (1, 25, 13, 38)), (65, (2, 26, 14, 39)),
+     (72, (9, 33, 21, 46)), (73, (10, 34, 22, 47)), (8, (57, 177, 117, 237)), (9, (58, 178, 118, 238)),
+     (24, (71, 191, 131, 251)), (25, (72, 192, 132, 252)), (32, (79, 199, 139, 259)), (33, (80, 200, 140, 260)),
+     (40, (87, 207, 147, 267)), (41, (88, 208, 148, 268)), (48, (95, 215, 155, 275)), (49, (96, 216, 156, 276)),
+     (56, (103, 223, 163, 283)), (57, (104, 224, 164, 284))),
+    ((66, (3, 27, 15, 40)), (67, (4, 28, 16, 41)), (74, (11, 35, 23, 48)), (75, (12, 36, 24, 49)),
+     (2, (51, 171, 111, 231)), (3, (52, 172, 112, 232)), (10, (59, 179, 119, 239)), (11, (60, 180, 120, 240)),
+     (18, (65, 185, 125, 245)), (19, (66, 186, 126, 246)), (26, (73, 193, 133, 253)), (27, (74, 194, 134, 254)),
+     (34, (81, 201, 141, 261)), (35, (82, 202, 142, 262)), (42, (89, 209, 149, 269)), (43, (90, 210, 150, 270)),
+     (50, (97, 217, 157, 277)), (51, (98, 218, 158, 278))),
+    ((68, (5, 29, 17, 42)), (69, (6, 30, 18, 43)), (4, (53, 173, 113, 233)), (5, (54, 174, 114, 234)),
+     (12, (61, 181, 121, 241)), (13, (62, 182, 122, 242)), (20, (67, 187, 127, 247)), (21, (68, 188, 128, 248)),
+     (28, (75, 195, 135, 255)), (29, (76, 196, 136, 256)), (36, (83, 203, 143, 263)), (37, (84, 204, 144, 264)),
+     (44, (91, 211, 151, 271)), (45, (92, 212, 152, 272)), (52, (99, 219, 159, 279)), (53, (100, 220, 160, 280)),
+     (60, (105, 225, 165, 285)), (61, (106, 226, 166, 286))),
+    ((70, (7, 31, 19, 44)), (71, (8, 32, 20, 45)), (63, (37, 168, 108, 228)), (62, (107, 227, 167, 287)),
+     (6, (55, 175, 115, 235)), (7, (56, 176, 116, 236)), (14, (63, 183, 123, 243)), (15, (64, 184, 124, 244)),
+     (22, (69, 189, 129, 249)), (23, (70, 190, 130, 250)), (30, (77, 197, 137, 257)), (31, (78, 198, 138, 258)),
+     (38, (85, 205, 145, 265)), (39, (86, 206, 146, 266)), (46, (93, 213, 153, 273)), (47, (94, 214, 154, 274)),
+     (54, (101, 221, 161, 281)), (55, (102, 222, 162, 282))),
+)
+
+
+def quad_socket_four_way_ht() -> Topology:
+    """topoQuadSocketFourWayHT with kubelet's core labels (CPU 1's core is 64; core 0 holds CPUs 0,109,169,229).
+    Uncore ids are 0 like kubelet's zero-valued UncoreCacheID."""
+    cpus = tuple(CPUInfo(cpu=cpu, core=core, socket=socket, numa=socket, uncore=0)
+                 for socket, cores in enumerate(_QUAD_SOCKET_FOUR_WAY_HT) for core, threads in cores for cpu in threads)
+    return Topology(cpus=cpus, numa_nodes=())
+
+
 def xeon_gold_6258r() -> Topology:
     """The 112-CPU dual Xeon Gold 6258R of the CPU-manager write-ups: NUMA0 0-27,56-83; NUMA1 28-55,84-111."""
     rows = []
@@ -158,6 +193,7 @@ MACHINES: dict[str, Callable[[], Topology]] = {
     "dual_socket_multi_numa_per_socket_ht": dual_socket_multi_numa_per_socket_ht,
     "fake_multi_socket_dual_socket_per_numa_ht": fake_multi_socket_dual_socket_per_numa_ht,
     "dual_socket_multi_numa_per_socket_ht_large": dual_socket_multi_numa_per_socket_ht_large,
+    "quad_socket_four_way_ht": quad_socket_four_way_ht,
     "xeon_gold_6258r": xeon_gold_6258r,
     "e5_2680_v3": e5_2680_v3,
     "uncore_single_socket_no_smt": uncore_single_socket_no_smt,

@@ -5,19 +5,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .binding import BindingValidator
+from .limits import ServerLimits
 from .metrics import WebhookMetrics
 from .mutate import is_pod_request, mutate_review
 from .nodes import APISource, DirectorySource, NodeStore
-from .pods_cache import PodAPISource, PodCache, PodDirectorySource
+from .pods_cache import DEFAULT_POD_CACHE_BYTES, PodAPISource, PodCache, PodDirectorySource, PodFinder
 from .review import AdmissionRequest, Verdict
 from .server import DEFAULT_MAX_BODY, ServerConfig, WebhookServer
 from .simulate import Simulator
 from .tls import CertReloader
+from .unjudged import UnjudgedAction, UnjudgedRule
 from .validate import PodValidator
 
 __all__ = ["WebhookApp", "WebhookOptions", "build_server"]
@@ -38,6 +40,11 @@ class WebhookOptions:
     max_body: int = DEFAULT_MAX_BODY
     cert_poll_seconds: float = 5.0
     nrt_poll_seconds: float = 2.0
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    client_ca: Path | None = None
+    unjudged: UnjudgedAction = "allow"
+    pod_lookup_timeout: float = 1.0
+    pod_cache_bytes: int = DEFAULT_POD_CACHE_BYTES
 
 
 class WebhookApp:
@@ -47,27 +54,34 @@ class WebhookApp:
         self.opts = opts
         self.metrics = WebhookMetrics()
         self.nodes = NodeStore()
-        self.pods = PodCache()
+        self.pods = PodCache(max_bytes=opts.pod_cache_bytes)
         self.simulator = Simulator()
-        self.pod_validator = PodValidator(self.nodes, self.pods, self.simulator)
-        self.binding_validator = BindingValidator(self.nodes, self.pods, self.simulator)
+        self.unjudged = UnjudgedRule(opts.unjudged, self.metrics)
         self.sources: list[Any] = []
+        pod_sources: list[PodAPISource | PodDirectorySource] = []
         if opts.nrt_dir is not None:
             self.sources.append(DirectorySource(self.nodes, opts.nrt_dir, poll_seconds=opts.nrt_poll_seconds))
         if opts.pods_dir is not None:
-            self.sources.append(PodDirectorySource(self.pods, opts.pods_dir, poll_seconds=opts.nrt_poll_seconds))
+            pod_sources.append(PodDirectorySource(self.pods, opts.pods_dir, poll_seconds=opts.nrt_poll_seconds))
         if opts.kubeconfig or opts.in_cluster:
             self.sources.append(APISource(self.nodes, kubeconfig=opts.kubeconfig))
-            self.sources.append(PodAPISource(self.pods, kubeconfig=opts.kubeconfig))
+            pod_sources.append(PodAPISource(self.pods, kubeconfig=opts.kubeconfig))
+        self.sources.extend(pod_sources)
+        self.pod_finder = PodFinder(self.pods, pod_sources, timeout=opts.pod_lookup_timeout,
+                                    count=lambda result: self.metrics.pod_lookups.labels(result).inc())
+        self.pod_validator = PodValidator(self.nodes, self.simulator, self.unjudged)
+        self.binding_validator = BindingValidator(self.nodes, self.pod_finder, self.simulator, self.unjudged)
         self.reloader = CertReloader(opts.cert, opts.key)
         self.server = WebhookServer(
             reloader=self.reloader, mutate=self.mutate, validate=self.validate, metrics=self.metrics,
             config=ServerConfig(host=opts.host, port=opts.port, max_body=opts.max_body,
-                                cert_poll_seconds=opts.cert_poll_seconds),
-            ready_checks=(self._nodes_ready,),
+                                cert_poll_seconds=opts.cert_poll_seconds, limits=opts.limits,
+                                client_ca=str(opts.client_ca) if opts.client_ca else None),
+            ready_checks=(self._nodes_ready,), unjudged=self.unjudged,
         )
         self.metrics.nodes.set_function(lambda: len(self.nodes))
         self.metrics.pods.set_function(lambda: len(self.pods))
+        self.metrics.pod_cache_bytes.set_function(lambda: self.pods.bytes)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 

@@ -1,10 +1,11 @@
 """``/validate``, pods/binding CREATE: would the target node's topology manager admit the pod?
 
-The Binding names the pod and the node only; the pod comes from the ``PodCache``, the node from its
-NodeResourceTopology. The node is simulated with its current free CPUs (``Simulator``); a binding the node would
-reject is denied, so the pod stays Pending and the scheduler tries again (with back-off, or at once when a node is
-added) instead of kubelet failing the pod after binding. Whatever cannot be judged (pod not cached, node without
-topology, node configuration numapin cannot emulate) is allowed and logged: the node proxy remains the backstop.
+The Binding names the pod and the node only; the pod comes from the ``PodCache`` (or, on a miss, from the API server:
+``PodFinder``), the node from its NodeResourceTopology. The node is simulated with its current free CPUs
+(``Simulator``); a binding the node would reject is denied, so the pod stays Pending and the scheduler tries again
+(with back-off, or at once when a node is added) instead of kubelet failing the pod after binding. What cannot be
+judged (pod not found, node without topology, node configuration numapin cannot emulate) follows the operator's
+``--unjudged`` rule (``unjudged.UnjudgedRule``: allowed with a warning by default, or denied).
 
 The published free CPUs lag behind bindings (the node proxy publishes once the containers exist), and the
 scheduler, which does not see NUMA nodes, may bind several pods to a node in quick succession. So the validator
@@ -26,10 +27,11 @@ from typing import Any
 from allocator.pod import PodInfo
 
 from .nodes import NodeStore
-from .pods_cache import PodCache
+from .pods_cache import PodFinder
 from .review import AdmissionRequest, Verdict
 from .simulate import Simulator
-from .validate import pinned
+from .unjudged import UnjudgedRule
+from .validate import assumption_note, pinned
 
 __all__ = ["BindingValidator", "binding_pod"]
 
@@ -56,10 +58,11 @@ class _Pending:
 
 
 class BindingValidator:
-    def __init__(self, nodes: NodeStore, pods: PodCache, simulator: Simulator, *, pending_seconds: float = 60.0
-                 ) -> None:
+    def __init__(self, nodes: NodeStore, pods: PodFinder, simulator: Simulator, unjudged: UnjudgedRule, *,
+                 pending_seconds: float = 60.0) -> None:
         self.nodes = nodes
         self.pods = pods
+        self.unjudged = unjudged
         self.simulator = simulator
         self.pending_seconds = pending_seconds
         self._pending: dict[str, list[_Pending]] = {}
@@ -104,14 +107,21 @@ class BindingValidator:
             log.info("binding: target is not a node, allowed: %s", req.describe())
             return Verdict.allow()
 
-        cached = self.pods.get(namespace, name)
+        want_uid = meta.get("uid") if isinstance(meta.get("uid"), str) else None
+        cached, how = await self.pods.find(namespace, name, want_uid)
         if cached is None:
-            log.warning("binding of %s/%s to %s allowed unchecked: pod not in the cache", namespace, name, node_name)
-            return Verdict.allow(f"numapin: pod {namespace}/{name} not known to the webhook; binding not checked")
-        want_uid = meta.get("uid")
-        if isinstance(want_uid, str) and want_uid and cached.uid and cached.uid != want_uid:
-            log.warning("binding of %s/%s allowed unchecked: cached pod has uid %s, binding names %s",
-                        namespace, name, cached.uid, want_uid)
+            reason = "pod_unreadable" if how == "unreadable" else "pod_unknown"
+            why = {"not_found": "not found in the pod cache nor by the API server",
+                   "unreadable": "its resources cannot be read by numapin",
+                   "failed": "not in the pod cache, and reading it from the API server failed or timed out"}.get(
+                       how, how)
+            return self.unjudged.verdict("validate", reason,
+                                         f"binding of pod {namespace}/{name} to node {node_name} not checked: the pod "
+                                         f"is {why}" if how != "unreadable" else
+                                         f"binding of pod {namespace}/{name} to node {node_name} not checked: {why}")
+        if want_uid and cached.uid and cached.uid != want_uid:
+            log.info("binding of %s/%s allowed: the pod has uid %s, the binding names %s (the API server refuses it)",
+                     namespace, name, cached.uid, want_uid)
             return Verdict.allow()
         info = cached.info
         if (info.namespace, info.name) != (namespace, name):
@@ -120,17 +130,21 @@ class BindingValidator:
             return Verdict.allow()
         node = self.nodes.get(node_name)
         if node is None:
-            log.info("binding of %s/%s to %s allowed unchecked: no NodeResourceTopology for the node",
-                     namespace, name, node_name)
-            return Verdict.allow()
+            return self.unjudged.verdict("validate", "node_unknown",
+                                         f"binding of pod {namespace}/{name} to node {node_name} not checked: the node "
+                                         "has no NodeResourceTopology")
 
         key = (namespace, name)
         prior = self._prior(node_name, node.publication_key, key)
         answer = self.simulator.cached(node, info, occupied=True, prior=prior)
         if answer is None:
             answer = await asyncio.to_thread(self.simulator.admit, node, info, occupied=True, prior=prior)
+        if not answer.known:
+            return self.unjudged.verdict("validate", "node_unsupported",
+                                         f"binding of pod {namespace}/{name} to node {node_name} not checked: "
+                                         f"{answer.message or 'the node configuration cannot be simulated'}")
         if answer.admitted:
-            if not req.dry_run and answer.known:
+            if not req.dry_run:
                 self._pending.setdefault(node_name, []).append(
                     _Pending(time.monotonic(), key, info, node.publication_key))
             return Verdict.allow()
@@ -140,5 +154,5 @@ class BindingValidator:
         return Verdict.deny(
             f"node {node_name} would reject pod {namespace}/{name} ({why}); topology manager policy "
             f"{node.topology_manager_policy}, scope {node.topology_manager_scope}, free CPUs per NUMA node: "
-            f"{free}{also}",
+            f"{free}{also}{assumption_note(node)}",
             reason="Forbidden")

@@ -15,7 +15,11 @@ DESCRIPTION = """\
 Serve /mutate and /validate (AdmissionReview v1 and v1beta1) plus /healthz, /readyz and /metrics over TLS 1.2+.
 The certificate and key are re-read when the files change (cert-manager rotation) without a restart.
 Node topology comes from NodeResourceTopology documents in --nrt-dir (default) or from the API server
-(--in-cluster or --kubeconfig), which also feeds the cache of pending pods that bindings are judged against.
+(--in-cluster or --kubeconfig), which also feeds the cache of pending pods that bindings are judged against; a
+binding for a pod not cached yet reads the pod from the API server (--pod-lookup-timeout).
+A request that cannot be judged (pod or node unknown, node not simulable, pod unreadable, internal error) is
+allowed with a warning or denied: --unjudged. Connections and bodies are bounded (see docs/webhook.md,
+"Limits"); --client-ca makes /mutate and /validate answer only clients with a certificate from that CA.
 """
 
 
@@ -29,7 +33,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--pods-dir", type=Path, help="directory of Pod documents known to bindings (demo, tests)")
     src.add_argument("--kubeconfig", help="read NodeResourceTopologies, Nodes and pending Pods from this cluster")
     src.add_argument("--in-cluster", action="store_true", help="as --kubeconfig, with the pod's service account")
-    parser.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted")
+    parser.add_argument("--max-body-bytes", type=int, default=None,
+                        help=f"largest request body accepted (default {7 * 1024 * 1024})")
+    judge = parser.add_argument_group("what cannot be judged")
+    judge.add_argument("--unjudged", choices=("allow", "deny"), default="allow",
+                       help="answer for a request the webhook cannot judge: allow it with a warning (default; the "
+                            "node proxy remains the backstop) or deny it")
+    judge.add_argument("--pod-lookup-timeout", type=float, default=1.0, metavar="SECONDS",
+                       help="how long a binding waits for its pod from the API server on a cache miss (default 1)")
+    judge.add_argument("--pod-cache-bytes", type=int, default=None,
+                       help="memory bound of the pod cache (default 64 MiB)")
+    lim = parser.add_argument_group("connection limits (docs/webhook.md, Limits)")
+    lim.add_argument("--client-ca", type=Path,
+                     help="CA (PEM) of the client certificate kube-apiserver presents (its admission kubeconfig); "
+                          "/mutate and /validate then refuse clients without one")
+    lim.add_argument("--max-connections", type=int, default=None, help="open connections at most (default 256)")
+    lim.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
+                     help="close a keep-alive connection idle this long (default 60)")
+    lim.add_argument("--header-timeout", type=float, default=None, metavar="SECONDS",
+                     help="a request's headers must arrive within this time (default 10)")
+    lim.add_argument("--body-timeout", type=float, default=None, metavar="SECONDS",
+                     help="a request's body must arrive within this time (default 10)")
+    lim.add_argument("--inflight-bytes", type=int, default=None,
+                     help="memory budget of request bodies being read and judged at once (default 128 MiB)")
     parser.add_argument("--cert-poll-seconds", type=float, default=5.0, help="how often to check the cert files")
     parser.add_argument("--nrt-poll-seconds", type=float, default=2.0, help="how often to re-read --nrt-dir")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -42,6 +68,8 @@ def _fail(msg: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from .app import WebhookOptions, build_server
+    from .limits import ServerLimits
+    from .pods_cache import DEFAULT_POD_CACHE_BYTES
     from .server import DEFAULT_MAX_BODY
     from .tls import CertError
 
@@ -56,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--pods-dir {args.pods_dir} is not a directory")
     if args.kubeconfig and not Path(args.kubeconfig).is_file():
         return _fail(f"--kubeconfig {args.kubeconfig} is not a file")
-    for name in ("max_body_bytes", "cert_poll_seconds", "nrt_poll_seconds"):
+    if args.client_ca is not None and not args.client_ca.is_file():
+        return _fail(f"--client-ca {args.client_ca} is not a file")
+    for name in ("max_body_bytes", "cert_poll_seconds", "nrt_poll_seconds", "pod_lookup_timeout", "pod_cache_bytes",
+                 "max_connections", "idle_timeout", "header_timeout", "body_timeout", "inflight_bytes"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             return _fail(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -65,7 +96,16 @@ def run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig, in_cluster=args.in_cluster,
         max_body=args.max_body_bytes or DEFAULT_MAX_BODY, cert_poll_seconds=args.cert_poll_seconds,
         nrt_poll_seconds=args.nrt_poll_seconds,
+        limits=ServerLimits(**{k: v for k, v in (
+            ("max_connections", args.max_connections), ("idle_timeout", args.idle_timeout),
+            ("header_timeout", args.header_timeout), ("body_timeout", args.body_timeout),
+            ("inflight_bytes", args.inflight_bytes)) if v is not None}),  # type: ignore[arg-type]
+        client_ca=args.client_ca, unjudged=args.unjudged, pod_lookup_timeout=args.pod_lookup_timeout,
+        pod_cache_bytes=args.pod_cache_bytes or DEFAULT_POD_CACHE_BYTES,
     )
+    if opts.max_body * 8 > opts.limits.inflight_bytes:
+        return _fail(f"--inflight-bytes ({opts.limits.inflight_bytes}) must hold one body of --max-body-bytes "
+                     f"({opts.max_body}) parsed, i.e. at least {opts.max_body * 8}")
 
     async def main() -> int:
         app = build_server(opts)

@@ -3,9 +3,9 @@
 Every client of the HTTPS port is untrusted until the API server is the only one that can reach it (client
 certificates, a NetworkPolicy): the limits keep one process's memory bounded whatever the number of clients.
 
-- at most ``max_connections`` connections at once, TLS handshakes in progress included. At the cap the oldest idle
-  connection (no request being read or answered) is closed for the new one; when none is idle, new connections wait
-  in the kernel's accept queue (backpressure) until one ends;
+- at most ``max_connections`` connections at once, TLS handshakes in progress included. At the cap the connection
+  idle longest (no request being read or answered, for at least half a second) is closed for the new one; when none
+  is, new connections wait in the kernel's accept queue (backpressure) until one ends or becomes evictable;
 - a TLS handshake must end within ``handshake_timeout`` seconds;
 - a connection must deliver a request's headers within ``header_timeout`` seconds of its first byte (and a new
   connection its first request within ``header_timeout`` of the handshake);
@@ -29,16 +29,16 @@ __all__ = ["BODY_EXPANSION", "PER_CONNECTION_BYTES", "BodyBudget", "BudgetExceed
 
 # A parsed JSON document takes several times its text in Python objects; a request also holds its raw bytes.
 BODY_EXPANSION = 8
-# Measured (benchmarks/webhook_hostile.py, idle TLS connections and half-sent headers): ~100 KiB a connection,
-# rounded up for a request's headers and aiohttp's paused read buffer.
-PER_CONNECTION_BYTES = 256 * 1024
+# An open TLS connection: asyncio's SSL protocol keeps a 256 KiB read buffer per connection, plus OpenSSL's state,
+# a request's headers and aiohttp's paused read buffer (~282 KiB measured by benchmarks/webhook_hostile.py).
+PER_CONNECTION_BYTES = 320 * 1024
 # The process without traffic: interpreter, libraries, caches of node shapes.
 BASELINE_BYTES = 96 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class ServerLimits:
-    max_connections: int = 512
+    max_connections: int = 256
     handshake_timeout: float = 5.0
     header_timeout: float = 10.0
     idle_timeout: float = 60.0

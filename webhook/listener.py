@@ -31,6 +31,8 @@ __all__ = ["Listener"]
 log = logging.getLogger("numapin.webhook.listener")
 
 State = Literal["idle", "reading", "busy"]
+# a connection is evicted for a new one only after being idle this long (a fresh one gets time to send its request)
+EVICT_IDLE_AFTER = 0.5
 
 
 class _Tracked(asyncio.Protocol):
@@ -125,8 +127,10 @@ class Listener:
         self._handshakes: set[asyncio.Task[None]] = set()
         self._conns: dict[asyncio.Transport, _Tracked] = {}
         self._room = asyncio.Event()
+        self._stopping = False
+        self._warned_full = -1e9
         self._on_close = on_close
-        self.closed_count: dict[str, int] = {"timeout": 0, "evicted": 0}
+        self.closed_count: dict[str, int] = {"timeout": 0, "evicted": 0, "handshake_failed": 0}
         self.waited_for_room = 0
 
     # -- counts ---------------------------------------------------------------------------------------------
@@ -173,8 +177,9 @@ class Listener:
         return self.port
 
     def _evict_idle(self) -> bool:
-        idle = [c for c in self._conns.values() if c.state == "idle" and c.transport is not None
-                and not c.transport.is_closing()]
+        oldest_allowed = self.loop.time() - EVICT_IDLE_AFTER
+        idle = [c for c in self._conns.values() if c.state == "idle" and c.idle_since <= oldest_allowed
+                and c.transport is not None and not c.transport.is_closing()]
         if not idle:
             return False
         oldest = min(idle, key=lambda c: c.idle_since)
@@ -191,15 +196,18 @@ class Listener:
             if not self._evict_idle() and not waited:
                 self.waited_for_room += 1
                 waited = True
-                log.warning("at the cap of %d connections, none idle: new connections wait in the accept queue",
-                            self.limits.max_connections)
+                if self.loop.time() - self._warned_full > 10.0:
+                    self._warned_full = self.loop.time()
+                    log.warning("at the cap of %d connections, none idle: new connections wait in the accept queue "
+                                "(%d time(s) so far)", self.limits.max_connections, self.waited_for_room)
             # an abort takes effect on the next loop turn (connection_lost); a busy connection ends in time
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._room.wait(), timeout=0.5)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await self._room.wait()
 
     async def _accept_loop(self) -> None:
         assert self._sock is not None
-        while True:
+        while not self._stopping:
             await self._room_for_one()
             try:
                 conn, _ = await self.loop.sock_accept(self._sock)
@@ -225,14 +233,19 @@ class Listener:
             raise
         except Exception as e:  # a failed or timed-out handshake, a client gone: nothing to answer
             log.debug("TLS handshake failed: %s", e)
+            self.closed("handshake_failed")
             conn.close()
 
     async def stop(self) -> None:
         """Stop accepting; open connections are left to aiohttp's shutdown."""
+        self._stopping = True
         if self._accepting is not None:
-            self._accepting.cancel()
+            # cancel until it ends: a cancellation can be lost in a timeout racing it (Python 3.11's wait_for)
+            while not self._accepting.done():
+                self._accepting.cancel()
+                await asyncio.wait([self._accepting], timeout=0.1)
             with contextlib.suppress(asyncio.CancelledError):
-                await self._accepting
+                self._accepting.result()
             self._accepting = None
         for t in list(self._handshakes):
             t.cancel()

@@ -38,6 +38,9 @@ class WebhookMetrics:
         self.pods = Gauge(
             "numapin_webhook_cached_pods", "Pods in the cache used to judge bindings.", registry=self.registry)
 
+        self.pod_cache_bytes = Gauge(
+            "numapin_webhook_pod_cache_bytes", "Estimated memory of the pod cache (bounded by --pod-cache-bytes).",
+            registry=self.registry)
         self.unjudged = Counter(
             "numapin_webhook_unjudged", "Requests the webhook could not judge, by endpoint, reason (pod_unknown, "
             "node_unknown, node_unsupported, pod_unreadable, internal_error) and the action taken (allow, deny).",
@@ -50,8 +53,9 @@ class WebhookMetrics:
             "numapin_webhook_connections", "Open client connections, TLS handshakes in progress included.",
             registry=self.registry)
         self.connections_closed = Counter(
-            "numapin_webhook_connections_closed", "Client connections the webhook closed, by why: timeout (handshake, "
-            "headers, idle keep-alive) or evicted (idle, at the connection cap).", ["why"], registry=self.registry)
+            "numapin_webhook_connections_closed", "Client connections the webhook closed, by why: timeout (headers, "
+            "idle keep-alive), evicted (idle, at the connection cap), handshake_failed (TLS handshake failed or took "
+            "too long).", ["why"], registry=self.registry)
         self.body_budget_bytes = Gauge(
             "numapin_webhook_inflight_body_bytes", "Bytes reserved by request bodies being read and judged.",
             registry=self.registry)

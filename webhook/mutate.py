@@ -49,12 +49,12 @@ def mutate_pod(pod: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     mutated: dict[str, Any] = dict(pod)
     mutated["metadata"] = meta
     try:
-        info = PodInfo.from_pod(_with_annotations(mutated, meta, annotations))
+        intent = encode_intent(PodInfo.from_pod(_with_annotations(mutated, meta, annotations)))
     except PodSpecError as e:
         annotations.pop(INTENT_ANNOTATION, None)
         warnings.append(f"numapin: CPU intent not recorded: {e}")
     else:
-        annotations[INTENT_ANNOTATION] = encode_intent(info)
+        annotations[INTENT_ANNOTATION] = intent
 
     if not annotations and not isinstance(ann_in, Mapping):
         return dict(pod), warnings  # nothing to record: the pod stays as it was

@@ -28,6 +28,7 @@ import yaml
 from allocator.errors import TopologyError
 from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
 
+from .node_index import NodeIndex, ShapeGroup
 from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, watch_until_stopped
 
 __all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
@@ -43,6 +44,8 @@ class NodeStore:
         self._labels: dict[str, dict[str, str]] = {}
         self._synced: set[str] = set()
         self._sources: set[str] = set()
+        self._told: dict[str, tuple[str, ...]] = {}  # assumptions last logged per node
+        self._index = NodeIndex()
         self.version = 0
 
     # -- source side ----------------------------------------------------------------------------------------
@@ -59,28 +62,58 @@ class NodeStore:
     def replace(self, nrts: Iterable[NodeTopology], labels: Mapping[str, Mapping[str, str]]) -> None:
         self._nrt = {n.name: n for n in nrts}
         self._labels = {k: dict(v) for k, v in labels.items()}
+        self._told = {k: v for k, v in self._told.items() if k in self._nrt}
+        for node in self._nrt.values():
+            self._tell(node)
+        self._reindex()
         self.version += 1
 
     def put(self, node: NodeTopology) -> None:
         self._nrt[node.name] = node
+        self._tell(node)
+        self._index.put(node, self.labels(node.name))
         self.version += 1
 
+    def _tell(self, node: NodeTopology) -> None:
+        """Log what the webhook assumes to judge a node, once per node and set of assumptions."""
+        if node.assumptions and self._told.get(node.name) != node.assumptions:
+            self._told[node.name] = node.assumptions
+            log.warning("node %s: judging its pods from a NodeResourceTopology that leaves things out; assumed: %s",
+                        node.name, "; ".join(node.assumptions))
+        elif not node.assumptions:
+            self._told.pop(node.name, None)
+
     def delete(self, name: str) -> None:
+        self._told.pop(name, None)
         if self._nrt.pop(name, None) is not None:
+            self._index.delete(name)
             self.version += 1
 
     def put_labels(self, name: str, labels: Mapping[str, str]) -> None:
         self._labels[name] = dict(labels)
+        self._reindex_labels(name)
         self.version += 1
 
     def replace_labels(self, labels: Mapping[str, Mapping[str, str]]) -> None:
         """All Nodes' labels at once (a fresh list): labels of Nodes not in it are dropped."""
         self._labels = {k: dict(v) for k, v in labels.items()}
+        self._reindex()
         self.version += 1
 
     def delete_labels(self, name: str) -> None:
         if self._labels.pop(name, None) is not None:
+            self._reindex_labels(name)
             self.version += 1
+
+    def _reindex(self) -> None:
+        self._index = NodeIndex()
+        for name, node in self._nrt.items():
+            self._index.put(node, self.labels(name))
+
+    def _reindex_labels(self, name: str) -> None:
+        node = self._nrt.get(name)
+        if node is not None:
+            self._index.put(node, self.labels(name))
 
     # -- query side -----------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -100,6 +133,22 @@ class NodeStore:
         base = dict(node.labels) if node is not None else {}
         base.setdefault("kubernetes.io/hostname", name)
         return base
+
+    def candidate_groups(self, pod: Mapping[str, Any]) -> tuple[int, list[ShapeGroup]]:
+        """How many known nodes the pod may land on (``candidates``), grouped by shape and free CPUs (from the
+        index: no scan of the nodes)."""
+        spec = pod.get("spec") if isinstance(pod, Mapping) else None
+        spec = spec if isinstance(spec, Mapping) else {}
+        node_name = spec.get("nodeName")
+        if isinstance(node_name, str) and node_name:
+            names = {node_name} if node_name in self._nrt else set()
+        else:
+            selector = spec.get("nodeSelector")
+            if isinstance(selector, Mapping) and selector:
+                names = self._index.matching({str(k): str(v) for k, v in selector.items()})
+            else:
+                return len(self._nrt), self._index.groups()
+        return len(names), (self._index.groups(names) if names else [])
 
     def candidates(self, pod: Mapping[str, Any]) -> list[NodeTopology]:
         """The known nodes the pod may land on: its ``spec.nodeName`` if set, those matching ``nodeSelector``."""

@@ -1,13 +1,16 @@
 """The pods a binding refers to. A Binding carries only the pod's namespace and name, so the webhook keeps pods.
 
-``PodCache`` maps ``(namespace, name)`` to the pod model (``PodInfo``), bounded (least recently stored dropped
-first). It is fed by:
+``PodCache`` maps ``(namespace, name)`` to the pod model (``PodInfo``), bounded by an estimate of its memory
+(``max_bytes``; least recently stored dropped first). Only sources the operator trusts feed it, never the content
+of admission requests (a forged review could otherwise replace a real pod, issue 15):
 
-- what this replica saw at validating pods CREATE (the final object, after every mutation; dry-run creates are
-  not remembered);
-- ``PodDirectorySource``: pod documents in a directory (demo, tests);
 - ``PodAPISource`` in a cluster: a watch of the pods not bound yet (field selector ``spec.nodeName=``), so every
-  replica knows every pending pod whichever replica saw its creation; a bound pod leaves the watch and the cache.
+  replica knows every pending pod whichever replica saw its creation; a bound pod leaves the watch and the cache;
+- ``PodDirectorySource``: pod documents in a directory (demo, tests).
+
+``PodFinder`` answers a binding: the cache, else (the scheduler can bind within milliseconds of the creation,
+before the watch delivers the pod) a GET of the pod from the API server, or a re-read of the directory, bounded by
+``timeout`` seconds; each outcome is counted (``numapin_webhook_pod_lookups_total``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import contextlib
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +34,13 @@ from allocator.pod import PodInfo
 from .nodes import load_documents
 from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, watch_until_stopped
 
-__all__ = ["CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "pod_model"]
+__all__ = ["DEFAULT_POD_CACHE_BYTES", "CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "PodFinder",
+           "pod_model"]
 
 log = logging.getLogger("numapin.webhook.pods")
+
+
+DEFAULT_POD_CACHE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,13 @@ class CachedPod:
     uid: str
     info: PodInfo
     source: str
+
+    @property
+    def cost(self) -> int:
+        """Estimated bytes held by the entry (objects, strings, the key), for the cache's bound."""
+        info = self.info
+        strings = len(self.uid) + len(info.uid) + 2 * (len(info.namespace) + len(info.name))
+        return 900 + strings + sum(420 + len(c.name) for c in info.containers)
 
 
 def pod_model(pod: Mapping[str, Any], *, namespace: str = "") -> PodInfo:
@@ -64,8 +78,10 @@ def pod_model(pod: Mapping[str, Any], *, namespace: str = "") -> PodInfo:
 
 
 class PodCache:
-    def __init__(self, max_pods: int = 50_000) -> None:
-        self.max_pods = max_pods
+    def __init__(self, max_bytes: int = DEFAULT_POD_CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.evicted = 0
         self._pods: OrderedDict[tuple[str, str], CachedPod] = OrderedDict()
 
     def __len__(self) -> int:
@@ -74,14 +90,26 @@ class PodCache:
     def get(self, namespace: str, name: str) -> CachedPod | None:
         return self._pods.get((namespace, name))
 
-    def put(self, info: PodInfo, *, uid: str = "", source: str = "admission") -> None:
-        key = (info.namespace, info.name)
-        self._pods.pop(key, None)
-        self._pods[key] = CachedPod(uid=uid or info.uid, info=info, source=source)
-        while len(self._pods) > self.max_pods:
-            self._pods.popitem(last=False)
+    def _pop(self, key: tuple[str, str]) -> None:
+        old = self._pods.pop(key, None)
+        if old is not None:
+            self.bytes -= old.cost
 
-    def remember(self, pod: Mapping[str, Any], *, namespace: str = "", source: str = "admission") -> bool:
+    def put(self, info: PodInfo, *, uid: str = "", source: str) -> None:
+        key = (info.namespace, info.name)
+        self._pop(key)
+        entry = CachedPod(uid=uid or info.uid, info=info, source=source)
+        self._pods[key] = entry
+        self.bytes += entry.cost
+        while self.bytes > self.max_bytes and len(self._pods) > 1:
+            oldest = next(iter(self._pods))
+            self._pop(oldest)
+            self.evicted += 1
+            if self.evicted in (1, 10, 100) or self.evicted % 1000 == 0:
+                log.warning("pod cache over %d bytes: %d pod(s) dropped so far (their bindings read them from the "
+                            "API server)", self.max_bytes, self.evicted)
+
+    def remember(self, pod: Mapping[str, Any], *, namespace: str = "", source: str) -> bool:
         """Store a pod object; False (and nothing stored) when it cannot be read or has no name."""
         try:
             info = pod_model(pod, namespace=namespace)
@@ -96,11 +124,11 @@ class PodCache:
     def delete(self, namespace: str, name: str, *, source: str | None = None) -> None:
         entry = self._pods.get((namespace, name))
         if entry is not None and (source is None or entry.source == source):
-            del self._pods[(namespace, name)]
+            self._pop((namespace, name))
 
     def drop_source(self, source: str, keep: set[tuple[str, str]]) -> None:
         for key in [k for k, v in self._pods.items() if v.source == source and k not in keep]:
-            del self._pods[key]
+            self._pop(key)
 
 
 class PodDirectorySource:
@@ -160,6 +188,11 @@ class PodDirectorySource:
     async def run(self, stop: asyncio.Event) -> None:
         await poll_until_stopped(self.sync, stop, self.poll_seconds, str(self.directory))
 
+    async def fetch(self, namespace: str, name: str) -> str:
+        """A cache miss: read the directory again now. ``directory`` when the pod is there, else ``not_found``."""
+        await self.sync()
+        return "directory" if self.cache.get(namespace, name) is not None else "not_found"
+
 
 class PodAPISource:
     """Watch the pods not bound to a node yet (all namespaces) with kubernetes-asyncio."""
@@ -171,9 +204,30 @@ class PodAPISource:
         self.kubeconfig = kubeconfig
         self.retry_seconds = retry_seconds
         self.synced = False  # the first list is in the cache
+        self._api: Any = None
+
+    async def fetch(self, namespace: str, name: str) -> str:
+        """A cache miss: GET the pod (the caller bounds the time). ``api`` when found (and cached), ``not_found``
+        (404), or ``failed`` (no client yet, or another API error)."""
+        if self._api is None:
+            return "failed"
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        core = client.CoreV1Api(self._api)
+        try:
+            pod = await core.read_namespaced_pod(name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return "not_found"
+            log.warning("GET pod %s/%s failed: %s %s", namespace, name, e.status, e.reason)
+            return "failed"
+        obj = self._api.sanitize_for_serialization(pod)
+        return "api" if self.cache.remember(obj, namespace=namespace, source=self.name) else "unreadable"
 
     async def run(self, stop: asyncio.Event) -> None:
         api = await api_client(self.kubeconfig)
+        self._api = api
         try:
             # the watch blocks until the server ends it: run it beside ``stop`` so that setting ``stop`` ends it
             task = asyncio.create_task(watch_until_stopped(lambda: self._once(api), stop, self.retry_seconds,
@@ -185,6 +239,7 @@ class PodAPISource:
                 with contextlib.suppress(asyncio.CancelledError):
                     await t
         finally:
+            self._api = None
             await api.close()
 
     async def _once(self, api: Any) -> None:
@@ -216,3 +271,41 @@ class PodAPISource:
                     self.cache.delete(ns, name)
                 else:
                     self.cache.remember(obj, namespace=ns, source=self.name)
+
+
+class PodFinder:
+    """The pod a binding names: from the cache, else from a source's ``fetch`` within ``timeout`` seconds."""
+
+    def __init__(self, cache: PodCache, sources: Sequence[PodAPISource | PodDirectorySource], *, timeout: float,
+                 count: Any) -> None:
+        self.cache = cache
+        self.sources = tuple(sources)
+        self.timeout = timeout
+        self._count = count  # count(result): numapin_webhook_pod_lookups_total{result}
+
+    async def find(self, namespace: str, name: str, uid: str | None = None) -> tuple[CachedPod | None, str]:
+        """The cached pod (read again when the binding names another uid) and how it was found: ``cache``, ``api``,
+        ``directory``, ``not_found``, ``unreadable`` (the pod model cannot read it) or ``failed`` (an error, or nothing
+        within the timeout)."""
+        cached = self.cache.get(namespace, name)
+        if cached is not None and (not uid or not cached.uid or cached.uid == uid):
+            self._count("cache")
+            return cached, "cache"
+        result = "not_found"
+        for source in self.sources:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    result = await source.fetch(namespace, name)
+            except TimeoutError:
+                log.warning("reading pod %s/%s from %s took over %s s", namespace, name, source.name, self.timeout)
+                result = "failed"
+            except Exception as e:  # the API client's own errors (connection refused, TLS, ...)
+                log.warning("reading pod %s/%s from %s failed: %s", namespace, name, source.name, e)
+                result = "failed"
+            if result in ("api", "directory"):
+                break
+        self._count(result)
+        found = self.cache.get(namespace, name) if result in ("api", "directory") else None
+        if found is None and cached is not None:
+            return cached, "cache"  # the binding's uid differs and nothing newer was found: the apiserver decides
+        return found, result

@@ -175,6 +175,9 @@ class WebhookServer:
             with contextlib.suppress(Exception):
                 request.content.feed_eof()
             return _closing(400, f"body cannot be read: {e}"), "bad_request"
+        except ConnectionError:  # the client went away mid-body: nobody to answer
+            log.debug("%s: client gone while sending its body", endpoint)
+            return _closing(400, "connection lost"), "client_gone"
         try:
             body = decode_body(raw)
         except BodyError as e:

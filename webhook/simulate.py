@@ -69,16 +69,40 @@ class _LRU:
             self.data.popitem(last=False)
 
 
+class _Hashed:
+    """A cache key part hashed once (a pod's resources are asked about for many nodes in one request)."""
+
+    __slots__ = ("_hash", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Hashed) and self._hash == other._hash and self.value == other.value
+
+
 class Simulator:
     def __init__(self, *, max_answers: int = 8192, max_allocators: int = 256) -> None:
         self._answers = _LRU(max_answers)
         self._allocators = _LRU(max_allocators)
         self._lock = threading.Lock()
+        self._last: tuple[PodInfo, _Hashed] | None = None  # the last pod asked about and its key
         self.simulations = 0
 
-    @staticmethod
-    def _key(node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]) -> tuple[Any, ...]:
-        return (node.state_key if occupied else node.shape_key, occupied, pod_key(pod),
+    def _pod_key(self, pod: PodInfo) -> _Hashed:
+        last = self._last
+        if last is not None and last[0] is pod:
+            return last[1]
+        key = _Hashed(pod_key(pod))
+        self._last = (pod, key)
+        return key
+
+    def _key(self, node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]) -> tuple[Any, ...]:
+        return (node.state_key if occupied else node.shape_key, occupied, self._pod_key(pod),
                 tuple(pod_key(p) for p in prior))
 
     def cached(self, node: NodeTopology, pod: PodInfo, *, occupied: bool, prior: tuple[PodInfo, ...] = ()
@@ -128,6 +152,13 @@ class Simulator:
     def _simulate(self, node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]
                   ) -> Simulation:
         self.simulations += 1
+        if occupied and node.total_available == 0 and not any(z.reserved for z in node.zones):
+            # every CPU taken and none reserved (a document of another exporter can say so): the CPU state would
+            # have an empty default set, which the static policy refuses to load, as kubelet's does; the node has
+            # no CPU to give a pinned container
+            return Simulation(admitted=False, reason="UnexpectedAdmissionError",
+                              message="not enough cpus available to satisfy request: the node publishes no free CPU "
+                                      "and no reserved CPU")
         try:
             alloc = self._allocator(node, occupied)
             if prior:

@@ -23,7 +23,7 @@ from typing import Literal
 from .metrics import WebhookMetrics
 from .review import Verdict
 
-__all__ = ["UNJUDGED_ACTIONS", "UNJUDGED_REASONS", "UnjudgedRule"]
+__all__ = ["UNJUDGED_ACTIONS", "UNJUDGED_REASONS", "UnjudgedAction", "UnjudgedRule"]
 
 log = logging.getLogger("numapin.webhook.unjudged")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,12 +38,13 @@ from allocator.pod import (
     pod_guaranteed_cpus,
 )
 
+from .node_index import FrozenShapeGroup, ShapeGroup
 from .nodes import NodeStore
-from .pods_cache import PodCache
 from .review import AdmissionRequest, FieldCause, Verdict
 from .simulate import Simulation, Simulator
+from .unjudged import UnjudgedRule
 
-__all__ = ["Feasibility", "PodValidator", "feasibility"]
+__all__ = ["Feasibility", "PodValidator", "assumption_note", "feasibility"]
 
 log = logging.getLogger("numapin.webhook.validate")
 
@@ -67,32 +68,33 @@ class Feasibility:
     example_answer: Simulation | None = None
 
 
-def feasibility(nodes: list[NodeTopology], pod: PodInfo, sim: Simulator) -> Feasibility:
-    """Ask every distinct node shape; CPU-bound (run it in a worker thread)."""
-    ever_nodes: list[NodeTopology] = []
+def feasibility(candidates: int, groups: Sequence[ShapeGroup | FrozenShapeGroup], pod: PodInfo, sim: Simulator, *,
+                cached_only: bool = False) -> Feasibility | None:
+    """Ask each distinct node shape among the candidates, then (for the shapes that could) their distinct free-CPU
+    states, most free first, until one admits the pod. CPU-bound when answers are not cached: run it in a worker
+    thread; ``cached_only`` answers from the simulator's cache alone (None when something is not cached)."""
+    ask = sim.cached if cached_only else sim.admit
+    ever: list[ShapeGroup | FrozenShapeGroup] = []
     worst: tuple[NodeTopology, Simulation] | None = None
-    seen: set[Any] = set()
-    for node in nodes:
-        if node.shape_key in seen:
-            continue
-        seen.add(node.shape_key)
-        answer = sim.admit(node, pod, occupied=False)
+    for group in groups:
+        answer = ask(group.node, pod, occupied=False)
+        if answer is None:
+            return None
         if answer.admitted:
-            ever_nodes.append(node)
-        elif worst is None or _largest(node) > _largest(worst[0]):
-            worst = (node, answer)
-    if not ever_nodes:
-        return Feasibility(len(nodes), ever=False, now=False,
+            ever.append(group)
+        elif worst is None or _largest(group.node) > _largest(worst[0]):
+            worst = (group.node, answer)
+    if not ever:
+        return Feasibility(candidates, ever=False, now=False,
                            example=worst[0] if worst else None, example_answer=worst[1] if worst else None)
-    ever_shapes = {n.shape_key for n in ever_nodes}
-    seen_state: set[Any] = set()
-    for node in nodes:
-        if node.shape_key not in ever_shapes or node.state_key in seen_state:
-            continue
-        seen_state.add(node.state_key)
-        if sim.admit(node, pod, occupied=True).admitted:
-            return Feasibility(len(nodes), ever=True, now=True)
-    return Feasibility(len(nodes), ever=True, now=False, example=ever_nodes[0])
+    for group in ever:
+        for node in group.states():
+            answer = ask(node, pod, occupied=True)
+            if answer is None:
+                return None
+            if answer.admitted:
+                return Feasibility(candidates, ever=True, now=True)
+    return Feasibility(candidates, ever=True, now=False, example=ever[0].node)
 
 
 def _largest(node: NodeTopology) -> int:
@@ -110,6 +112,14 @@ def _culprit(pod: PodInfo, node: NodeTopology) -> str:
     return f'container "{big.name}" needs {guaranteed_cpus(pod, big)} CPUs of its own'
 
 
+def assumption_note(node: NodeTopology) -> str:
+    """What the judgement of ``node`` assumed (its NodeResourceTopology left it out), for a message; "" if
+    nothing."""
+    if not node.assumptions:
+        return ""
+    return f"; judged from a NodeResourceTopology that leaves things out, assuming: {'; '.join(node.assumptions)}"
+
+
 def never_message(pod: PodInfo, f: Feasibility) -> str:
     node, answer = f.example, f.example_answer
     head = f"no known node can ever admit pod {pod.ref or '(new pod)'} ({f.candidates} candidate node(s))"
@@ -121,14 +131,14 @@ def never_message(pod: PodInfo, f: Feasibility) -> str:
     why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
     return (f"{head}: on node {node.name}, under topology manager policy {node.topology_manager_policy} "
             f"(scope {node.topology_manager_scope}), {_culprit(pod, node)} and {numa}; kubelet would reject it "
-            f"({why})")
+            f"({why}){assumption_note(node)}")
 
 
 class PodValidator:
-    def __init__(self, nodes: NodeStore, pods: PodCache, simulator: Simulator) -> None:
+    def __init__(self, nodes: NodeStore, simulator: Simulator, unjudged: UnjudgedRule) -> None:
         self.nodes = nodes
-        self.pods = pods
         self.simulator = simulator
+        self.unjudged = unjudged
 
     async def validate(self, req: AdmissionRequest) -> Verdict:
         pod = req.object
@@ -160,6 +170,8 @@ class PodValidator:
         try:
             info = PodInfo.from_pod(pod)
         except PodSpecError as e:
+            if req.operation == "CREATE":
+                return self.unjudged.verdict("validate", "pod_unreadable", f"pod not checked: {e}")
             log.info("validate: pod model cannot read %s (%s); allowed", req.describe(), e)
             return Verdict.allow(f"numapin: pod not checked: {e}")
         if (not info.namespace and req.namespace) or (not info.name and req.name):
@@ -182,9 +194,13 @@ class PodValidator:
 
         if req.operation != "CREATE":
             return await self._mode_change(req, info, old_ann, warnings)
-        candidates = self.nodes.candidates(pod) if pinned(info) else []
+        candidates, groups = self.nodes.candidate_groups(pod) if pinned(info) else (0, [])
         if candidates:
-            f = await asyncio.to_thread(feasibility, candidates, info, self.simulator)
+            f = feasibility(candidates, groups, info, self.simulator, cached_only=True)
+            if f is None:  # something to simulate: off the event loop, on a copy of the groups
+                frozen = [g.frozen() for g in groups]
+                f = await asyncio.to_thread(feasibility, candidates, frozen, info, self.simulator)
+            assert f is not None
             if not f.ever:
                 return Verdict.deny(never_message(info, f), reason="Forbidden", warnings=tuple(warnings))
             if not f.now:
@@ -192,8 +208,6 @@ class PodValidator:
                     f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free "
                     "CPUs are too few or too scattered for their topology manager policy; it stays Pending until "
                     "CPUs free up")
-        if not req.dry_run and info.name:
-            self.pods.put(info, uid=info.uid)  # for its binding (dry-run creates never get one)
         return Verdict.allow(*warnings)
 
 

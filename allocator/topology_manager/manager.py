@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .policy import Policy, new_policy
+from ..pod import PodInfo
+from .factory import new_policy
+from .policy import Policy
 from .scope import AdmitResult, HintProvider, Scope, new_scope
-
-if TYPE_CHECKING:
-    from ..pod import PodInfo
 
 __all__ = ["TopologyManager"]
 
@@ -27,7 +26,7 @@ class TopologyManager:
         numa_nodes: Sequence[int],
         policy: str = "none",
         scope: str = "container",
-        options: Mapping[str, str] | None = None,
+        options: Mapping[str, object] | None = None,
         distances: Mapping[int, Sequence[int]] | None = None,
     ) -> TopologyManager:
         """Validate the configuration against the machine (ConfigError) and build the manager."""

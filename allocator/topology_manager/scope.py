@@ -17,16 +17,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Final, Protocol
 
 from ..compact_hints import HintFamily
-from ..errors import AllocationError, ConfigError, SMTAlignmentError
+from ..errors import AdmitReason, AllocationError, ConfigError, SMTAlignmentError
 from ..hints import TopologyHint
 from ..merge import ProviderHints
+from ..pod import PodInfo
 from .policy import Policy
-
-if TYPE_CHECKING:
-    from ..pod import PodInfo
+from .policy_none import NonePolicy
 
 __all__ = [
     "SCOPES",
@@ -43,7 +42,7 @@ __all__ = [
 ]
 
 SCOPES = ("container", "pod")
-TOPOLOGY_AFFINITY_REASON = "TopologyAffinityError"
+TOPOLOGY_AFFINITY_REASON: Final = "TopologyAffinityError"
 TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
 
 HintsView = tuple[TopologyHint, ...] | HintFamily | None
@@ -69,7 +68,7 @@ class ContainerResult:
 @dataclass(frozen=True, slots=True)
 class AdmitResult:
     admitted: bool
-    reason: str | None  # None | TopologyAffinityError | SMTAlignmentError | UnexpectedAdmissionError
+    reason: AdmitReason | None  # None when admitted
     message: str
     containers: tuple[ContainerResult, ...]
     policy: str
@@ -105,7 +104,7 @@ class Scope(ABC):
         """Merge, decide and allocate the pod's containers (see the module docstring)."""
 
     # -- helpers -------------------------------------------------------------------
-    def _result(self, admitted: bool, containers: list[ContainerResult], *, reason: str | None = None,
+    def _result(self, admitted: bool, containers: list[ContainerResult], *, reason: AdmitReason | None = None,
                 message: str = "", failed: str | None = None, unaligned: tuple[str, ...] = ()) -> AdmitResult:
         return AdmitResult(admitted=admitted, reason=reason, message=message, containers=tuple(containers),
                            policy=self.policy.name, scope=self.name, failed_container=failed, unaligned=unaligned)
@@ -220,6 +219,6 @@ def new_scope(name: str, policy: Policy) -> Scope:
     """kubelet: policy none always uses the none scope; otherwise ``container`` or ``pod``."""
     if name not in SCOPES:
         raise ConfigError(f"unknown topology manager scope {name!r}: expected one of {', '.join(SCOPES)}")
-    if policy.name == "none":
+    if isinstance(policy, NonePolicy):
         return NoneScope(policy)
     return ContainerScope(policy) if name == "container" else PodScope(policy)

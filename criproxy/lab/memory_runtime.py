@@ -38,6 +38,9 @@ class _Container:
     state: int = pb.CONTAINER_CREATED
     resources: pb.LinuxContainerResources = field(default_factory=pb.LinuxContainerResources)
     created_at: int = 0
+    started_at: int = 0
+    finished_at: int = 0
+    exit_code: int = 0
 
 
 class MemoryRuntime:
@@ -58,6 +61,8 @@ class MemoryRuntime:
         # method -> (code, message[, trailing metadata]): the next call of that method fails so
         self.fail_next: dict[str, tuple] = {}
         self.hooks: dict[str, Callable[[bytes], None]] = {}  # called with the raw request before handling
+        # (method, predicate on the raw request, event): a matching call waits for the event (a slow runtime)
+        self.holds: list[tuple[str, Callable[[bytes], bool], asyncio.Event]] = []
         self.record = True
         self._ids = itertools.count(1)
         self._events: list[asyncio.Queue[pb.ContainerEventResponse]] = []
@@ -70,7 +75,8 @@ class MemoryRuntime:
         for api in services:
             handlers.append(grpc.method_handlers_generic_handler(f"{api}.RuntimeService", self._runtime_handlers()))
             handlers.append(grpc.method_handlers_generic_handler(f"{api}.ImageService", {
-                "ListImages": self._unary("ListImages", pb.ListImagesRequest, self.list_images)}))
+                "ListImages": self._unary("ListImages", pb.ListImagesRequest, self.list_images),
+                "ImageFsInfo": grpc.unary_unary_rpc_method_handler(self._opaque("ImageFsInfo", lambda rt: 1))}))
         self._server = await start_server(self.socket_path, handlers)
         return self
 
@@ -90,6 +96,11 @@ class MemoryRuntime:
                                              "io.kubernetes.pod.uid": sb.metadata.uid})
             self.containers[cid] = _Container(cid, sandbox_id, cfg, pb.CONTAINER_RUNNING, created_at=time.time_ns())
 
+    def exit(self, container_id: str, code: int) -> None:
+        """The container's process ends by itself with ``code`` (it completed, or it crashed)."""
+        c = self.containers[container_id]
+        c.state, c.exit_code, c.finished_at = pb.CONTAINER_EXITED, code, time.time_ns()
+
     def requests(self, method: str) -> list[bytes]:
         return [c.request for c in self.calls if c.method == method]
 
@@ -102,6 +113,9 @@ class MemoryRuntime:
             hook = self.hooks.get(name)
             if hook is not None:
                 hook(raw)
+            for method, matches, event in list(self.holds):
+                if method == name and matches(raw):
+                    await event.wait()
             fail = self.fail_next.pop(name, None)
             if fail is not None:
                 await context.abort(fail[0], fail[1], tuple(fail[2]) if len(fail) > 2 else ())
@@ -131,10 +145,22 @@ class MemoryRuntime:
         }
         out = {name: self._unary(name, t, fn) for name, (t, fn) in h.items() if fn is not None}
         out["Echo"] = grpc.unary_unary_rpc_method_handler(self._echo)
+        for name, size in _OPAQUE.items():
+            out[name] = grpc.unary_unary_rpc_method_handler(self._opaque(name, size))
         out["GetContainerEvents"] = grpc.unary_stream_rpc_method_handler(
             self._events_stream, request_deserializer=pb.GetEventsRequest.FromString,
             response_serializer=pb.ContainerEventResponse.SerializeToString)
         return out
+
+    def _opaque(self, name: str, size: Callable[[MemoryRuntime], int]):
+        """A method this runtime does not model (stats, sandbox status, image file systems): it answers a
+        well-formed message of a plausible size (a repeated field of 256-byte entries), for relay benchmarks."""
+        async def behavior(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            if self.record:
+                self.calls.append(RecordedCall(name, raw, (), context.time_remaining()))
+            n = size(self)
+            return _ENTRY * n
+        return behavior
 
     async def _echo(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         md = tuple((m.key, m.value) for m in (context.invocation_metadata() or ()))
@@ -183,8 +209,8 @@ class MemoryRuntime:
         if req.pod_sandbox_id in self.sandboxes:
             self.sandbox_state[req.pod_sandbox_id] = pb.SANDBOX_NOTREADY
             for c in self.containers.values():
-                if c.sandbox_id == req.pod_sandbox_id:
-                    c.state = pb.CONTAINER_EXITED
+                if c.sandbox_id == req.pod_sandbox_id and c.state != pb.CONTAINER_EXITED:
+                    self.exit(c.id, 137)
         return pb.StopPodSandboxResponse()
 
     async def remove_pod_sandbox(self, req: pb.RemovePodSandboxRequest, ctx) -> pb.RemovePodSandboxResponse:
@@ -211,12 +237,15 @@ class MemoryRuntime:
         return pb.CreateContainerResponse(container_id=cid)
 
     async def start_container(self, req: pb.StartContainerRequest, ctx) -> pb.StartContainerResponse:
-        self._container(req.container_id).state = pb.CONTAINER_RUNNING
+        c = self._container(req.container_id)
+        c.state, c.started_at = pb.CONTAINER_RUNNING, time.time_ns()
         self._emit(req.container_id, pb.CONTAINER_STARTED_EVENT)
         return pb.StartContainerResponse()
 
     async def stop_container(self, req: pb.StopContainerRequest, ctx) -> pb.StopContainerResponse:
-        self._container(req.container_id).state = pb.CONTAINER_EXITED
+        c = self._container(req.container_id)
+        if c.state != pb.CONTAINER_EXITED:
+            self.exit(c.id, 137)  # killed
         return pb.StopContainerResponse()
 
     async def remove_container(self, req: pb.RemoveContainerRequest, ctx) -> pb.RemoveContainerResponse:
@@ -242,7 +271,8 @@ class MemoryRuntime:
     async def container_status(self, req: pb.ContainerStatusRequest, ctx) -> pb.ContainerStatusResponse:
         c = self._container(req.container_id)
         return pb.ContainerStatusResponse(status=pb.ContainerStatus(
-            id=c.id, metadata=c.config.metadata, state=c.state, labels=c.config.labels,
+            id=c.id, metadata=c.config.metadata, state=c.state, created_at=c.created_at, started_at=c.started_at,
+            finished_at=c.finished_at, exit_code=c.exit_code, labels=c.config.labels,
             annotations=c.config.annotations, resources=pb.ContainerResources(linux=c.resources)))
 
     async def update_container_resources(self, req: pb.UpdateContainerResourcesRequest,
@@ -261,6 +291,15 @@ class MemoryRuntime:
         return pb.ListImagesResponse(images=[pb.Image(id="sha256:0", repo_tags=["localhost/busybox:latest"])])
 
 
+# field 1, length 253, 253 bytes: one entry of an opaque answer
+_ENTRY = b"\x0a\xfd\x01" + b"x" * 253
+_OPAQUE: dict[str, Callable[[MemoryRuntime], int]] = {
+    "PodSandboxStatus": lambda rt: 4,
+    "ListContainerStats": lambda rt: len(rt.containers),
+    "ListPodSandboxStats": lambda rt: 2 * len(rt.sandboxes),
+}
+
+
 class _NotFound(Exception):
     pass
 
@@ -272,6 +311,7 @@ async def _main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="serve the in-memory CRI runtime on a unix socket")
     ap.add_argument("socket")
     ap.add_argument("--bulk", type=int, default=0, help="pre-create this many running containers")
+    ap.add_argument("--pods", type=int, default=0, help="pre-create this many pods of two running containers each")
     args = ap.parse_args(argv)
     rt = MemoryRuntime(args.socket)
     rt.record = False
@@ -281,6 +321,10 @@ async def _main(argv: list[str] | None = None) -> None:
             name="bulk", uid="bulk-uid", namespace="default")))
         sid = (await rt.run_pod_sandbox(req, None)).pod_sandbox_id
         rt.add_containers(sid, args.bulk)
+    for i in range(args.pods):
+        req = pb.RunPodSandboxRequest(config=pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(
+            name=f"pod-{i}", uid=f"pod-uid-{i}", namespace="default")))
+        rt.add_containers((await rt.run_pod_sandbox(req, None)).pod_sandbox_id, 2)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

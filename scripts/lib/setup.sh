@@ -15,11 +15,11 @@ _numapin_apt() {
     _numapin_log "apt-get install $*"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq "$@" >/dev/null
+    apt-get install -y -qq ${NUMAPIN_APT_OPTS:-} "$@" >/dev/null
 }
 
 numapin_setup() {
-    local want=${1:-test} pkgs=()
+    local want=${1:-test} pkgs=() vm_pkgs=()
     command -v python3 >/dev/null || pkgs+=(python3)
     python3 -c 'import ensurepip, venv' 2>/dev/null || pkgs+=(python3-venv)
     # containerd + runc + a static busybox (for the container image) run the real pods of the
@@ -29,7 +29,21 @@ numapin_setup() {
     if ! command -v busybox >/dev/null || ldd "$(command -v busybox)" 2>&1 | grep -q '=>'; then
         pkgs+=(busybox-static)
     fi
+    if [ "$want" = test ] || [ "${NUMAPIN_NUMA_VM_PACKAGES:-}" = 1 ]; then
+        # the multi-NUMA end-to-end tests (tests/numa) and `numapin demo --topology` boot this machine's Debian
+        # kernel in QEMU with numa-lab's numa-vm.sh: its packages (as `numa-vm.sh install` names them) plus what
+        # it uses to extract the kernel (file, readelf, xz)
+        command -v qemu-system-x86_64 >/dev/null || vm_pkgs+=(qemu-system-x86)
+        ls /lib/modules/*/kernel/fs/9p >/dev/null 2>&1 && ls /boot/vmlinuz-* >/dev/null 2>&1 \
+            || vm_pkgs+=(linux-image-amd64)
+        command -v modprobe >/dev/null || vm_pkgs+=(kmod)
+        command -v cpio >/dev/null || vm_pkgs+=(cpio)
+        command -v file >/dev/null || vm_pkgs+=(file)
+        command -v readelf >/dev/null || vm_pkgs+=(binutils)
+        command -v xz >/dev/null || vm_pkgs+=(xz-utils)
+    fi
     if [ ${#pkgs[@]} -gt 0 ]; then _numapin_apt "${pkgs[@]}"; fi
+    if [ ${#vm_pkgs[@]} -gt 0 ]; then NUMAPIN_APT_OPTS=--no-install-recommends _numapin_apt "${vm_pkgs[@]}"; fi
 
     if [ ! -x "$NUMAPIN_VENV/bin/python" ]; then
         _numapin_log "creating virtualenv $NUMAPIN_VENV"

@@ -299,3 +299,20 @@ def test_any_json_is_a_state_or_a_checkpoint_error(doc):
         assert str(e).startswith("f")
     else:
         assert isinstance(cp.default_cpuset, CPUSet)
+
+
+def test_leftover_temp_files_of_killed_writers_are_cleaned_and_nothing_else(tmp_path):
+    store = CheckpointStore(tmp_path / "cpu_manager_state", "numapin")
+    store.save(CPUState(default_cpuset=CPUSet.parse("0-3")))
+    leftovers = [tmp_path / f".cpu_manager_state.{h}.tmp" for h in ("0123456789ab", "ffffffffffff")]
+    for p in leftovers:
+        p.write_bytes(b'{"partial')
+    keep = [tmp_path / ".cpu_manager_state.xyz.tmp", tmp_path / ".other.0123456789ab.tmp",
+            tmp_path / "cpu_manager_state.0123456789ab.tmp"]
+    for p in keep:
+        p.write_text("not ours")
+    (tmp_path / ".cpu_manager_state.aaaaaaaaaaaa.tmp").symlink_to(tmp_path / "cpu_manager_state")
+    assert sorted(store.clean_leftovers()) == sorted(leftovers)
+    assert all(p.exists() for p in keep) and store.load() is not None
+    assert (tmp_path / ".cpu_manager_state.aaaaaaaaaaaa.tmp").is_symlink()
+    assert CheckpointStore(tmp_path / "missing" / "s").clean_leftovers() == []

@@ -11,7 +11,7 @@ from allocator.bitmask import bits_of
 from allocator.compact_hints import HintFamily, cpu_hint_family
 from allocator.cpuset import CPUSet
 from allocator.hints import TopologyHint
-from allocator.merge import POLICIES, merge_hints
+from allocator.topology_manager import POLICIES, merge_hints
 from tests.allocator.merge_reference import reference_merge
 from tests.allocator.topomgr_helpers import kubelet_cpu_hints, make_topology
 

@@ -190,6 +190,9 @@ PACKED = [
      {"distribute-cpus-across-cores": "true"}, "0,1"),
     ("take a socket of cpus from dual socket with multi numa per socket and HT, 12 cpus", M, "0-79", 8,
      {"distribute-cpus-across-cores": "true"}, "0-7"),
+    # kubelet's own core labels (CPU 1 is on core 64): the spread follows them, as in kubelet
+    ("take a socket of cpus from quad socket four way with HT, 12 cpus", T.quad_socket_four_way_ht, "0-287", 12,
+     {"distribute-cpus-across-cores": "true"}, "0-2,9-10,13-14,21-22,25-26,33"),
 ]
 
 

@@ -4,6 +4,8 @@ TestGetPodTopologyHints, TestGetPodTopologyHintsWithPolicyOptions), plus numapin
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -35,21 +37,38 @@ def as_tuples(hints):
 
 FIRST, SECOND, CROSS = (0,), (1,), (0, 1)
 
-# name, request, default cpuset, assignment of the container (or None), expected hints
+@dataclass(frozen=True)
+class HintsCase:
+    """A TestGetTopologyHints case: ``request`` CPUs asked, the default cpuset, the CPUs the container already
+    holds (or None) and the expected (NUMA nodes, preferred) hints."""
+
+    name: str
+    request: int
+    default: str
+    assigned: str | None
+    expect: list[tuple[tuple[int, ...], bool]]
+
+
+def hints_case(*args: Any) -> Any:
+    return pytest.param(HintsCase(*args), id=args[0])
+
+
 TABLE = [
-    ("Request 2 CPUs, 4 available on NUMA 0, 6 available on NUMA 1", 2, "2-11", None,
-     [(FIRST, True), (SECOND, True), (CROSS, False)]),
-    ("Request 5 CPUs, 4 available on NUMA 0, 6 available on NUMA 1", 5, "2-11", None,
-     [(SECOND, True), (CROSS, False)]),
-    ("Request 7 CPUs, 4 available on NUMA 0, 6 available on NUMA 1", 7, "2-11", None, [(CROSS, True)]),
-    ("Request 11 CPUs, 4 available on NUMA 0, 6 available on NUMA 1", 11, "2-11", None, []),
-    ("Request 2 CPUs, 1 available on NUMA 0, 1 available on NUMA 1", 2, "0,3", None, [(CROSS, False)]),
-    ("Request more CPUs than available", 5, "0-3", None, []),
-    ("Regenerate Single-Node NUMA Hints if already allocated 1/2", 2, "", "0,6", [(FIRST, True), (CROSS, False)]),
-    ("Regenerate Single-Node NUMA Hints if already allocated 2/2", 2, "", "3,9", [(SECOND, True), (CROSS, False)]),
-    ("Regenerate Cross-NUMA Hints if already allocated", 11, "", "0-10", [(CROSS, True)]),
-    ("Requested less than already allocated", 2, "", "0,3,6,9", []),
-    ("Requested more than already allocated", 11, "", "0,3,6,9", []),
+    hints_case("Request 2 CPUs, 4 available on NUMA 0, 6 available on NUMA 1", 2, "2-11", None,
+               [(FIRST, True), (SECOND, True), (CROSS, False)]),
+    hints_case("Request 5 CPUs, 4 available on NUMA 0, 6 available on NUMA 1", 5, "2-11", None,
+               [(SECOND, True), (CROSS, False)]),
+    hints_case("Request 7 CPUs, 4 available on NUMA 0, 6 available on NUMA 1", 7, "2-11", None, [(CROSS, True)]),
+    hints_case("Request 11 CPUs, 4 available on NUMA 0, 6 available on NUMA 1", 11, "2-11", None, []),
+    hints_case("Request 2 CPUs, 1 available on NUMA 0, 1 available on NUMA 1", 2, "0,3", None, [(CROSS, False)]),
+    hints_case("Request more CPUs than available", 5, "0-3", None, []),
+    hints_case("Regenerate Single-Node NUMA Hints if already allocated 1/2", 2, "", "0,6",
+               [(FIRST, True), (CROSS, False)]),
+    hints_case("Regenerate Single-Node NUMA Hints if already allocated 2/2", 2, "", "3,9",
+               [(SECOND, True), (CROSS, False)]),
+    hints_case("Regenerate Cross-NUMA Hints if already allocated", 11, "", "0-10", [(CROSS, True)]),
+    hints_case("Requested less than already allocated", 2, "", "0,3,6,9", []),
+    hints_case("Requested more than already allocated", 11, "", "0,3,6,9", []),
 ]
 
 
@@ -59,24 +78,25 @@ def policy() -> StaticPolicy:
     return StaticPolicy(hints_machine(), reserved_cpus=S("1"))
 
 
-@pytest.mark.parametrize(("name", "request_", "default", "assigned", "expect"), TABLE, ids=[c[0] for c in TABLE])
-def test_get_topology_hints(name, request_, default, assigned, expect):
-    st = CPUState(default_cpuset=S(default))
-    if assigned:
-        st.set("fakePod", "fakeContainer", S(assigned))
-    p = make_pod("fakePod", "fakeContainer", str(request_), str(request_))
+def _state_and_pod(c: HintsCase) -> tuple[CPUState, Any]:
+    st = CPUState(default_cpuset=S(c.default))
+    if c.assigned:
+        st.set("fakePod", "fakeContainer", S(c.assigned))
+    return st, make_pod("fakePod", "fakeContainer", str(c.request), str(c.request))
+
+
+@pytest.mark.parametrize("c", TABLE)
+def test_get_topology_hints(c: HintsCase) -> None:
+    st, p = _state_and_pod(c)
     got = policy().topology_hints(st, p, "fakeContainer")
-    assert got is not None and as_tuples(got["cpu"]) == expect
+    assert got is not None and as_tuples(got["cpu"]) == c.expect
 
 
-@pytest.mark.parametrize(("name", "request_", "default", "assigned", "expect"), TABLE, ids=[c[0] for c in TABLE])
-def test_get_pod_topology_hints(name, request_, default, assigned, expect):
-    st = CPUState(default_cpuset=S(default))
-    if assigned:
-        st.set("fakePod", "fakeContainer", S(assigned))
-    p = make_pod("fakePod", "fakeContainer", str(request_), str(request_))
+@pytest.mark.parametrize("c", TABLE)
+def test_get_pod_topology_hints(c: HintsCase) -> None:
+    st, p = _state_and_pod(c)
     got = policy().pod_topology_hints(st, p)
-    assert got is not None and as_tuples(got["cpu"]) == expect
+    assert got is not None and as_tuples(got["cpu"]) == c.expect
 
 
 ALL_WITH_0 = [(0,), (0, 1), (0, 2), (0, 3), (0, 1, 2), (0, 1, 3), (0, 2, 3), (0, 1, 2, 3)]

@@ -80,3 +80,10 @@ def test_random_bytes_only_raise_pod_spec_errors(seed: int) -> None:
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
         with contextlib.suppress(PodSpecError):  # anything else fails the test
             _decode(text)
+
+
+def test_an_intent_too_long_to_read_back_is_never_written() -> None:
+    pod = PodInfo(uid="u", namespace="ns", name="p", qos_class="BestEffort", cpu_manager=None, bypass=False,
+                  containers=tuple(ContainerInfo(name=f"container-{i:05d}") for i in range(2000)))
+    with pytest.raises(PodSpecError, match="2000 containers"):
+        encode_intent(pod)

@@ -14,7 +14,7 @@ from allocator.bitmask import bits_of
 from allocator.compact_hints import HintFamily
 from allocator.device_hints import device_hints
 from allocator.hints import TopologyHint
-from allocator.merge import POLICIES, merge_hints
+from allocator.topology_manager import POLICIES, merge_hints
 from tests.allocator.merge_reference import reference_merge
 
 MAX_PERMUTATIONS = 600
@@ -23,7 +23,9 @@ MAX_PERMUTATIONS = 600
 def _random_hint(rng: random.Random, nodes: list[int], outside: list[int]) -> TopologyHint:
     if rng.random() < 0.08:
         return TopologyHint(None, rng.random() < 0.5)
-    pool = nodes + (outside if rng.random() < 0.1 else [])
+    if rng.random() < 0.03:  # an empty, non-nil mask: kubelet counts it as the narrowest hint (0 nodes)
+        return TopologyHint(frozenset(), rng.random() < 0.5)
+    pool = nodes + (outside if rng.random() < 0.1 or not nodes else [])
     k = rng.randint(1, len(pool))
     if rng.random() < 0.6:
         k = rng.randint(1, min(2, len(pool)))
@@ -31,7 +33,7 @@ def _random_hint(rng: random.Random, nodes: list[int], outside: list[int]) -> To
 
 
 def _random_case(rng: random.Random) -> tuple[list, list[int], dict[int, list[int]]]:
-    n = rng.randint(1, 6)
+    n = rng.randint(1, 6) if rng.random() < 0.98 else 0  # no NUMA node at all: kubelet's default hint
     if rng.random() < 0.2:
         nodes = sorted(rng.sample(range(8), n))
     else:

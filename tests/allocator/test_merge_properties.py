@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator.hints import TopologyHint
-from allocator.merge import POLICIES, merge_hints
+from allocator.topology_manager import POLICIES, merge_hints
 from tests.allocator.merge_reference import reference_merge
 
 N = 4

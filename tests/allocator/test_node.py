@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from allocator import CheckpointError, CheckpointStore, CPUSet, CPUState, NodeAllocator, NodeConfig, Topology
 from allocator.errors import ConfigError
 from allocator.hints import TopologyHint
+from allocator.node import build_node
 from tests.fixtures.make_sysfs import MACHINES, build
 
 S = CPUSet.parse
@@ -227,6 +228,48 @@ def test_config_validation(xeon, tmp_path):
     assert len(c.cpus) == 40 and len(c.mems) == 5 and c.affinity.preferred
 
 
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"reserved_cpus": None, "require_reserved_cpus": True},
+         "numReservedCPUs: the static policy requires systemreserved.cpu + kubereserved.cpu to be greater than zero"),
+        ({"reserved_cpus": S(""), "require_reserved_cpus": True}, "reservedCPUs: the static policy requires"),
+        ({"reserved_cpus": S("0,200")}, "reservedCPUs: [cpumanager] unable to build the reserved physical CPUs"),
+        ({"reserved_cpus": S("0,56"), "num_reserved_cpus": 3},
+         "reservedCPUs: [cpumanager] unable to reserve the required amount of CPUs (size of 0,56 did not equal 3)"),
+        ({"reserved_cpus": None, "num_reserved_cpus": -1}, "numReservedCPUs: numReservedCPUs must be a non-negative"),
+        ({"topology_manager_scope": "node"}, "topologyManagerScope: unknown scope 'node'"),
+        ({"cpu_manager_policy_options": {"full-pcpus-only": "maybe"}}, "cpuManagerPolicyOptions: bad value"),
+    ],
+    ids=["no-reserved", "empty-reserved-list", "reserved-off-machine", "reserved-count-disagrees",
+         "negative-count", "scope", "cpu-option"],
+)
+def test_one_construction_path_names_the_setting(xeon, config, message):
+    """NodeConfig.validate, build_node and NodeAllocator build the node the same way and raise one ConfigError
+    naming the kubelet setting; the reserved-CPU checks are the static policy's."""
+    cfg = NodeConfig(topology=xeon, **({"reserved_cpus": S("0,56")} | config))
+    for build_it in (cfg.validate, lambda: build_node(cfg), lambda: NodeAllocator(cfg)):
+        with pytest.raises(ConfigError) as e:
+            build_it()
+        assert str(e.value).startswith(message), str(e.value)
+
+
+def test_zero_reserved_cpus_only_where_a_node_is_configured(xeon):
+    """kubelet's policy accepts no reserved CPU; its container manager refuses it at start-up (require_reserved_cpus,
+    set by the proxy and numapin plan). A simulated node (the webhook judging an exporter's NRT) is built anyway."""
+    n = NodeAllocator(NodeConfig(topology=xeon, reserved_cpus=None))
+    assert n.reserved_cpus == S("") and n.shared_pool() == xeon.all_cpus
+    with pytest.raises(ConfigError, match="numReservedCPUs: the static policy requires"):
+        NodeConfig(topology=xeon, require_reserved_cpus=True).validate()
+
+
+def test_built_parts_are_handed_to_the_allocator(xeon):
+    parts = build_node(NodeConfig(topology=xeon, reserved_cpus=S("0,56"), topology_manager_policy="restricted"))
+    n = NodeAllocator(parts)
+    assert n.policy is parts.static_policy and n.topology_manager is parts.topology_manager
+    assert n.reserved_cpus == S("0,56") and n.topology_manager.policy.name == "restricted"
+
+
 def test_bad_state_refused(xeon):
     bad = CPUState(default_cpuset=xeon.all_cpus)
     bad.set("x", "app", S("1"))
@@ -278,12 +321,12 @@ def test_random_admissions_keep_the_state_sound(e5, ops, policy):
 
 def test_rejected_and_dry_run_admissions_leave_the_reuse_bookkeeping(xeon):
     n = node(xeon, topology_manager_policy="single-numa-node")
-    saved = n.policy.reusable_cpus
+    saved = (n.state.reuse_pod, n.state.reuse)
     # the init container is allocated (its CPUs become reusable), then the app container is rejected
     d = n.admit_pod(pod("p", container("app", "60"), init=(container("setup", "4"),)))
-    assert not d.admitted and n.policy.reusable_cpus == saved and n.state.assignments == {}
+    assert not d.admitted and (n.state.reuse_pod, n.state.reuse) == saved and n.state.assignments == {}
     d = n.admit_pod(pod("q", container("app", "2"), init=(container("setup", "4"),)), dry_run=True)
-    assert d.admitted and n.policy.reusable_cpus == saved and n.state.assignments == {}
+    assert d.admitted and (n.state.reuse_pod, n.state.reuse) == saved and n.state.assignments == {}
 
 
 def test_several_devices_of_one_resource(xeon):

@@ -8,6 +8,10 @@ matters the reserved CPU is chosen so that kubelet's expected results still hold
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
 import pytest
 
 from allocator import (
@@ -21,7 +25,8 @@ from allocator import (
     TopologyHint,
 )
 from allocator.pod import PodInfo
-from allocator.static_policy import StaticPolicy
+from allocator.static_policy import StaticPolicy, require_reserved
+from allocator.topology import Topology
 from tests import topologies as T
 from tests.allocator.podspec import container, make_multi_container_pod, make_pod, pod
 
@@ -37,43 +42,62 @@ def state(default: str, assignments: dict[str, dict[str, str]] | None = None) ->
 
 
 # -- TestStaticPolicyStart ----------------------------------------------------------------------------------
-# the second field is numReservedCPUs, or an explicit reserved list where kubelet runs the case with no
-# reserved CPU (numapin refuses that); the CPU chosen changes none of the outcomes.
+@dataclass(frozen=True)
+class StartCase:
+    """A TestStaticPolicyStart case. ``reserved``: numReservedCPUs, or an explicit reserved list where kubelet runs
+    the case with no reserved CPU (numapin refuses that); the CPU chosen changes none of the outcomes."""
+
+    name: str
+    reserved: int | str
+    default: str
+    expect: str | None = None  # the default set after start
+    err: str | None = None  # or the CheckpointError
+    assign: dict[str, dict[str, str]] = field(default_factory=dict)
+    options: dict[str, str] = field(default_factory=dict)
+
+
+def start_case(c: StartCase) -> Any:
+    return pytest.param(c, id=c.name)
+
+
+STRICT = {"strict-cpu-reservation": "true"}
 START = [
-    ("non-corrupted state", "1", {}, {"fakePod": {"0": "0"}}, "1-11", "1-11", None),
-    ("empty cpuset", 1, {}, {}, "", "0-11", None),
-    ("reserved cores 0 & 6 are not present in available cpuset", 2, {}, {}, "0-1", None,
-     'not all reserved cpus: "0,6" are present in defaultCpuSet: "0-1"'),
-    ("some of reserved cores are present in available cpuset (StrictCPUReservationOption)", 2,
-     {"strict-cpu-reservation": "true"}, {}, "0-1", None,
-     'some of strictly reserved cpus: "0" are present in defaultCpuSet: "0-1"'),
-    ("assigned core 2 is still present in available cpuset", "5", {}, {"fakePod": {"0": "0-2"}}, "2-11", None,
-     'pod: fakePod, container: 0 cpuset: "0-2" overlaps with default cpuset "2-11"'),
-    ("assigned core 2 is still present in available cpuset (StrictCPUReservationOption)", "0",
-     {"strict-cpu-reservation": "true"}, {"fakePod": {"0": "0-2"}}, "2-11", None,
-     'pod: fakePod, container: 0 cpuset: "0-2" overlaps with default cpuset "2-11"'),
-    ("core 12 is not present in topology but is in state cpuset", "5", {}, {"fakePod": {"0": "0-2", "1": "3-4"}},
-     "5-12", None, 'current set of available CPUs "0-11" doesn\'t match with CPUs in state "0-12"'),
-    ("core 11 is present in topology but is not in state cpuset", "5", {}, {"fakePod": {"0": "0-2", "1": "3-4"}},
-     "5-10", None, 'current set of available CPUs "0-11" doesn\'t match with CPUs in state "0-10"'),
+    start_case(StartCase("non-corrupted state", "1", "1-11", "1-11", assign={"fakePod": {"0": "0"}})),
+    start_case(StartCase("empty cpuset", 1, "", "0-11")),
+    start_case(StartCase("reserved cores 0 & 6 are not present in available cpuset", 2, "0-1",
+                         err='not all reserved cpus: "0,6" are present in defaultCpuSet: "0-1"')),
+    start_case(StartCase("some of reserved cores are present in available cpuset (StrictCPUReservationOption)", 2,
+                         "0-1", options=STRICT,
+                         err='some of strictly reserved cpus: "0" are present in defaultCpuSet: "0-1"')),
+    start_case(StartCase("assigned core 2 is still present in available cpuset", "5", "2-11",
+                         assign={"fakePod": {"0": "0-2"}},
+                         err='pod: fakePod, container: 0 cpuset: "0-2" overlaps with default cpuset "2-11"')),
+    start_case(StartCase("assigned core 2 is still present in available cpuset (StrictCPUReservationOption)", "0",
+                         "2-11", assign={"fakePod": {"0": "0-2"}}, options=STRICT,
+                         err='pod: fakePod, container: 0 cpuset: "0-2" overlaps with default cpuset "2-11"')),
+    start_case(StartCase("core 12 is not present in topology but is in state cpuset", "5", "5-12",
+                         assign={"fakePod": {"0": "0-2", "1": "3-4"}},
+                         err='current set of available CPUs "0-11" doesn\'t match with CPUs in state "0-12"')),
+    start_case(StartCase("core 11 is present in topology but is not in state cpuset", "5", "5-10",
+                         assign={"fakePod": {"0": "0-2", "1": "3-4"}},
+                         err='current set of available CPUs "0-11" doesn\'t match with CPUs in state "0-10"')),
 ]
 
 
-@pytest.mark.parametrize(("name", "reserved", "opts", "assign", "default", "expect", "err"), START,
-                         ids=[c[0] for c in START])
-def test_start(name, reserved, opts, assign, default, expect, err):
-    if isinstance(reserved, int):
-        policy = StaticPolicy(T.dual_socket_ht(), num_reserved_cpus=reserved, options=opts)
+@pytest.mark.parametrize("c", START)
+def test_start(c: StartCase) -> None:
+    if isinstance(c.reserved, int):
+        policy = StaticPolicy(T.dual_socket_ht(), num_reserved_cpus=c.reserved, options=c.options)
     else:
-        policy = StaticPolicy(T.dual_socket_ht(), reserved_cpus=S(reserved), options=opts)
-    st = state(default, assign)
-    if err is None:
+        policy = StaticPolicy(T.dual_socket_ht(), reserved_cpus=S(c.reserved), options=c.options)
+    st = state(c.default, c.assign)
+    if c.err is None:
         policy.start(st)
-        assert st.default_cpuset == S(expect)
+        assert c.expect is not None and st.default_cpuset == S(c.expect)
     else:
         with pytest.raises(CheckpointError) as exc:
             policy.start(st)
-        assert str(exc.value) == err
+        assert str(exc.value) == c.err
 
 
 def test_start_strict_reservation_initialises_without_reserved_cpus():
@@ -110,10 +134,22 @@ def test_reserved_cpus_explicit_list():
     assert StaticPolicy(T.dual_socket_ht(), reserved_cpus=S("1,6"), num_reserved_cpus=2).reserved == S("1,6")
 
 
-def test_zero_reserved_cpus_is_refused_with_kubelets_text():
+def test_zero_reserved_cpus_accepted_by_the_policy_refused_for_a_node():
+    """kubelet's NewStaticPolicy accepts zero reserved CPUs (every CPU is allocatable); kubelet's container manager
+    refuses to start a static-policy node without reserved CPUs: ``require_reserved``, used where a node is
+    configured (the proxy, ``numapin plan``)."""
+    topo = T.dual_socket_ht()
+    p = StaticPolicy(topo)
+    assert p.reserved == S("") and p.reserved_physical == S("")
+    st = state(str(topo.all_cpus), {})
+    p.start(st)
+    p.allocate(st, make_pod("p", "c", "12", "12"), "c")
+    assert st.get("p", "c") == topo.all_cpus  # all 12 CPUs, none held back
     with pytest.raises(ConfigError, match=r"the static policy requires systemreserved\.cpu \+ kubereserved\.cpu to "
                                           r"be greater than zero"):
-        StaticPolicy(T.dual_socket_ht())
+        require_reserved(None, 0)
+    require_reserved(S("0"), 0)
+    require_reserved(None, 1)
 
 
 @pytest.mark.parametrize(
@@ -140,99 +176,164 @@ def test_policy_options_are_validated_with_the_topology_manager_policy():
 
 
 # -- TestStaticPolicyAdd ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AddCase:
+    """A TestStaticPolicyAdd case: the machine, the state before, the container asking, what it gets (or the error).
+
+    ``reserved``: numReservedCPUs, or an explicit list where kubelet runs the case with no reserved CPU (numapin
+    refuses that): then a CPU outside the default set is reserved, which changes none of kubelet's outcomes."""
+
+    name: str
+    topo: Callable[[], Topology]
+    default: str
+    request: str | tuple[str, str]  # request = limit, or (request, limit)
+    expect: str | None = None  # the CPUs allocated ("" for none)
+    err: str | None = None
+    assign: dict[str, dict[str, str]] = field(default_factory=dict)
+    container: str = "fakeContainer"
+    reserved: int | str = 1
+
+    def policy(self, options: dict[str, str] | None = None) -> StaticPolicy:
+        if isinstance(self.reserved, int):
+            return StaticPolicy(self.topo(), num_reserved_cpus=self.reserved, options=options)
+        return StaticPolicy(self.topo(), reserved_cpus=S(self.reserved), options=options)
+
+    def pod(self) -> PodInfo:
+        request, limit = self.request if isinstance(self.request, tuple) else (self.request, self.request)
+        return make_pod("fakePod", self.container, request, limit)
+
+
+def add_case(c: AddCase) -> Any:
+    return pytest.param(c, id=c.name)
+
+
+Q = T.quad_socket_four_way_ht
+_Q_ALL = Q().all_cpus
+_Q_SOCKET_1 = Q().cpus_in_socket(1)
+
+
+def _q_except(cpus: str | CPUSet) -> str:
+    """Every CPU of the quad-socket machine but these."""
+    return str(_Q_ALL - (S(cpus) if isinstance(cpus, str) else cpus))
+
+
 OPTIONS_INSENSITIVE = [
-    ("GuPodMultipleCores, SingleSocketHT, ExpectAllocOneCore", T.single_socket_ht,
-     {"fakePod": {"fakeContainer100": "2-3,6-7"}}, "0-1,4-5", "fakeContainer3", "2000m", "1,5"),
-    ("GuPodMultipleCores, DualSocketHT, ExpectAllocOneSocket", T.dual_socket_ht,
-     {"fakePod": {"fakeContainer100": "2"}}, "0-1,3-11", "fakeContainer3", "6000m", "1,3,5,7,9,11"),
-    ("GuPodMultipleCores, DualSocketHT, ExpectAllocThreeCores", T.dual_socket_ht,
-     {"fakePod": {"fakeContainer100": "1,5"}}, "0,2-4,6-11", "fakeContainer3", "6000m", "2-4,8-10"),
-    ("GuPodMultipleCores, DualSocketNoHT, ExpectAllocOneSocket", T.dual_socket_no_ht,
-     {}, "0-1,3-7", "fakeContainer1", "4000m", "4-7"),
-    ("GuPodMultipleCores, DualSocketNoHT, ExpectAllocFourCores", T.dual_socket_no_ht,
-     {"fakePod": {"fakeContainer100": "4-5"}}, "0-1,3,6-7", "fakeContainer1", "4000m", "1,3,6-7"),
-    ("GuPodMultipleCores, DualSocketHT, ExpectAllocOneSocketOneCore", T.dual_socket_ht,
-     {"fakePod": {"fakeContainer100": "2"}}, "0-1,3-11", "fakeContainer3", "8000m", "1,3-5,7,9-11"),
-    ("NonGuPod, SingleSocketHT, NoAlloc", T.single_socket_ht, {}, "0-7", "fakeContainer1", ("1000m", "2000m"), ""),
-    ("GuPodNonIntegerCore, SingleSocketHT, NoAlloc", T.single_socket_ht, {}, "0-7", "fakeContainer4", "977m", ""),
+    add_case(AddCase("GuPodMultipleCores, SingleSocketHT, ExpectAllocOneCore", T.single_socket_ht, "0-1,4-5",
+                     "2000m", "1,5", assign={"fakePod": {"fakeContainer100": "2-3,6-7"}}, container="fakeContainer3")),
+    add_case(AddCase("GuPodMultipleCores, DualSocketHT, ExpectAllocOneSocket", T.dual_socket_ht, "0-1,3-11",
+                     "6000m", "1,3,5,7,9,11", assign={"fakePod": {"fakeContainer100": "2"}},
+                     container="fakeContainer3")),
+    add_case(AddCase("GuPodMultipleCores, DualSocketHT, ExpectAllocThreeCores", T.dual_socket_ht, "0,2-4,6-11",
+                     "6000m", "2-4,8-10", assign={"fakePod": {"fakeContainer100": "1,5"}},
+                     container="fakeContainer3")),
+    add_case(AddCase("GuPodMultipleCores, DualSocketNoHT, ExpectAllocOneSocket", T.dual_socket_no_ht, "0-1,3-7",
+                     "4000m", "4-7", container="fakeContainer1")),
+    add_case(AddCase("GuPodMultipleCores, DualSocketNoHT, ExpectAllocFourCores", T.dual_socket_no_ht, "0-1,3,6-7",
+                     "4000m", "1,3,6-7", assign={"fakePod": {"fakeContainer100": "4-5"}}, container="fakeContainer1")),
+    add_case(AddCase("GuPodMultipleCores, DualSocketHT, ExpectAllocOneSocketOneCore", T.dual_socket_ht, "0-1,3-11",
+                     "8000m", "1,3-5,7,9-11", assign={"fakePod": {"fakeContainer100": "2"}},
+                     container="fakeContainer3")),
+    add_case(AddCase("NonGuPod, SingleSocketHT, NoAlloc", T.single_socket_ht, "0-7", ("1000m", "2000m"), "",
+                     container="fakeContainer1")),
+    add_case(AddCase("GuPodNonIntegerCore, SingleSocketHT, NoAlloc", T.single_socket_ht, "0-7", "977m", "",
+                     container="fakeContainer4")),
+    # kubelet's quad-socket four-way-HT machine keeps its own core labels (core ids are only labels)
+    add_case(AddCase("GuPodMultipleCores, topoQuadSocketFourWayHT, ExpectAllocSock0", Q, _q_except("3-7,11"),
+                     "72000m", str(Q().cpus_in_socket(0)), assign={"fakePod": {"fakeContainer100": "3-7,11"}},
+                     container="fakeContainer5", reserved="3")),
+    add_case(AddCase("GuPodMultipleCores, topoQuadSocketFourWayHT, ExpectAllocAllFullCoresFromThreeSockets", Q,
+                     "1-2,9,11-13,23,25,35,38,48,51,53-54,61,113,173,233", "12000m",
+                     "1,11,13,23,25,35,38,48,53,113,173,233",
+                     assign={"fakePod": {"fakeContainer100": _q_except(
+                         "1-2,9,11-13,23,25,35,38,48,51,53-54,61,113,173,233")}},
+                     container="fakeCcontainer5", reserved="0")),
+    add_case(AddCase("GuPodMultipleCores, topoQuadSocketFourWayHT, ExpectAllocAllSock1+FullCore", Q,
+                     str(_Q_SOCKET_1 | S("10,22,34,47,53,61,108,115,173,181,228,235")), "76000m",
+                     str(_Q_SOCKET_1 | S("10,22,34,47")),
+                     assign={"fakePod": {"fakeContainer100": _q_except(
+                         _Q_SOCKET_1 | S("10,22,34,47,53,61,108,115,173,181,228,235"))}},
+                     container="fakeContainer5", reserved="0")),
 ]
 
 
 @pytest.mark.parametrize("opts", [{}, {"full-pcpus-only": "true"}], ids=["default", "full-pcpus-only"])
-@pytest.mark.parametrize(("name", "topo", "assign", "default", "cname", "req", "expect"), OPTIONS_INSENSITIVE,
-                         ids=[c[0] for c in OPTIONS_INSENSITIVE])
-def test_add_options_insensitive(opts, name, topo, assign, default, cname, req, expect):
-    request, limit = req if isinstance(req, tuple) else (req, req)
-    policy = StaticPolicy(topo(), num_reserved_cpus=1, options=opts)
-    st = state(default, assign)
-    got = policy.allocate(st, make_pod("fakePod", cname, request, limit), cname)
-    assert got == S(expect)
-    if expect:
-        assert st.get("fakePod", cname) == S(expect)
+@pytest.mark.parametrize("c", OPTIONS_INSENSITIVE)
+def test_add_options_insensitive(opts: dict[str, str], c: AddCase) -> None:
+    policy = c.policy(opts)
+    st = state(c.default, c.assign)
+    got = policy.allocate(st, c.pod(), c.container)
+    assert c.expect is not None and got == S(c.expect)
+    if c.expect:
+        assert st.get("fakePod", c.container) == S(c.expect)
         assert got.isdisjoint(st.default_cpuset)
     else:
-        assert st.get("fakePod", cname) is None and st.default_cpuset == S(default)
+        assert st.get("fakePod", c.container) is None and st.default_cpuset == S(c.default)
 
 
 DEFAULT_OPTIONS = [
-    ("GuPodSingleCore, SingleSocketHT, ExpectAllocOneCPU", T.single_socket_ht, {}, "0-7", "1000m", "4", None),
-    ("GuPodSingleCore, SingleSocketHT, ExpectError", T.single_socket_ht, {}, "0-7", "8000m", None,
-     "not enough cpus available to satisfy request: requested=8, available=7"),
-    ("GuPodMultipleCores, SingleSocketHT, ExpectSameAllocation", T.single_socket_ht,
-     {"fakePod": {"fakeContainer": "1-2,5-6"}}, "0,3-4,7", "4000m", "1-2,5-6", None),
-    ("GuPodMultipleCores, DualSocketHT, NoAllocExpectError", T.dual_socket_ht,
-     {"fakePod": {"fakeContainer100": "1-3"}}, "0,4-11", "10000m", None,
-     "not enough cpus available to satisfy request: requested=10, available=8"),
-    ("GuPodMultipleCores, SingleSocketHT, NoAllocExpectError", T.single_socket_ht,
-     {"fakePod": {"fakeContainer100": "1-6"}}, "0,7", "2000m", None,
-     "not enough cpus available to satisfy request: requested=2, available=1"),
+    add_case(AddCase("GuPodSingleCore, SingleSocketHT, ExpectAllocOneCPU", T.single_socket_ht, "0-7", "1000m", "4")),
+    add_case(AddCase("GuPodMultipleCores, topoQuadSocketFourWayHT, ExpectAllocCPUs", Q, "10-11,52-53,67", "5000m",
+                     "10-11,52-53,67", assign={"fakePod": {"fakeContainer100": _q_except("10-11,37,52-53,55,67")}},
+                     reserved="37")),
+    add_case(AddCase("GuPodSingleCore, SingleSocketHT, ExpectError", T.single_socket_ht, "0-7", "8000m",
+                     err="not enough cpus available to satisfy request: requested=8, available=7")),
+    add_case(AddCase("GuPodMultipleCores, SingleSocketHT, ExpectSameAllocation", T.single_socket_ht, "0,3-4,7",
+                     "4000m", "1-2,5-6", assign={"fakePod": {"fakeContainer": "1-2,5-6"}})),
+    add_case(AddCase("GuPodMultipleCores, DualSocketHT, NoAllocExpectError", T.dual_socket_ht, "0,4-11", "10000m",
+                     assign={"fakePod": {"fakeContainer100": "1-3"}},
+                     err="not enough cpus available to satisfy request: requested=10, available=8")),
+    add_case(AddCase("GuPodMultipleCores, SingleSocketHT, NoAllocExpectError", T.single_socket_ht, "0,7", "2000m",
+                     assign={"fakePod": {"fakeContainer100": "1-6"}},
+                     err="not enough cpus available to satisfy request: requested=2, available=1")),
+    add_case(AddCase("GuPodMultipleCores, topoQuadSocketFourWayHT, NoAlloc", Q, "10-11,37,52-53,55,67", "76000m",
+                     assign={"fakePod": {"fakeContainer100": _q_except("10-11,37,52-53,55,67")}}, reserved="0",
+                     err="not enough cpus available to satisfy request: requested=76, available=7")),
 ]
 
 
-@pytest.mark.parametrize(("name", "topo", "assign", "default", "req", "expect", "err"), DEFAULT_OPTIONS,
-                         ids=[c[0] for c in DEFAULT_OPTIONS])
-def test_add_default_options(name, topo, assign, default, req, expect, err):
-    policy = StaticPolicy(topo(), num_reserved_cpus=1)
-    st = state(default, assign)
+@pytest.mark.parametrize("c", DEFAULT_OPTIONS)
+def test_add_default_options(c: AddCase) -> None:
+    policy = c.policy()
+    st = state(c.default, c.assign)
     before = st.copy()
-    p = make_pod("fakePod", "fakeContainer", req, req)
-    if err:
+    if c.err:
         with pytest.raises(AllocationError) as exc:
-            policy.allocate(st, p, "fakeContainer")
-        assert str(exc.value) == err and exc.value.reason == "UnexpectedAdmissionError"
+            policy.allocate(st, c.pod(), c.container)
+        assert str(exc.value) == c.err and exc.value.reason == "UnexpectedAdmissionError"
         assert st == before
     else:
-        assert policy.allocate(st, p, "fakeContainer") == S(expect)
-        assert st.get("fakePod", "fakeContainer") == S(expect)
+        assert c.expect is not None and policy.allocate(st, c.pod(), c.container) == S(c.expect)
+        assert st.get("fakePod", c.container) == S(c.expect)
 
 
 SMT_ALIGN = [
-    ("GuPodSingleCore, SingleSocketHT, ExpectAllocOneCPU", T.single_socket_ht, None, "0-7", "1000m", None,
-     "SMT Alignment Error: requested 1 cpus not multiple cpus per core = 2"),
-    ("GuPodManyCores, topoDualSocketHT, ExpectDoNotAllocPartialCPU", T.dual_socket_ht, "1,6", "0,2-5,7-11",
-     "10000m", None, "SMT Alignment Error: not enough free physical CPUs: available physical CPUs = 8, "
-                     "requested CPUs = 10, CPUs per core = 2"),
-    ("GuPodManyCores, topoDualSocketHT, AutoReserve, ExpectAllocAllCPUs", T.dual_socket_ht, None, "1-5,7-11",
-     "10000m", "1-5,7-11", None),
-    ("GuPodManyCores, topoDualSocketHT, ExpectAllocAllCPUs", T.dual_socket_ht, "0,6", "1-5,7-11", "10000m",
-     "1-5,7-11", None),
+    add_case(AddCase("GuPodSingleCore, SingleSocketHT, ExpectAllocOneCPU", T.single_socket_ht, "0-7", "1000m",
+                     err="SMT Alignment Error: requested 1 cpus not multiple cpus per core = 2")),
+    # SMT level 4, not x86's usual 2
+    add_case(AddCase("GuPodMultipleCores, topoQuadSocketFourWayHT, ExpectAllocOneCPUs", Q, str(_Q_ALL), "15000m",
+                     reserved=8, err="SMT Alignment Error: requested 15 cpus not multiple cpus per core = 4")),
+    add_case(AddCase("GuPodManyCores, topoDualSocketHT, ExpectDoNotAllocPartialCPU", T.dual_socket_ht, "0,2-5,7-11",
+                     "10000m", reserved="1,6",
+                     err="SMT Alignment Error: not enough free physical CPUs: available physical CPUs = 8, "
+                         "requested CPUs = 10, CPUs per core = 2")),
+    add_case(AddCase("GuPodManyCores, topoDualSocketHT, AutoReserve, ExpectAllocAllCPUs", T.dual_socket_ht,
+                     "1-5,7-11", "10000m", "1-5,7-11", reserved=2)),
+    add_case(AddCase("GuPodManyCores, topoDualSocketHT, ExpectAllocAllCPUs", T.dual_socket_ht, "1-5,7-11", "10000m",
+                     "1-5,7-11", reserved="0,6")),
 ]
 
 
-@pytest.mark.parametrize(("name", "topo", "reserved", "default", "req", "expect", "err"), SMT_ALIGN,
-                         ids=[c[0] for c in SMT_ALIGN])
-def test_add_full_pcpus_only(name, topo, reserved, default, req, expect, err):
-    kwargs = {"reserved_cpus": S(reserved)} if reserved else {"num_reserved_cpus": 2 if "AutoReserve" in name else 1}
-    policy = StaticPolicy(topo(), options={"full-pcpus-only": "true"}, **kwargs)
-    st = state(default)
-    p = make_pod("fakePod", "fakeContainer", req, req)
-    if err:
+@pytest.mark.parametrize("c", SMT_ALIGN)
+def test_add_full_pcpus_only(c: AddCase) -> None:
+    policy = c.policy({"full-pcpus-only": "true"})
+    st = state(c.default)
+    if c.err:
         with pytest.raises(SMTAlignmentError) as exc:
-            policy.allocate(st, p, "fakeContainer")
-        assert str(exc.value) == err and exc.value.reason == "SMTAlignmentError"
-        assert st.get("fakePod", "fakeContainer") is None
+            policy.allocate(st, c.pod(), c.container)
+        assert str(exc.value) == c.err and exc.value.reason == "SMTAlignmentError"
+        assert st.get("fakePod", c.container) is None
     else:
-        assert policy.allocate(st, p, "fakeContainer") == S(expect)
+        assert c.expect is not None and policy.allocate(st, c.pod(), c.container) == S(c.expect)
 
 
 @pytest.mark.parametrize(
@@ -304,10 +405,10 @@ def test_reuse_is_tracked_for_one_pod_at_a_time():
     st = state("0-7")
     a = make_multi_container_pod([("2", "2")], [("2", "2")], uid="a")
     policy.allocate(st, a, "initContainer-0")
-    assert policy.reusable_cpus == ("a", S("0,4"))
+    assert (st.reuse_pod, st.reuse) == ("a", S("0,4"))
     b = make_pod("b", "c", "1", "1")
     policy.allocate(st, b, "c")
-    assert policy.reusable_cpus[0] == "b"
+    assert st.reuse_pod == "b"
     # pod a's init CPUs are no longer offered to its app container
     got = policy.allocate(st, a, "appContainer-0")
     assert got.isdisjoint(S("0,4"))
@@ -516,16 +617,15 @@ def test_add_with_uncore_alignment(name, apps):
     assert {t.cpu(c).uncore for c in got} == {1}
 
 
-def test_reuse_bookkeeping_can_be_rolled_back_with_the_state():
+def test_reuse_bookkeeping_rolls_back_with_the_state():
     policy = StaticPolicy(T.single_socket_ht(), reserved_cpus=S("3"))
     st = state("0-7")
     p = make_multi_container_pod([("4000m", "4000m")], [("2000m", "2000m")])
-    saved_state, saved_reuse = st.copy(), policy.reusable_cpus
+    saved_state = st.copy()
     policy.allocate(st, p, "initContainer-0")
-    assert policy.reusable_cpus == ("fakePod", S("0-1,4-5"))
-    st = saved_state
-    policy.restore_reusable(saved_reuse)
-    assert policy.reusable_cpus == (None, CPUSet())
+    assert (st.reuse_pod, st.reuse) == ("fakePod", S("0-1,4-5"))
+    st = saved_state  # the working copy is dropped: its reuse goes with it
+    assert (st.reuse_pod, st.reuse) == (None, CPUSet())
     # replaying the admission gives the same answer as the first time
     assert policy.allocate(st, p, "initContainer-0") == S("0-1,4-5")
     assert policy.allocate(st, p, "appContainer-0") == S("0,4")

@@ -12,6 +12,7 @@ from allocator.hints import TopologyHint
 from allocator.memory_hints import MemoryHintProvider
 from allocator.state import CPUState
 from allocator.topology_manager import (
+    POLICIES,
     TOPOLOGY_AFFINITY_MESSAGE,
     TopologyManager,
     new_policy,
@@ -69,7 +70,6 @@ def test_up_to_64_numa_nodes_and_no_further() -> None:
     ("kwargs", "match"),
     [
         ({"name": "strict"}, "unknown topology manager policy 'strict'"),
-        ({"numa_nodes": []}, "no NUMA node"),
         ({"numa_nodes": [0, 0]}, "unique"),
         ({"options": {"prefer-closest-numa-nodes": "true"}}, "needs the NUMA distances"),
     ],
@@ -270,3 +270,16 @@ def test_device_provider_pod_level_hints_union_containers() -> None:
     pod_hints = prov.pod_topology_hints(None, p)
     assert pod_hints is not None and set(pod_hints) == {"gpu", "nic"}
     assert prov.allocate(None, p, "c0", None) is None
+
+
+def test_distances_needed_at_start_up_whatever_the_policy() -> None:
+    """kubelet reads the NUMA distances whenever prefer-closest-numa-nodes is set (NewNUMAInfo, before it picks the
+    policy); single-numa-node then ignores them in its merge."""
+    for name in POLICIES:
+        with pytest.raises(ConfigError, match="needs the NUMA distances"):
+            new_policy(name, [0, 1], options={"prefer-closest-numa-nodes": "true"})
+    with pytest.raises(ConfigError, match="one distance per NUMA node"):
+        new_policy("best-effort", [0, 1], distances={0: [10], 1: [10]}, options={"prefer-closest-numa-nodes": "1"})
+    policy = new_policy("single-numa-node", [0, 1], distances={0: [10], 1: [10]},
+                        options={"prefer-closest-numa-nodes": "1"})
+    assert policy.merge([{"a": [H([1], True), H([0], True)]}]) == (H([0], True), True)

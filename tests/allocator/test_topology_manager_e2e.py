@@ -15,7 +15,7 @@ from allocator.hints import TopologyHint
 from allocator.memory_hints import MemoryHintProvider
 from allocator.merge import ProviderHints
 from allocator.state import CPUState
-from allocator.topology_manager import Policy, TopologyManager, new_policy, new_scope
+from allocator.topology_manager import NonePolicy, Policy, TopologyManager, new_policy, new_scope
 from tests.allocator.merge_reference import reference_merge
 from tests.allocator.topomgr_helpers import SimpleCPUProvider, make_topology, pod
 
@@ -34,10 +34,14 @@ class ReferencePolicy(Policy):
         return self._inner.name  # type: ignore[attr-defined]
 
     def merge(self, providers_hints: Sequence[ProviderHints]) -> tuple[TopologyHint, bool]:
-        if self.name == "none":
-            return self._inner.merge(providers_hints)  # type: ignore[attr-defined]
+        closest = "true" if self.options.prefer_closest_numa else "false"
         return reference_merge(providers_hints, policy=self.name, numa_nodes=self.numa_nodes,
-                               distances=self.distances, options=self.options.as_merge_options())
+                               distances=self.distances, options={"prefer-closest-numa-nodes": closest})
+
+
+def _reference(inner: Policy) -> Policy:
+    """Policy none merges nothing (and takes the none scope): it is its own reference."""
+    return inner if isinstance(inner, NonePolicy) else ReferencePolicy(inner)
 
 
 def _case(rng: random.Random) -> tuple:
@@ -72,7 +76,7 @@ def test_fast_and_reference_admit_the_same(seed: int) -> None:
                 fast = TopologyManager.from_config(numa_nodes=topo.numa_nodes, policy=policy, scope=scope,
                                                    options={"prefer-closest-numa-nodes": closest},
                                                    distances=topo.numa_distances)
-                ref_policy = ReferencePolicy(new_policy(policy, topo.numa_nodes, distances=topo.numa_distances,
+                ref_policy = _reference(new_policy(policy, topo.numa_nodes, distances=topo.numa_distances,
                                                         options={"prefer-closest-numa-nodes": closest}))
                 ref = TopologyManager(policy=ref_policy, scope=new_scope(scope, ref_policy))
                 states = [CPUState(default_cpuset=topo.all_cpus - taken) for _ in range(2)]
@@ -136,7 +140,7 @@ def test_static_policy_admissions_fast_vs_reference_and_node_facade(seed: int) -
                                                 topology_manager_policy_options=tm_opts))
                 fast = TopologyManager.from_config(numa_nodes=topo.numa_nodes, policy=policy, scope=scope,
                                                    options=tm_opts, distances=topo.numa_distances)
-                ref_policy = ReferencePolicy(new_policy(policy, topo.numa_nodes, distances=topo.numa_distances,
+                ref_policy = _reference(new_policy(policy, topo.numa_nodes, distances=topo.numa_distances,
                                                         options=tm_opts))
                 ref = TopologyManager(policy=ref_policy, scope=new_scope(scope, ref_policy))
                 static = StaticPolicy(topo, num_reserved_cpus=reserved, options=options,

@@ -10,7 +10,7 @@ import pytest
 from criproxy.lab.client import CRIClient
 from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import RelayHandler, Upstream
-from criproxy.server import start_server
+from criproxy.server import start_relay_server
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ async def relay(short_tmp: Path, runtime: MemoryRuntime) -> AsyncIterator[str]:
     """A plain relay (no interceptors) in front of the in-process runtime; yields its socket path."""
     upstream = Upstream(runtime.socket_path)
     path = str(short_tmp / "proxy.sock")
-    server = await start_server(path, [RelayHandler(upstream)])
+    server = await start_relay_server(path, RelayHandler(upstream))
     yield path
     await server.stop(0)
     await upstream.close()

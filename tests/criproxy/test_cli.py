@@ -47,6 +47,7 @@ def test_bad_file_names_the_setting(tmp_path: Path, content: str, needle: str) -
     (["--cpu-manager-policy-options", "no-such-option=true"], "no-such-option"),
     (["--metrics-address", "nowhere"], "metrics-address"),
     (["--config", "/does/not/exist.yaml"], "/does/not/exist.yaml"),
+    ([], "requires systemreserved.cpu + kubereserved.cpu to be greater than zero"),  # kubelet's start-up rule
 ])
 def test_bad_configuration_exits_2_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                   args: list[str], needle: str) -> None:

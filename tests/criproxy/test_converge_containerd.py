@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import grpc
 import pytest
 
 from criproxy.lab.client import CRIClient
@@ -81,3 +82,72 @@ async def test_shared_container_created_before_a_narrowing_starts_narrowed(
     await kubelet.start_container(late)
     assert cpus_of(await pid_of(kubelet, late)) == (SHARED, SHARED)
     assert cpus_of(await pid_of(kubelet, db)) == (EXCL, EXCL)
+
+
+async def test_shared_start_racing_an_exclusive_create_never_runs_on_the_exclusive_cpu(
+        kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
+    """The narrowing of issue 9 item 2: containerd's update of a container being started only changes its
+    stored spec. With the pool gate the start and the narrowing exclude each other; judged in the kernel."""
+    for i in range(6):
+        cfg = kubelet.sandbox_config(f"web{i}", f"uid-race-web-{i}", qos="besteffort")
+        sid = await kubelet.run_pod_sandbox(cfg)
+        web = await kubelet.create_container(sid, kubelet.container_config("main"), cfg)
+        db_cfg = kubelet.sandbox_config(f"db{i}", f"uid-race-db-{i}")
+        db_sid = await kubelet.run_pod_sandbox(db_cfg)
+        db_create = kubelet.create_container(db_sid, kubelet.container_config("main", cpu_milli=1000,
+                                                                              limit_milli=1000), db_cfg)
+        db, _ = await asyncio.gather(db_create, kubelet.start_container(web))
+        await kubelet.start_container(db)
+        assert cpus_of(await pid_of(kubelet, web)) == (SHARED, SHARED), f"round {i}"
+        assert cpus_of(await pid_of(kubelet, db)) == (EXCL, EXCL)
+        await kubelet.stop_container(db, 0)
+        await kubelet.stop_pod_sandbox(db_sid)
+        await kubelet.remove_container(db)
+        await kubelet.remove_pod_sandbox(db_sid)
+        assert cpus_of(await pid_of(kubelet, web)) == (machine_cpus, machine_cpus)
+
+
+async def test_widening_refused_with_unavailable_is_retried_until_it_holds(lab: ContainerdLab, machine_cpus: str,
+                                                                           short_tmp: Path) -> None:
+    """containerd answering UNAVAILABLE to the widening after a release (e.g. restarting): the shared
+    container stays narrowed in the kernel until the convergence applies the widening again."""
+    from criproxy.relay import Forward, Rejection, RelayHandler, Upstream
+    from criproxy.server import start_server
+
+    failing = {"on": False}
+
+    async def update(request: bytes, forward: Forward) -> bytes:
+        if failing["on"]:
+            raise Rejection(grpc.StatusCode.UNAVAILABLE, "injected: containerd is restarting")
+        return await forward(request)
+
+    upstream = Upstream(lab.socket)
+    server = await start_server(str(short_tmp / "faulty.sock"), [RelayHandler(upstream, {
+        "UpdateContainerResources": update})])
+    (short_tmp / "p").mkdir()
+    p = ProxyProcess(short_tmp / "p", str(short_tmp / "faulty.sock"))
+    try:
+        await asyncio.to_thread(p.start)
+        async with CRIClient(p.socket) as k:
+            _, web = await start_pod(k, "web", 200, qos="burstable")
+            db_sid, db = await start_pod(k, "db", 1000, 1000)
+            web_pid = await pid_of(k, web)
+            assert cpus_of(web_pid) == (SHARED, SHARED)
+            failing["on"] = True
+            await k.stop_container(db, 0)
+            await k.stop_pod_sandbox(db_sid)  # releases CPU 1: the widening is refused
+            await until(lambda: "could not repair pod=default/web" in p.log.read_text(), "a failed repair logged")
+            assert cpus_of(web_pid) == (SHARED, SHARED)
+            assert "cpuset update failed" in p.log.read_text()
+            failing["on"] = False
+            await until(lambda: cpus_of(web_pid) == (machine_cpus, machine_cpus), "web widened")
+            await until(lambda: "repaired pod=default/web" in p.log.read_text().split("could not repair")[-1],
+                        "the repair logged")
+    finally:
+        p.stop()
+        await server.stop(0)
+        await upstream.close()
+        async with CRIClient(lab.socket) as direct:
+            for sb in await direct.list_pod_sandbox():
+                await direct.stop_pod_sandbox(sb.id)
+                await direct.remove_pod_sandbox(sb.id)

@@ -46,8 +46,7 @@ def test_pod_grows_with_each_container_and_reads_annotations() -> None:
             metadata=cri_pb2.PodSandboxMetadata(name="p", namespace="ns", uid="u"),
             annotations={"qos.gocrane.io/cpu-manager": " Share ", "numapin.io/bypass": "TRUE"},
             linux=cri_pb2.LinuxPodSandboxConfig(cgroup_parent="/kubepods/burstable/podu")))
-    first = container_from_cri("a", cri_pb2.LinuxContainerResources(cpu_shares=2), "Burstable")
-    pod = pod_from_cri(req, {"a": first})
+    pod = pod_from_cri(req, {"a": cri_pb2.LinuxContainerResources(cpu_shares=2)})
     assert [c.name for c in pod.containers] == ["a", "b"]
     assert (pod.qos_class, pod.cpu_manager, pod.bypass, pod.ref) == ("Burstable", "share", True, "ns/p")
     assert pod.container("b").cpu_limit_milli == 1000

@@ -130,3 +130,12 @@ async def test_a_writer_that_gives_up_lets_readers_in() -> None:
             pass
     hold.set()
     await r
+
+
+def test_roots_that_hold_no_cgroups_are_named(tmp_path: Path) -> None:
+    assert CgroupLayout.detect(KernelRoots()).problem() is None
+    bad = CgroupLayout.detect(KernelRoots(Path("/proc"), tmp_path))
+    assert bad.problem() == (f"{tmp_path} holds neither a cgroup v2 hierarchy nor a v1 cpuset hierarchy "
+                             f"(--cgroup-root)")
+    assert CgroupLayout.detect(KernelRoots(tmp_path, Path("/sys/fs/cgroup"))).problem() == (
+        f"{tmp_path} is not a proc file system (--proc-root)")

@@ -476,7 +476,7 @@ async def test_without_intent_an_exited_earlier_container_passes_its_cpus_on(
     sid = await kubelet.run_pod_sandbox(cfg)
     init = await kubelet.create_container(sid, kubelet.container_config("init", cpu_milli=2000, limit_milli=2000), cfg)
     await kubelet.start_container(init)
-    await kubelet.stop_container(init)  # ran to completion
+    runtime.exit(init, 0)  # ran to completion
     app = await kubelet.create_container(sid, kubelet.container_config("app", cpu_milli=2000, limit_milli=2000), cfg)
     assert created_resources(runtime, app).cpuset_cpus == created_resources(runtime, init).cpuset_cpus == "1-2"
     assert proxy.allocator.free_cpus_per_numa() == {0: 1, 1: 4}

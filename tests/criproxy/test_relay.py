@@ -14,7 +14,7 @@ import pytest
 from criproxy.lab.client import CRIClient, pb
 from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import RelayHandler, Upstream
-from criproxy.server import SocketInUseError, start_server
+from criproxy.server import SocketInUseError, start_relay_server
 
 
 async def test_unary_call_answers_like_the_runtime(runtime: MemoryRuntime, client: CRIClient) -> None:
@@ -118,7 +118,7 @@ async def test_v1alpha2_is_relayed(runtime: MemoryRuntime, relay: str) -> None:
 async def test_socket_is_0660_and_refuses_a_live_owner(relay: str, runtime: MemoryRuntime) -> None:
     assert stat.S_IMODE(os.stat(relay).st_mode) == 0o660
     with pytest.raises(SocketInUseError, match="another server is listening"):
-        await start_server(relay, [RelayHandler(Upstream(runtime.socket_path))])
+        await start_relay_server(relay, RelayHandler(Upstream(runtime.socket_path)))
 
 
 async def test_stale_socket_is_replaced_and_non_socket_refused(short_tmp: Path, runtime: MemoryRuntime) -> None:
@@ -129,7 +129,7 @@ async def test_stale_socket_is_replaced_and_non_socket_refused(short_tmp: Path, 
     s.bind(path)
     s.close()  # a socket file nobody listens on: what a SIGKILLed proxy leaves behind
     upstream = Upstream(runtime.socket_path)
-    server = await start_server(path, [RelayHandler(upstream)])
+    server = await start_relay_server(path, RelayHandler(upstream))
     try:
         async with CRIClient(path) as c:
             assert (await c.version()).runtime_name == "memory"
@@ -139,7 +139,7 @@ async def test_stale_socket_is_replaced_and_non_socket_refused(short_tmp: Path, 
     regular = short_tmp / "file.sock"
     regular.write_text("not a socket")
     with pytest.raises(SocketInUseError, match="not a socket"):
-        await start_server(str(regular), [RelayHandler(Upstream(runtime.socket_path))])
+        await start_relay_server(str(regular), RelayHandler(Upstream(runtime.socket_path)))
     assert regular.read_text() == "not a socket"
 
 
@@ -147,7 +147,7 @@ async def test_runtime_down_fails_fast_then_reconnects(short_tmp: Path) -> None:
     rt_path = str(short_tmp / "late.sock")
     upstream = Upstream(rt_path)
     path = str(short_tmp / "p.sock")
-    server = await start_server(path, [RelayHandler(upstream)])
+    server = await start_relay_server(path, RelayHandler(upstream))
     client = CRIClient(path)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -168,5 +168,61 @@ async def test_runtime_down_fails_fast_then_reconnects(short_tmp: Path) -> None:
             await rt.stop()
     finally:
         await client.close()
+        await server.stop(0)
+        await upstream.close()
+
+
+async def test_interceptors_run_on_the_event_loop_and_their_outcomes_reach_the_caller(
+        short_tmp: Path, runtime: MemoryRuntime) -> None:
+    """An interceptor (a coroutine of the proxy's loop) forwards changed bytes, rejects with a status, or fails;
+    meanwhile relayed calls go on (they do not wait for the loop)."""
+    from criproxy.relay import Rejection
+
+    loop = asyncio.get_running_loop()
+    seen: list[tuple[bytes, object]] = []
+    release = asyncio.Event()
+
+    async def version(request: bytes, forward) -> bytes:
+        seen.append((request, asyncio.get_running_loop()))
+        return await forward(pb.VersionRequest(version="changed").SerializeToString())
+
+    async def status(request: bytes, forward) -> bytes:
+        raise Rejection(grpc.StatusCode.FAILED_PRECONDITION, "numapin: not now")
+
+    async def list_images(request: bytes, forward) -> bytes:
+        raise ValueError("boom")
+
+    async def stop_container(request: bytes, forward) -> bytes:
+        await release.wait()  # a slow decision
+        return await forward(request)
+
+    upstream = Upstream(runtime.socket_path)
+    path = str(short_tmp / "i.sock")
+    server = await start_relay_server(path, RelayHandler(upstream, {
+        "Version": version, "Status": status, "ListImages": list_images, "StopContainer": stop_container}))
+    try:
+        async with CRIClient(path) as c:
+            assert (await c.version()).runtime_name == "memory"
+            assert seen and seen[0][1] is loop
+            assert runtime.requests("Version")[-1] == pb.VersionRequest(version="changed").SerializeToString()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.call("Status", pb.StatusRequest(), pb.StatusResponse)
+            assert (err.value.code(), err.value.details()) == (grpc.StatusCode.FAILED_PRECONDITION,
+                                                               "numapin: not now")
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.list_images()
+            assert err.value.code() == grpc.StatusCode.INTERNAL
+            assert "ValueError: boom" in (err.value.details() or "")
+            stopping = asyncio.ensure_future(c.call("StopContainer", pb.StopContainerRequest(container_id="x"),
+                                                    pb.StopContainerResponse))
+            await asyncio.sleep(0.2)
+            cfg = c.sandbox_config("p", "uid-slow")
+            assert await c.run_pod_sandbox(cfg)  # relayed while the StopContainer decision waits
+            assert not stopping.done()
+            release.set()
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stopping
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND  # the runtime's answer came back
+    finally:
         await server.stop(0)
         await upstream.close()

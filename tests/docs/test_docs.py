@@ -104,8 +104,10 @@ def test_repository_files_named_exist(block: Block, command: str) -> None:
             assert docs and all(isinstance(d, dict) and d.get("kind") for d in docs), path
     words = shlex.split(command, comments=True)
     if words[0] == "kubectl" and words[1] != "annotate":  # annotate: changing a running pod's mode
-        targets = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-f"]
-        assert targets, f"{block.id}: kubectl without -f"
+        targets = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-f", "-k")]
+        if words[1] == "kustomize":
+            targets = words[2:]
+        assert targets, f"{block.id}: kubectl without -f, -k or a kustomization"
         for t in targets:
             assert t.startswith(("manifests/", "./numapin-certs/")), f"{block.id}: unexpected kubectl target {t}"
             if t.startswith("./numapin-certs/"):  # written by the `numapin certs` block (run below)

@@ -67,7 +67,10 @@ class Cluster:
         assert m.allowed, m
         mutated = copy.deepcopy(mutated)
         mutated["metadata"]["uid"] = str(uuid.uuid4())
-        return mutated, await self.api.validate(mutated)
+        v = await self.api.validate(mutated)
+        if v.allowed:  # the API server stores it: where the webhook reads the pods of bindings
+            self.stack.store_pod(mutated)
+        return mutated, v
 
     async def fits_now(self, pod: dict[str, Any]) -> bool:
         """Whether the pod fits the node by the topology the proxy last published, once the webhook (which polls the

@@ -41,7 +41,8 @@ BAD = [
     ("topology-type", base(topology=5), "topology must be a mapping, a file name"),
     ("reserved-bad", base(reservedCPUs="3-1"), "reservedCPUs: invalid cpu-list"),
     ("reserved-type", base(reservedCPUs=[0, 56]), "reservedCPUs must be a cpu-list string"),
-    ("reserved-off-machine", base(reservedCPUs="0,200"), "reservedCPUs: CPUs 200 are not on this machine"),
+    ("reserved-off-machine", base(reservedCPUs="0,200"), "reservedCPUs: [cpumanager] unable to build the reserved "
+     "physical CPUs from the reserved set: reservedCPUs 200 are not on this machine"),
     ("reserved-both", base(numReservedCPUs=2), "reservedCPUs and numReservedCPUs"),
     ("num-reserved-negative", base(reservedCPUs=None, numReservedCPUs=-1), "numReservedCPUs must be"),
     ("tm-policy", base(topologyManagerPolicy="strict"), "topologyManagerPolicy: unknown policy 'strict'"),

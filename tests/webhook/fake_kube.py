@@ -3,7 +3,8 @@
 history (a watch from a version older than the history gets an ERROR 410 event, as from kube-apiserver), field
 selectors ``spec.nodeName=``/``spec.nodeName!=``/``metadata.name=``/``metadata.namespace=`` (an object leaving the
 selector is sent as DELETED, as kube-apiserver does), and the test's hooks: end every open watch, inject an event,
-change objects without recording the change (as if the history were compacted)."""
+change objects without recording the change (as if the history were compacted). A single pod can be read with
+GET ``/api/v1/namespaces/{namespace}/pods/{name}`` (``get_delay`` seconds late, for timeouts)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ class FakeKubeAPI:
         self._generation = 0  # bumped by end_watches(): every open watch returns
         self._injected: list[dict[str, Any]] = []
         self.open_watches = 0
+        self.get_delay = 0.0
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -97,6 +99,7 @@ class FakeKubeAPI:
         app = web.Application()
         for path in _LISTS:
             app.router.add_get(path, self._handle)
+        app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", self._get_pod)
         # handler_cancellation: a client that goes away ends its watch handler (the open-watch count drops)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5, handler_cancellation=True)
         await self._runner.setup()
@@ -199,6 +202,20 @@ class FakeKubeAPI:
         items = [o for k, o in sorted(res.objects.items()) if matches(o, selector)]
         return web.json_response({"kind": kind, "apiVersion": api_version,
                                   "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+
+    async def _get_pod(self, request: web.Request) -> web.StreamResponse:
+        ns, name = request.match_info["namespace"], request.match_info["name"]
+        self.requests.append(Request(request.method, request.path, dict(request.query),
+                                     request.headers.get("Authorization")))
+        if self.get_delay:
+            await asyncio.sleep(self.get_delay)
+        obj = self.resources[PODS_PATH].objects.get((ns, name))
+        if obj is None:
+            return web.json_response(self._status(404, "NotFound", f'pods "{name}" not found'), status=404)
+        return web.json_response(obj)
+
+    def get_requests(self) -> list[Request]:
+        return [r for r in self.requests if r.path.startswith("/api/v1/namespaces/")]
 
     async def _watch(self, request: web.Request, query: dict[str, str],
                      selector: list[tuple[str, bool, str]]) -> web.StreamResponse:

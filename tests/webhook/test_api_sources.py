@@ -271,3 +271,41 @@ async def test_webhook_judges_binding_from_api_server_only(kube: FakeKubeAPI, ku
     finally:
         await app.stop()
     await until(lambda: kube.open_watches == 0, "webhook's watches closed after stop")
+
+
+async def test_binding_for_a_pod_not_yet_watched_gets_it_from_the_api(kube: FakeKubeAPI, kubeconfig: str,
+                                                                      pki: PKI) -> None:
+    """Issue 12.5: the scheduler binds a pod the watch has not delivered yet: the webhook GETs it (within
+    --pod-lookup-timeout) and judges it; each way a pod was found is counted."""
+    await kube.put(NRT_PATH, nrt("busy", BIG, reserved="0,28", busy="1-8,29-36,14-21,42-49"))
+    app = WebhookApp(WebhookOptions(cert=pki.cert, key=pki.key, host="127.0.0.1", port=0, kubeconfig=kubeconfig,
+                                    cert_poll_seconds=0.05, pod_lookup_timeout=0.5))
+
+    def lookups(result: str) -> float:
+        return app.metrics.registry.get_sample_value("numapin_webhook_pod_lookups_total", {"result": result}) or 0
+
+    await app.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            client = Client(app.port, pki, session)  # type: ignore[arg-type]
+            await until(lambda: app.nodes.synced and any(s.name == "pods-api" and s.synced for s in app.sources
+                                                         if hasattr(s, "synced")), "webhook synced")
+            # stored without a watch event: only a GET can see it
+            await kube.put(PODS_PATH, _pod("late", "14"), record=False)
+            resp = await client.admit("/validate", binding_request("default", "late", "busy"))
+            assert resp["allowed"] is False and "TopologyAffinityError" in resp["status"]["message"]
+            assert [r.path for r in kube.get_requests()] == ["/api/v1/namespaces/default/pods/late"]
+            assert lookups("api") == 1
+            assert (await client.admit("/validate", binding_request("default", "late", "busy")))["allowed"] is False
+            assert lookups("cache") == 1 and len(kube.get_requests()) == 1
+            # not found by the API server either: allowed with the warning (the default --unjudged=allow)
+            resp = await client.admit("/validate", binding_request("default", "nobody", "busy"))
+            assert resp["allowed"] is True and "not found" in resp["warnings"][0] and lookups("not_found") == 1
+            # the API server answers too late: not waited for beyond the timeout
+            kube.get_delay = 3.0
+            await kube.put(PODS_PATH, _pod("slow", "14"), record=False)
+            resp = await client.admit("/validate", binding_request("default", "slow", "busy"))
+            assert resp["allowed"] is True and "timed out" in resp["warnings"][0] and lookups("failed") == 1
+            kube.get_delay = 0.0
+    finally:
+        await app.stop()

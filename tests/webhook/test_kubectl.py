@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,7 +135,9 @@ class Kubectl:
 
 @pytest.fixture(scope="module")
 def kubectl_program() -> Path:
-    return debian_program("kubernetes-client", "usr/bin/kubectl")
+    """Debian's kubectl; ``NUMAPIN_TEST_KUBECTL`` names another one to check (e.g. a newer release)."""
+    other = os.environ.get("NUMAPIN_TEST_KUBECTL")
+    return Path(other) if other else debian_program("kubernetes-client", "usr/bin/kubectl")
 
 
 @pytest.fixture

@@ -33,7 +33,9 @@ K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 
 
 def _files() -> list[Path]:
-    return sorted(p for p in ROOT.rglob("*") if p.suffix in (".yaml", ".yml", ".json") and p.is_file())
+    """The Kubernetes objects (kustomization.yaml, not one, is checked by test_kustomize.py)."""
+    return sorted(p for p in ROOT.rglob("*") if p.suffix in (".yaml", ".yml", ".json") and p.is_file()
+                  and p.name != "kustomization.yaml")
 
 
 def _docs(path: Path) -> Iterator[dict[str, Any]]:
@@ -199,6 +201,19 @@ def test_deployment_is_hardened_and_wired() -> None:
     rules = docs["ClusterRole"]["numapin-webhook"]["rules"]
     assert any("noderesourcetopologies" in r["resources"] and "watch" in r["verbs"] for r in rules)
     assert any("pods" in r["resources"] and {"get", "list", "watch"} <= set(r["verbs"]) for r in rules)
+
+
+def test_network_policy_admits_only_the_webhook_port_of_the_webhook_pods() -> None:
+    docs = _webhook_docs()
+    policy = docs["NetworkPolicy"]["numapin-webhook"]["spec"]
+    pod = docs["Deployment"]["numapin-webhook"]["spec"]["template"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    (port,) = rule["ports"]
+    (container,) = pod["spec"]["containers"]
+    assert port["port"] == next(p["containerPort"] for p in container["ports"] if p["name"] == "https")
+    assert all(set(peer) == {"ipBlock"} for peer in rule["from"]), "only addresses (the control plane), no pods"
 
 
 def test_crd_is_api_approved_and_accepts_published_documents() -> None:

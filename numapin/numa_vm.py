@@ -1,0 +1,154 @@
+"""Running a command inside a throw-away multi-NUMA virtual machine: numa-lab's ``numa-vm.sh`` boots this
+machine's Debian kernel in QEMU with a chosen socket/core/thread/NUMA-node topology (real ACPI SRAT/SLIT, so
+sysfs, cpusets and memory policy are the kernel's own), with this machine's root filesystem read-only under a
+throw-away overlay: the virtualenv and the source tree are at the same paths in the guest.
+
+Used by the multi-NUMA end-to-end tests (tests/numa) and ``numapin demo --topology``. ``numa-vm.sh`` is found at
+``$NUMAPIN_NUMA_VM``, else ``../shared/numa-lab/numa-vm.sh`` next to the source tree, else
+``/work/shared/numa-lab/numa-vm.sh``; its Debian packages (qemu-system-x86, linux-image-amd64, busybox-static)
+are installed by ``scripts/lib/setup.sh``.
+
+Under software emulation (TCG) about one boot in 15-20 hangs in SMP bring-up: ``numa-vm.sh`` kills a boot that
+has not reached the command within ``boot_timeout`` seconds and boots again; a VM that fails anyway (exit 125) is
+booted once more here before the failure is reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+__all__ = ["VM_FAILURE", "VMError", "VMResult", "VMSpec", "find_numa_vm", "pci_device_args", "run_in_vm",
+           "topology_spec"]
+
+NUMA_VM_ENV = "NUMAPIN_NUMA_VM"
+VM_FAILURE = 125  # numa-vm.sh: the VM failed (no exit code from the guest)
+VM_TIMEOUT = 124
+_SRC_ROOT = Path(__file__).resolve().parents[1]
+_CANDIDATES = (_SRC_ROOT.parent / "shared/numa-lab/numa-vm.sh", Path("/work/shared/numa-lab/numa-vm.sh"))
+_PRESETS = {"2s4n": "2s2c2t4n", "1s2n": "1s2c2t2n", "1s2n-nosmt": "1s4c1t2n", "2s2n": "2s2c2t2n",
+            "1s1n": "1s2c2t1n"}
+_SPEC = re.compile(r"^(\d+)s(\d+)c(\d+)t(\d+)n$")
+
+
+class VMError(RuntimeError):
+    """No VM could be run (numa-vm.sh missing, bad topology)."""
+
+
+def find_numa_vm() -> Path:
+    env = os.environ.get(NUMA_VM_ENV)
+    candidates = (Path(env),) if env else _CANDIDATES
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    raise VMError(f"numa-vm.sh not found (looked at {', '.join(map(str, candidates))}); set ${NUMA_VM_ENV} "
+                  f"to its path")
+
+
+def topology_spec(topology: str) -> tuple[int, int, int, int]:
+    """``(sockets, cores per socket, threads per core, NUMA nodes)`` of a numa-vm.sh preset or
+    ``<S>s<C>c<T>t<N>n`` spec, with numa-vm.sh's rules (N a multiple of S, C a multiple of N/S)."""
+    m = _SPEC.match(_PRESETS.get(topology, topology))
+    if not m:
+        raise VMError(f"topology {topology!r}: expected one of {', '.join(_PRESETS)} or <S>s<C>c<T>t<N>n "
+                      f"(e.g. 2s4c1t8n)")
+    s, c, t, n = (int(g) for g in m.groups())
+    if min(s, c, t, n) < 1 or n % s or c % (n // s):
+        raise VMError(f"topology {topology!r}: NUMA nodes must be a multiple of sockets and cores per socket a "
+                      f"multiple of nodes per socket")
+    return s, c, t, n
+
+
+def pci_device_args(numa_node: int, *, bus_nr: int = 32, port_name: str = "numapin.dev") -> tuple[str, ...]:
+    """QEMU arguments for a PCI device on NUMA node ``numa_node``: a PCIe expander bridge on that node, a root
+    port behind it and a virtio-serial controller with one port named ``port_name``, whose character device
+    (``/dev/vportNpM``) has the PCI device as its sysfs parent (``numa_node`` = ``numa_node``)."""
+    return ("-device", f"pxb-pcie,id=numapin_pxb,bus_nr={bus_nr},numa_node={numa_node}",
+            "-device", "pcie-root-port,id=numapin_rp,bus=numapin_pxb,chassis=9,slot=0",
+            "-device", "virtio-serial-pci,id=numapin_vser,bus=numapin_rp",
+            "-chardev", "null,id=numapin_null",
+            "-device", f"virtserialport,bus=numapin_vser.0,chardev=numapin_null,name={port_name}")
+
+
+@dataclass(frozen=True)
+class VMSpec:
+    topology: str = "2s4n"
+    cgroup: str = "v1"                     # v1 (hybrid, like systemd's) or v2
+    mem_per_node_mib: int | None = None    # default numa-vm.sh's (1024)
+    qemu_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    shares: tuple[str, ...] = ()           # host directories mounted read-write at the same path
+    timeout: int = 900                     # whole run, seconds
+    boot_timeout: int = 60                 # a boot that has not reached the command by then is retried
+    boot_retries: int = 2
+
+    def argv(self, numa_vm: Path, command: Sequence[str]) -> list[str]:
+        topology_spec(self.topology)
+        if self.cgroup not in ("v1", "v2"):
+            raise VMError(f"cgroup {self.cgroup!r}: expected v1 or v2")
+        out = [str(numa_vm), "run", "-q", "--topology", self.topology, "--cgroup", self.cgroup,
+               "--timeout", str(self.timeout), "--boot-timeout", str(self.boot_timeout),
+               "--boot-retries", str(self.boot_retries)]
+        if self.mem_per_node_mib:
+            out += ["--mem-per-node", str(self.mem_per_node_mib)]
+        for a in self.qemu_args:
+            out += ["--qemu-arg", a]
+        for k, v in self.env.items():
+            out += ["--env", f"{k}={v}"]
+        for d in self.shares:
+            out += ["--share", d]
+        return [*out, "--", *command]
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the parent dies (numa-vm.sh traps it and stops QEMU), so no VM outlives a
+    killed test run."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass(frozen=True)
+class VMResult:
+    returncode: int     # the command's, or 124 (timeout), 125 (the VM failed), 130 (interrupted)
+    boots: int          # how many times numa-vm.sh was started (1, or 2 after a failed VM)
+    seconds: float
+
+
+def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int | None = None,
+              stderr: IO[bytes] | int | None = None, attempts: int = 2, cwd: str | None = None) -> VMResult:
+    """Run ``command`` in a VM of ``spec`` (in ``cwd``, the same path in the guest), its output to ``stdout`` /
+    ``stderr`` (default: ours). A VM failure (125) is retried up to ``attempts`` runs in all. Ctrl-C stops the
+    VM (numa-vm.sh kills QEMU) before the KeyboardInterrupt goes on; if this process dies, numa-vm.sh gets
+    SIGTERM and stops the VM too."""
+    argv = spec.argv(find_numa_vm(), command)
+    t0 = time.monotonic()
+    rc = VM_FAILURE
+    boots = 0
+    for _ in range(max(1, attempts)):
+        boots += 1
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            rc = proc.wait()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)  # numa-vm.sh traps it and stops QEMU
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            raise
+        if rc != VM_FAILURE:
+            break
+    return VMResult(rc, boots, time.monotonic() - t0)

@@ -1,0 +1,45 @@
+"""The seeded kubelet-like churn (criproxy.lab.churn) in its CI form: a fixed number of operations against a
+real containerd and ``numapin criproxy`` as a child process, with proxy kills (often mid-narrowing),
+containerd restarts and cpusets written behind the proxy's back; every invariant judged from the kernel.
+The long form: ``python benchmarks/churn.py --ops 2000 --seed N``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from criproxy.lab.churn import ChurnConfig, run_churn
+from criproxy.lab.lab import ContainerdLab
+
+pytestmark = pytest.mark.containerd
+
+SEED = 20261123
+OPS = 60
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="npx-churn-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+async def test_seeded_churn_keeps_every_invariant_in_the_kernel(work: Path) -> None:
+    lab = ContainerdLab(work / "ctrd")
+    lab.start()
+    try:
+        report = await run_churn(ChurnConfig(seed=SEED, ops=OPS, reserved_cpus="0"), lab, work / "proxy")
+    finally:
+        lab.stop()
+    doc = report.to_json()
+    print(json.dumps(doc, indent=1))
+    assert doc["violations"] == [], json.dumps(doc["violations"], indent=1)
+    # the run did what it is for: pods came and went, containers were restarted, faults happened
+    assert doc["podsCreated"] >= 10 and doc["containersStarted"] >= 10
+    assert doc["proxyKills"] >= 1 and doc["samples"] >= 50
+    assert sum(doc["operations"].values()) == OPS

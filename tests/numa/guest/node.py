@@ -1,0 +1,281 @@
+"""Inside the VM: one private containerd for the whole boot, ``numapin criproxy`` (a real process) restarted in
+front of it for each configuration, pods run through the proxy as kubelet drives them (the webhook's /mutate
+stamps their CPU intent), and the kernel's view of their processes: ``/proc/<pid>/status`` and the cpuset
+cgroup files.
+
+Everything lives under /run (a plain tmpfs in the guest: containerd's overlayfs snapshots cannot sit on the
+guest's overlay root). Calls are synchronous (each opens its own CRI channel), so the checks are plain functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from allocator.cpuset import CPUSet
+from allocator.quantity import cpu_milli
+from criproxy.lab.client import CRIClient, pb
+from criproxy.lab.lab import ContainerdLab
+from numapin.demo_play import make_pod
+from numapin.pod_runner import PodRunner, RunningPod
+from numapin.proc_cpus import cgroup_file, process_cpus
+from numapin.stack import ManagedProcess
+from webhook.mutate import mutate_pod
+
+__all__ = ["OPLOG_ENV", "WORK", "GuestNode", "Kernel", "NodeConfig", "Refusal"]
+
+WORK = Path("/run/numapin-vm")
+CGROUP_ROOT = "numapin-vm"
+SETTLE_SECONDS = 30.0  # how long the kernel may take to show a pushed cpuset (an UpdateContainerResources away)
+OPLOG_ENV = "NUMAPIN_VM_OPLOG"  # a file the node appends "<seconds> <operation>" lines to (what the VM part costs)
+CONNECT_TRIES = 3  # a connection attempt can time out under heavy emulation load; nothing was sent, so retry
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """How ``numapin criproxy`` runs: topology manager policy and options, CPU manager options, reserved CPUs."""
+    policy: str = "single-numa-node"
+    reserved: str = "0"
+    topology_options: str = ""
+    cpu_options: str = ""
+
+    def args(self) -> list[str]:
+        out = ["--topology-manager-policy", self.policy, "--reserved-cpus", self.reserved]
+        if self.topology_options:
+            out += ["--topology-manager-policy-options", self.topology_options]
+        if self.cpu_options:
+            out += ["--cpu-manager-policy-options", self.cpu_options]
+        return out
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """What the kernel says a container's main process may use."""
+    pid: int
+    cpus: CPUSet             # /proc/<pid>/status Cpus_allowed_list
+    mems: CPUSet             # /proc/<pid>/status Mems_allowed_list
+    cgroup_cpus: CPUSet | None
+    cgroup_mems: CPUSet | None
+
+    def __str__(self) -> str:
+        return (f"pid {self.pid}: Cpus_allowed_list {self.cpus}, Mems_allowed_list {self.mems}, cpuset cgroup "
+                f"cpus {self.cgroup_cpus} mems {self.cgroup_mems}")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: str      # gRPC status code name
+    message: str
+
+
+def pod_spec(name: str, cpu: str, *, limit: str | None = None, mode: str | None = None) -> dict[str, Any]:
+    """The pod as the API server stores it after numapin's /mutate (the CPU intent annotation stamped)."""
+    pod = make_pod(name, cpu=cpu, limit=limit, mode=mode)
+    pod["metadata"]["uid"] = f"uid-{name}-{time.monotonic_ns()}"
+    mutated, _warnings = mutate_pod(pod)
+    return mutated
+
+
+class GuestNode:
+    """``GuestNode().start()``; ``configure(NodeConfig(...))`` (re)starts the proxy on a fresh state; ``run``,
+    ``refuse``, ``delete`` pods; ``kernel``/``settled`` read the kernel; ``stop()``. One event loop and one CRI
+    channel to the proxy (as kubelet's) and one to containerd for the whole boot."""
+
+    def __init__(self, work: Path = WORK) -> None:
+        self.work = work
+        self.lab = ContainerdLab(work / "ctrd")
+        self.proxy_socket = str(work / "criproxy.sock")
+        self.state_dir = work / "state"
+        self.proxy: ManagedProcess | None = None
+        self.config: NodeConfig | None = None
+        self.pods: dict[str, RunningPod] = {}
+        self.pids: dict[tuple[str, str], int] = {}
+        self._runner = asyncio.Runner()
+        self._kubelet: CRIClient | None = None
+        self._direct: CRIClient | None = None
+        self._oplog = os.environ.get(OPLOG_ENV)
+
+    def _do(self, what: str, make: Callable[[], Awaitable[T]]) -> T:
+        """Run ``make()`` on the node's loop (again when the connection attempt itself failed), timed."""
+        t0 = time.monotonic()
+        for attempt in range(CONNECT_TRIES):
+            try:
+                out = self._runner.run(make())  # type: ignore[arg-type]
+                break
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or "failed to connect" not in (e.details() or "") \
+                        or attempt == CONNECT_TRIES - 1:
+                    raise
+        if self._oplog:
+            with open(self._oplog, "a") as f:
+                f.write(f"{time.monotonic() - t0:.2f} {what}\n")
+        return out
+
+    @property
+    def kubelet(self) -> CRIClient:
+        """kubelet's channel to the proxy (made on the node's loop: call from its coroutines)."""
+        if self._kubelet is None:
+            self._kubelet = CRIClient(self.proxy_socket, timeout=120)
+        return self._kubelet
+
+    @property
+    def direct(self) -> CRIClient:
+        """A channel straight to containerd (made on the node's loop: call from its coroutines)."""
+        if self._direct is None:
+            self._direct = CRIClient(self.lab.socket, timeout=120)
+        return self._direct
+
+    def start(self) -> GuestNode:
+        self.work.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        self.lab.start()
+        if self._oplog:
+            with open(self._oplog, "a") as f:
+                f.write(f"{time.monotonic() - t0:.2f} containerd start\n")
+        return self
+
+    def stop(self) -> None:
+        try:
+            self.delete_all()
+        finally:
+            self._stop_proxy()
+            if self._direct is not None:
+                self._runner.run(self._direct.close())
+            self._runner.close()
+            self.lab.stop()
+
+    # -- the proxy ----------------------------------------------------------------------------------------------
+    def configure(self, config: NodeConfig) -> None:
+        """Run the proxy with ``config`` on an empty node: pods deleted, state wiped, proxy restarted (kept as it
+        is when it already runs with ``config``)."""
+        self.delete_all()
+        if config == self.config and self.proxy is not None and self.proxy.alive():
+            return
+        self._stop_proxy()
+        t0 = time.monotonic()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        self.state_dir.mkdir(parents=True)
+        args = ["criproxy", "--listen", self.proxy_socket, "--runtime-endpoint", f"unix://{self.lab.socket}",
+                "--state-dir", str(self.state_dir), "--nrt-file", str(self.work / "nrt.json"), "--sysfs", "/sys",
+                "--node-name", "numa-vm", "--metrics-address", "", *config.args()]
+        self.proxy = ManagedProcess("numapin criproxy", args, self.work / f"criproxy-{time.monotonic_ns()}.log")
+        self.proxy.start()
+        self.proxy.wait_for(r"reconcile: ", timeout=120)
+        self.config = config
+        if self._oplog:
+            with open(self._oplog, "a") as f:
+                f.write(f"{time.monotonic() - t0:.2f} proxy start {' '.join(config.args())}\n")
+
+    def _stop_proxy(self) -> None:
+        if self._kubelet is not None:
+            self._runner.run(self._kubelet.close())
+            self._kubelet = None
+        if self.proxy is not None:
+            self.proxy.stop()
+            self.proxy = None
+        self.config = None
+
+    def proxy_log(self) -> str:
+        return self.proxy.tail(40) if self.proxy is not None else ""
+
+    # -- pods ---------------------------------------------------------------------------------------------------
+    def run(self, name: str, cpu: str, *, limit: str | None = None, mode: str | None = None,
+            devices: Sequence[str] = (), command: Sequence[str] = ("sleep", "86400")) -> RunningPod:
+        """Run a one-container pod (container ``app``) through the proxy; AssertionError if it is refused."""
+        pod = pod_spec(name, cpu, limit=limit, mode=mode)
+        got = self._do(f"run pod {name} cpu={cpu}", lambda: self._run(pod, devices, command))
+        if isinstance(got, Refusal):
+            raise AssertionError(f"pod {name} (cpu {cpu}) refused: {got.code}: {got.message}\n{self.proxy_log()}")
+        return got
+
+    def refuse(self, name: str, cpu: str, *, limit: str | None = None, mode: str | None = None,
+               devices: Sequence[str] = ()) -> Refusal:
+        """Run a pod that the proxy must refuse; returns the refusal (AssertionError if it ran)."""
+        pod = pod_spec(name, cpu, limit=limit, mode=mode)
+        got = self._do(f"refused pod {name} cpu={cpu}", lambda: self._run(pod, devices, ("sleep", "86400")))
+        if not isinstance(got, Refusal):
+            cpus = self.kernel(name).cpus
+            raise AssertionError(f"pod {name} (cpu {cpu}) was admitted (runs on CPUs {cpus}); a refusal was expected")
+        return got
+
+    async def _run(self, pod: dict[str, Any], devices: Sequence[str], command: Sequence[str]
+                   ) -> RunningPod | Refusal:
+        kubelet = self.kubelet
+        runner = PodRunner(kubelet, CGROUP_ROOT)
+        running = await runner.run_sandbox(pod)
+        sandbox = runner.sandbox_config(pod)
+        for c in pod["spec"]["containers"]:
+            res = c.get("resources") or {}
+            req = (res.get("requests") or {}).get("cpu")
+            lim = (res.get("limits") or {}).get("cpu")
+            cfg = kubelet.container_config(
+                c["name"], cpu_milli=cpu_milli(req) if req else None,
+                limit_milli=cpu_milli(lim) if lim else None, command=tuple(command),
+                devices=[pb.Device(container_path=d, host_path=d, permissions="rw") for d in devices])
+            try:
+                cid = await kubelet.create_container(running.sandbox_id, cfg, sandbox)
+            except grpc.aio.AioRpcError as e:
+                await kubelet.stop_pod_sandbox(running.sandbox_id)
+                await kubelet.remove_pod_sandbox(running.sandbox_id)
+                return Refusal(e.code().name, e.details() or "")
+            running.containers[c["name"]] = cid
+            await kubelet.start_container(cid)
+            st = await self.direct.container_status(cid, verbose=True)
+            self.pids[(running.name, c["name"])] = int(json.loads(st.info["info"])["pid"])
+        self.pods[running.name] = running
+        return running
+
+    def delete(self, *names: str) -> None:
+        """Delete pods as kubelet does (stop, stop sandbox, remove), through the proxy, concurrently."""
+        gone = [self.pods.pop(n) for n in names]
+        for n in names:
+            for key in [k for k in self.pids if k[0] == n]:
+                del self.pids[key]
+
+        async def go() -> None:
+            runner = PodRunner(self.kubelet, CGROUP_ROOT)
+            await asyncio.gather(*(runner.delete(r) for r in gone))
+        self._do(f"delete {len(gone)} pod(s)", go)
+
+    def delete_all(self) -> None:
+        """Every pod deleted: ours through the proxy, whatever else is left directly in containerd."""
+        if self.pods and self.proxy is not None and self.proxy.alive():
+            self.delete(*self.pods)
+        self.pods.clear()
+        self.pids.clear()
+
+        async def sweep() -> None:
+            for sb in await self.direct.list_pod_sandbox():
+                await self.direct.stop_pod_sandbox(sb.id)
+                await self.direct.remove_pod_sandbox(sb.id)
+        self._do("sweep", sweep)
+
+    # -- the kernel ---------------------------------------------------------------------------------------------
+    def kernel(self, name: str, container: str = "app") -> Kernel:
+        pid = self.pids[(name, container)]
+        p = process_cpus(pid)
+        mems = cgroup_file(pid, "cpuset", "cpuset.mems")
+        return Kernel(pid, p.cpus, p.mems, p.cgroup_cpus, CPUSet.parse(mems) if mems else None)
+
+    def settled(self, name: str, cpus: CPUSet, mems: CPUSet, container: str = "app") -> Kernel:
+        """The kernel's view once it shows ``cpus``/``mems`` for the container, or after SETTLE_SECONDS (the
+        caller asserts on what it returns): a pushed cpuset reaches the kernel a runc call later."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            k = self.kernel(name, container)
+            if (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (cpus, mems, cpus, mems) or \
+                    time.monotonic() > deadline:
+                return k
+            time.sleep(0.2)
+

@@ -1,0 +1,83 @@
+"""The multi-NUMA machines the end-to-end tests boot (numapin.numa_vm), and what each must look like.
+
+A shape is a numa-vm.sh topology (``<S>s<C>c<T>t<N>n``) plus the cgroup layout, memory per node, an optional PCI
+device on a NUMA node, and the guest test files (tests/numa/guest) run in one boot of it. ``expected_topology``
+derives the machine from the spec alone, the way QEMU lays it out: CPU ids socket by socket, core by core, the
+threads of a core consecutive; the cores of a socket split evenly over its nodes; one L3 cache per socket;
+distances 10 local, 12 within a socket, 20 across sockets (numa-vm.sh's defaults).
+
+Shared by the host side (which boots the VMs) and the guest side (which checks the machine it runs on).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from allocator.topology import CPUInfo, Topology
+from numapin.numa_vm import topology_spec
+
+__all__ = ["DEVICE_PORT", "SHAPES", "SHAPE_ENV", "Shape", "current_shape", "expected_topology"]
+
+SHAPE_ENV = "NUMAPIN_VM_SHAPE"     # the shape's name, set for the guest's pytest
+IN_VM_ENV = "NUMAPIN_IN_VM"        # "1" in the guest: tests/numa/guest is collected only then
+DEVICE_PORT = "numapin.dev"        # the virtio-serial port of the PCI device put on a NUMA node
+LOCAL, SOCKET, REMOTE = 10, 12, 20
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    topology: str
+    guest_tests: tuple[str, ...]          # files under tests/numa/guest
+    cgroup: str = "v1"
+    mem_per_node_mib: int | None = None
+    device_node: int | None = None        # a PCI device (virtio-serial port DEVICE_PORT) on this NUMA node
+
+    @property
+    def smt(self) -> bool:
+        return topology_spec(self.topology)[2] > 1
+
+
+_ALL = ("test_machine.py", "test_single_numa_node.py", "test_spread.py")
+
+SHAPES: dict[str, Shape] = {s.name: s for s in (
+    # 2 sockets x 2 cores x 2 threads, 4 nodes of one core; a PCI device on node 2
+    # (files ordered so that consecutive checks share a proxy configuration: fewer restarts)
+    Shape("2s4n", "2s4n", ("test_machine.py", "test_single_numa_node.py", "test_device.py", "test_spread.py",
+                           "test_prefer_closest.py", "test_restricted_refuses.py", "test_full_pcpus.py"),
+          device_node=2),
+    # 1 socket x 4 cores, no SMT, 2 nodes; pure cgroup v2 (the host and the other shapes are v1)
+    Shape("1s2n-nosmt", "1s2n-nosmt", (*_ALL, "test_restricted_refuses.py"), cgroup="v2"),
+    # 2 sockets x 4 cores, 8 nodes of one CPU
+    Shape("2s4c1t8n", "2s4c1t8n", (*_ALL, "test_prefer_closest.py"), mem_per_node_mib=512),
+)}
+
+
+def current_shape() -> Shape:
+    """The shape this guest was booted as (``$NUMAPIN_VM_SHAPE``)."""
+    name = os.environ.get(SHAPE_ENV, "")
+    if name not in SHAPES:
+        raise LookupError(f"${SHAPE_ENV}={name!r}: not one of {', '.join(SHAPES)} (these tests run inside the VMs "
+                          f"booted by tests/numa/test_multi_numa.py)")
+    return SHAPES[name]
+
+
+def expected_topology(topology: str) -> Topology:
+    s_count, cores, threads, nodes = topology_spec(topology)
+    nodes_per_socket = nodes // s_count
+    cores_per_node = cores // nodes_per_socket
+    cpus = []
+    for s in range(s_count):
+        for c in range(cores):
+            first = (s * cores + c) * threads
+            node = s * nodes_per_socket + c // cores_per_node
+            cpus += [CPUInfo(cpu=first + t, core=first, socket=s, numa=node, uncore=s) for t in range(threads)]
+
+    def distance(a: int, b: int) -> int:
+        if a == b:
+            return LOCAL
+        return SOCKET if a // nodes_per_socket == b // nodes_per_socket else REMOTE
+
+    dist = {a: tuple(distance(a, b) for b in range(nodes)) for a in range(nodes)}
+    return Topology(cpus=tuple(cpus), numa_nodes=tuple(range(nodes)), numa_distances=dist)

@@ -1,0 +1,88 @@
+"""numapin on real multi-NUMA Linux kernels: each shape of tests/numa/shapes.py is booted once in a QEMU VM
+(numapin.numa_vm), the checks of tests/numa/guest run inside it against a private containerd and ``numapin
+criproxy``, and every check is reported here as its own test with its own failure.
+
+These tests FAIL (never skip) when no VM can be run (numa-vm.sh or QEMU missing: scripts/test.sh installs the
+packages). A VM that hangs while booting is booted again (numapin.numa_vm); one that cannot be run at all fails
+every check of its shape with numa-vm.sh's message.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from numapin.numa_vm import VM_FAILURE, VMSpec, pci_device_args
+from tests.numa.guest.node import OPLOG_ENV
+from tests.numa.harness import GuestRun, run_pytest_in_vm
+from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape
+
+GUEST = Path(__file__).parent / "guest"
+
+
+def guest_checks(shape: Shape) -> list[str]:
+    """``file::test`` of every test function in the shape's guest files."""
+    out = []
+    for f in shape.guest_tests:
+        tree = ast.parse((GUEST / f).read_text())
+        out += [f"{f}::{n.name}" for n in tree.body
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name.startswith("test_")]
+    return out
+
+
+def vm_spec(shape: Shape) -> VMSpec:
+    qemu = pci_device_args(shape.device_node) if shape.device_node is not None else ()
+    return VMSpec(topology=shape.topology, cgroup=shape.cgroup, mem_per_node_mib=shape.mem_per_node_mib,
+                  qemu_args=qemu, timeout=900)
+
+
+class Boots:
+    """One boot per shape for the whole session, run when its first check needs it."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.runs: dict[str, GuestRun] = {}
+
+    def get(self, name: str) -> GuestRun:
+        if name not in self.runs:
+            shape = SHAPES[name]
+            work = self.base / name
+            self.runs[name] = run_pytest_in_vm(vm_spec(shape), [str(GUEST / f) for f in shape.guest_tests], work,
+                                               env={SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")})
+        return self.runs[name]
+
+
+@pytest.fixture(scope="session")
+def boots() -> Iterator[Boots]:
+    """The boots' shared directories live in /var/tmp (the guest has its own tmpfs /tmp); kept when a boot had a
+    failure (the failures name their logs there)."""
+    b = Boots(Path(tempfile.mkdtemp(prefix="numapin-vm-", dir="/var/tmp")))
+    yield b
+    if all(r.returncode == 0 for r in b.runs.values()):
+        shutil.rmtree(b.base, ignore_errors=True)
+
+
+CHECKS = [pytest.param(name, check, id=f"{name}:{check}") for name, s in SHAPES.items() for check in guest_checks(s)]
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize(("shape", "check"), CHECKS)
+def test_in_vm(boots: Boots, shape: str, check: str, record_property: pytest.RecordProperty) -> None:
+    run = boots.get(shape)
+    record_property("vm_seconds", round(run.seconds, 1))
+    if run.returncode not in (0, 1):
+        what = "the VM failed" if run.returncode == VM_FAILURE else f"the guest's pytest exited {run.returncode}"
+        pytest.fail(f"{shape}: {what} ({run.boots} boot(s), {run.seconds:.0f} s); log {run.log}:\n{run.tail()}",
+                    pytrace=False)
+    cases = run.of(check)
+    if not cases:
+        pytest.fail(f"{shape}: {check} did not run in the VM; log {run.log}:\n{run.tail()}", pytrace=False)
+    bad = [c for c in cases if c.outcome != "passed"]
+    if bad:
+        pytest.fail("\n\n".join(f"{c.nodeid} {c.outcome.upper()} in the {shape} VM:\n{c.message}" for c in bad),
+                    pytrace=False)

@@ -1,0 +1,71 @@
+"""numapin.numa_vm's command line for numa-vm.sh and ``numapin demo --topology``'s bad input (no VM is booted
+here: tests/numa boots them)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from numapin.numa_vm import NUMA_VM_ENV, VMError, VMSpec, find_numa_vm, pci_device_args, topology_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(("topology", "want"), [
+    ("2s4n", (2, 2, 2, 4)), ("1s2n-nosmt", (1, 4, 1, 2)), ("2s4c1t8n", (2, 4, 1, 8)), ("1s1c1t1n", (1, 1, 1, 1)),
+])
+def test_topology_spec(topology: str, want: tuple[int, int, int, int]) -> None:
+    assert topology_spec(topology) == want
+
+
+@pytest.mark.parametrize("bad", ["3s4n", "2s3c1t4n", "2s4c1t3n", "0s1c1t1n", "", "2s4c1t8n --x"])
+def test_bad_topology_is_a_clear_error(bad: str) -> None:
+    with pytest.raises(VMError, match="topology"):
+        topology_spec(bad)
+
+
+def test_argv_passes_every_option_to_numa_vm() -> None:
+    spec = VMSpec(topology="2s4c1t8n", cgroup="v2", mem_per_node_mib=512, qemu_args=pci_device_args(3),
+                  env={"A": "b c"}, shares=("/tmp/x",), timeout=60)
+    argv = spec.argv(Path("/x/numa-vm.sh"), ["python3", "-c", "print(1)"])
+    assert argv[:3] == ["/x/numa-vm.sh", "run", "-q"]
+    assert argv[argv.index("--topology") + 1] == "2s4c1t8n" and argv[argv.index("--cgroup") + 1] == "v2"
+    assert argv[argv.index("--mem-per-node") + 1] == "512" and argv[argv.index("--timeout") + 1] == "60"
+    qemu = [argv[i + 1] for i, a in enumerate(argv) if a == "--qemu-arg"]
+    assert qemu == list(pci_device_args(3)) and any("numa_node=3" in a for a in qemu)
+    assert argv[argv.index("--env") + 1] == "A=b c" and argv[argv.index("--share") + 1] == "/tmp/x"
+    assert argv[argv.index("--"):] == ["--", "python3", "-c", "print(1)"]
+    with pytest.raises(VMError, match="cgroup"):
+        VMSpec(cgroup="v3").argv(Path("/x"), ["true"])
+
+
+def test_missing_numa_vm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(NUMA_VM_ENV, "/nonexistent/numa-vm.sh")
+    with pytest.raises(VMError, match=f"numa-vm.sh not found.*{NUMA_VM_ENV}"):
+        find_numa_vm()
+
+
+def _demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "numapin", "demo", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--topology", "3s4n"), "topology '3s4n'"),
+    (("--topology", "2s4n", "--keep"), "--keep cannot be combined with --topology"),
+    (("--topology", "2s4n", "--sysfs", "/tmp"), "cannot be combined with --topology"),
+])
+def test_demo_topology_bad_input_exits_2_without_a_vm(args: tuple[str, ...], message: str) -> None:
+    r = _demo(*args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert "booting" not in r.stdout
+
+
+def test_demo_topology_without_numa_vm_exits_2() -> None:
+    r = _demo("--topology", "2s4n", env={NUMA_VM_ENV: "/nonexistent/numa-vm.sh"})
+    assert r.returncode == 2 and "numa-vm.sh not found" in r.stderr, r.stderr
