@@ -16,18 +16,21 @@ from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
 from .config import ProxyConfig
+from .control import ControlServer
 from .converge import Converger, Decision, decision_of
 from .cri_api import RuntimeApi
 from .cri_pods import rebuild_cri_pods
 from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
+from .mode_apply import ModeApplier
 from .narrowing import CpusetPusher
 from .nrt import ApiPublisher, write_nrt
 from .pinning import Pinning, PinningOptions
+from .pod_watch import NodePodWatch
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
-from .server import RelayServer, listen_path, start_relay_server
+from .server import RelayServer, SocketInUseError, listen_path, start_relay_server
 from .starts import StartGuard
 from .status import status_from_thread
 
@@ -64,6 +67,8 @@ class CriProxy:
         self._tasks: list[asyncio.Task[None]] = []
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
+        self._control: ControlServer | None = None
+        self._stop_watch = asyncio.Event()
         # numapinStateVersion of the published NRT: unique to this process, bumped on every publication
         self._nrt_epoch = uuid.uuid4().hex[:12]
         self._nrt_generation = 0
@@ -98,8 +103,11 @@ class CriProxy:
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid),
             api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
-            on_change=self._nrt_dirty.set, on_decision=self.metrics.observe_decision,
+            on_change=self._state_changed, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
+        self.modes = ModeApplier(self.pinning, self.upstream, self.registry, self.converger,
+                                 lift_cfs_quota=cfg.lift_cfs_quota, on_transition=self.metrics.observe_mode_change,
+                                 on_refusal=self.metrics.observe_mode_refusal)
         interceptors = dict(self.pinning.interceptors())
         interceptors["StartContainer"] = self.starts.start_container
         # kubelet's own cpuset-bearing update is sent with the pool gate held (shared): never between a
@@ -122,7 +130,33 @@ class CriProxy:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._reconcile_loop()))
         self._tasks.append(loop.create_task(self._nrt_loop()))
+        self._tasks.append(loop.create_task(self._modes_loop()))
         return self
+
+    async def _modes_loop(self) -> None:
+        """Changes of a running pod's mode: from the local control socket and the API watch, once the start-up
+        reconcile has the node's picture; refused ones are tried again."""
+        await self.reconciled.wait()
+        cfg = self.config
+        path = cfg.control_path
+        if path:
+            self._control = ControlServer(path, self.modes.request, self.modes.modes)
+            try:
+                await self._control.start()
+            except (OSError, SocketInUseError) as e:
+                log.error("control socket %s not opened: %s; `numapin mode` cannot reach this proxy", path, e)
+                self._control = None
+        if cfg.watch_pods:
+            watch = NodePodWatch(cfg.node_name, self.modes.request, kubeconfig=cfg.kubeconfig)
+            self._tasks.append(asyncio.get_running_loop().create_task(watch.run(self._stop_watch)))
+            log.info("watching the pods of node %s for changes of their CPU mode", cfg.node_name)
+        await self.modes.run()
+
+    def _state_changed(self) -> None:
+        """The allocation changed: publish the NodeResourceTopology again, retry refused changes of mode."""
+        self._nrt_dirty.set()
+        if hasattr(self, "modes"):
+            self.modes.kick()
 
     def decide(self, t: Tracked) -> Decision | None:
         """What the container must run on now (its pinned CPUs, else the shared pool)."""
@@ -136,9 +170,12 @@ class CriProxy:
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
                 converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota,
                 self_pod=self.pinning.self_pod, api=self.api, creating=self.pinning.creating)
+            gone = self.modes.prune({uid for uid in self.registry.sandboxes.values()})
             await self.pinning.save()
             if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
                 await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.self_pod)
+        if gone:
+            log.info("reconcile: forgot the CPU mode set while running of pods gone: %s", ", ".join(gone))
         log.info("reconcile: %s", report)  # after the state is on disk
         self.last_reconcile = report
         self._nrt_dirty.set()
@@ -195,12 +232,16 @@ class CriProxy:
             await self._server.wait_for_termination()
 
     async def stop(self, grace: float | None = 1.0) -> None:
+        self._stop_watch.set()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
+        if self._control is not None:
+            await self._control.stop()
+            self._control = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None

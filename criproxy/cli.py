@@ -57,7 +57,7 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--kubeconfig", "kubeconfig", {"help": "publish the NodeResourceTopology to this cluster (and watch its pods "
                                              "with --watch-pods)"}),
     ("--control-socket", "control_socket", {"help": "root-only unix socket for `numapin mode`, empty to disable "
-                                                     f"(default {DEFAULTS.control_socket})"}),
+                                                     "(default: control.sock next to --listen)"}),
     ("--metrics-address", "metrics_address", {"help": "HOST:PORT for /metrics, empty to disable "
                                                        f"(default {DEFAULTS.metrics_address})"}),
     ("--import-kubelet-state", "import_kubelet_state",

@@ -59,7 +59,7 @@ class ProxyConfig:
     kubeconfig: str | None = None
     publish_nrt: bool = False
     watch_pods: bool = False      # learn changes of pods' CPU mode from the API server (needs API credentials)
-    control_socket: str = "/var/run/numapin/control.sock"  # root-only local socket of ``numapin mode``; "" = off
+    control_socket: str | None = None  # root-only socket of ``numapin mode``; None: control.sock next to listen
     metrics_address: str = "127.0.0.1:9464"
     import_kubelet_state: str | None = None
     self_pod_namespace: str | None = None
@@ -76,6 +76,13 @@ class ProxyConfig:
         if self.nrt_file:
             return Path(self.nrt_file)
         return Path(self.state_dir) / "nrt" / f"{self.node_name or 'node'}.json"  # a directory the webhook can read
+
+    @property
+    def control_path(self) -> str | None:
+        """The control socket's path (None: disabled with an empty ``control_socket``)."""
+        if self.control_socket is None:
+            return str(Path(self.listen.removeprefix("unix://").removeprefix("unix:")).with_name("control.sock"))
+        return self.control_socket or None
 
     @property
     def self_pod(self) -> tuple[str, str] | None:

@@ -44,11 +44,18 @@ class ControlServer:
 
     async def start(self) -> ControlServer:
         await asyncio.to_thread(prepare_socket, self.path)
-        old = os.umask(0o177)  # born 0600: no window with wider permissions
+        # born 0600: no window with wider permissions (the umask is the process's: created without an await)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
         try:
-            self._server = await asyncio.start_unix_server(self._serve, path=self.path, limit=MAX_LINE)
+            sock.bind(self.path)
+        except OSError:
+            sock.close()
+            raise
         finally:
             os.umask(old)
+        self._server = await asyncio.start_unix_server(self._serve, sock=sock, limit=MAX_LINE, start_serving=False)
+        await self._server.start_serving()  # a stop() from now on closes it, even if this start is cancelled
         os.chmod(self.path, SOCKET_MODE)
         log.info("control socket on %s (root only)", self.path)
         return self

@@ -40,6 +40,12 @@ class ProxyMetrics:
         self.start_refusals = Counter("numapin_criproxy_start_refusals",
                                       "Exclusive containers not started: their CPUs were still used by another "
                                       "running container", registry=r)
+        self.mode_changes = Counter("numapin_criproxy_mode_changes",
+                                    "Running pods moved to another CPU mode (qos.gocrane.io/cpu-manager), by modes",
+                                    ["from", "to"], registry=r)
+        self.mode_refusals = Counter("numapin_criproxy_mode_refusals",
+                                     "Changes of a running pod's CPU mode the node refused, by kubelet's reason",
+                                     ["reason"], registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
         self._server = None
@@ -64,6 +70,12 @@ class ProxyMetrics:
 
     def observe_start_refusal(self) -> None:
         self.start_refusals.inc()
+
+    def observe_mode_change(self, old: str, new: str) -> None:
+        self.mode_changes.labels(old, new).inc()
+
+    def observe_mode_refusal(self, reason: str) -> None:
+        self.mode_refusals.labels(reason).inc()
 
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():

@@ -52,6 +52,8 @@ def status_document(proxy: CriProxy) -> dict[str, Any]:
         "freeCPUsPerNUMA": {str(n): k for n, k in alloc.free_cpus_per_numa().items()},
         "assignments": assignments,
         "containers": containers,
+        # every pod's CPU mode (``changed``: set while it ran, see criproxy.mode_apply)
+        "podModes": proxy.modes.modes(),
     }
 
 

@@ -122,8 +122,9 @@ def apply_patch(obj: Any, ops: Sequence[Mapping[str, Any]]) -> Any:
     return doc
 
 
-def pod_request(pod: Mapping[str, Any], *, operation: str = "CREATE", dry_run: bool = False) -> dict[str, Any]:
-    """``request`` of a pods review as kube-apiserver builds it."""
+def pod_request(pod: Mapping[str, Any], *, operation: str = "CREATE", dry_run: bool = False,
+                old: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``request`` of a pods review as kube-apiserver builds it (``old``: the object before an UPDATE)."""
     meta = pod.get("metadata") or {}
     return {
         "uid": str(uuid.uuid4()),
@@ -136,9 +137,10 @@ def pod_request(pod: Mapping[str, Any], *, operation: str = "CREATE", dry_run: b
         "operation": operation,
         "userInfo": {"username": "numapin-demo", "groups": ["system:authenticated"]},
         "object": pod,
-        "oldObject": None,
+        "oldObject": old,
         "dryRun": dry_run,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions" if operation == "CREATE"
+                    else "UpdateOptions"},
     }
 
 
@@ -228,6 +230,15 @@ class AdmissionClient:
         """``/validate`` of a pods CREATE (``dry_run``: as ``kubectl create --dry-run=server``, which the webhook
         neither remembers nor counts)."""
         return await self.review("/validate", pod_request(pod, dry_run=dry_run))
+
+    async def update(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[dict[str, Any], AdmissionAnswer,
+                                                                                 AdmissionAnswer]:
+        """A pods UPDATE as kube-apiserver admits it (``kubectl annotate``): ``/mutate`` (its patch applied), then
+        ``/validate``; returns the updated pod and both answers."""
+        m = await self.review("/mutate", pod_request(new, operation="UPDATE", old=old))
+        updated = apply_patch(new, m.patch) if m.allowed else dict(new)
+        v = await self.review("/validate", pod_request(updated, operation="UPDATE", old=old))
+        return updated, m, v
 
     async def bind(self, namespace: str, name: str, node: str, *, pod_uid: str | None = None) -> AdmissionAnswer:
         return await self.review("/validate", binding_request(namespace, name, node, pod_uid=pod_uid))

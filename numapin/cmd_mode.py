@@ -73,9 +73,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"{p.get('pod', ''):40} {p.get('mode', ''):10} {'yes' if p.get('changed') else 'no':8} "
                   f"{p.get('uid', '')}")
     else:
-        print(answer.get("message", ""))
-        change = answer.get("change") or {}
-        for c in change.get("containers", []):
+        if answer.get("outcome") == "refused":
+            print(f"refused ({answer.get('reason')}): {answer.get('message', '')}")
+        else:
+            print(answer.get("message", ""))
+        change = answer.get("change") if answer.get("outcome") == "changed" else None
+        for c in (change or {}).get("containers", []):
             print(f"  {c['name']}: {c['from']} {c['cpusBefore'] or 'shared pool'} -> {c['to']} "
                   f"{c['cpusAfter'] or 'shared pool'}")
     outcome = answer.get("outcome")

@@ -153,7 +153,7 @@ class Demo:
         self._log_mark = len(text)
         out = []
         for line in new.splitlines():
-            for key in ("decision ", "release ", "shared pool -> "):
+            for key in ("decision ", "release ", "shared pool -> ", "mode change "):
                 if key in line:
                     out.append(line[line.index(key):])
         return out
@@ -313,6 +313,48 @@ class Demo:
         else:
             self._check(False, "exclusive pod and shared container found")
 
+    async def _live_transition(self, api: AdmissionClient, db: dict[str, Any]) -> None:
+        """db exclusive -> share while it runs (kubectl annotate; the node told on its control socket, as
+        `numapin mode` does), with the real Cpus_allowed_list before and after; then back to exclusive."""
+        from criproxy.control import call_control
+
+        say("")
+        say("   A live change of mode, without restarting db: kubectl annotate pod db "
+            "qos.gocrane.io/cpu-manager=share --overwrite")
+        pods = {name: self.pods[name] for name in ("db", "web") if name in self.pods}
+        pids = {name: await self._pid(p) for name, p in pods.items()}
+        before = {name: process_cpus(pid).cpus for name, pid in pids.items()}
+        changed = copy.deepcopy(db)
+        changed["metadata"]["annotations"][CPU_MANAGER_ANNOTATION] = "share"
+        updated, m, v = await api.update(db, changed)
+        intent = json.loads(updated["metadata"]["annotations"][INTENT_ANNOTATION])
+        say(f"   /mutate   UPDATE pod db: intent stamped again, cpuManager={intent['cpuManager']}; "
+            f"/validate UPDATE: {'allowed' if v.allowed else 'DENIED: ' + v.message}")
+        self._check(m.allowed and v.allowed and intent["cpuManager"] == "share",
+                    "the webhook allows the change of mode and stamps the intent again")
+        control = str(Path(self.stack.proxy_socket).with_name("control.sock"))
+        answer = await call_control(control, {"op": "set-mode", "pod": "default/db", "mode": "share"})
+        say(f"   proxy     {answer.get('message')}")
+        after = {name: process_cpus(pid).cpus for name, pid in pids.items()}
+        for name in pids:
+            say(f"   kernel    {name}: Cpus_allowed_list {before[name]} -> {after[name]}")
+        self._check(answer.get("outcome") == "changed" and after.get("db") == before.get("db"),
+                    "db keeps its CPUs, now in share mode (same process, not restarted)")
+        if "web" in after and "db" in after:
+            self._check(bool(before["db"]) and not (before["db"] & before["web"]) and before["db"] <= after["web"],
+                        "the shared container web now runs on db's CPUs too (share keeps them in the pool)")
+        self._show_proxy_log()
+        back = await call_control(control, {"op": "set-mode", "pod": "default/db", "mode": "exclusive"})
+        web_back = process_cpus(pids["web"]).cpus if "web" in pids else None
+        say(f"   and back: {back.get('message')}; web: Cpus_allowed_list {web_back}")
+        self._check(back.get("outcome") == "changed" and web_back == before.get("web"),
+                    "back to exclusive: web narrowed first, db alone on its CPUs again")
+        self._show_proxy_log()
+
+    async def _pid(self, pod: RunningPod) -> int:
+        async with CRIClient(self.stack.proxy_socket) as kubelet:
+            return await PodRunner(kubelet, self.stack.cgroup_root).pid_of(pod.containers["app"])
+
     # -- the scenario ---------------------------------------------------------------------------------------------
     async def _play(self) -> None:
         s = self.stack
@@ -362,6 +404,7 @@ class Demo:
             excl_snap = await self._snapshot("after db:")
             self._show(excl_snap)
             self._side_by_side(share_snap, excl_snap)
+            await self._live_transition(api, db)
 
             say("")
             say(f"4. More `exclusive` pods of {k} CPU(s) until this node has no NUMA node left that holds one")

@@ -88,6 +88,8 @@ class NodeStatus:
     checked: list[CheckedContainer] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     runtime_checked: bool = False
+    # pods whose CPU mode was changed while they ran: pod (namespace/name, else uid) -> mode
+    pod_modes: dict[str, str] = field(default_factory=dict)
 
     @property
     def disagreements(self) -> list[CheckedContainer]:
@@ -116,6 +118,7 @@ class NodeStatus:
                            for c in self.checked],
             "disagreements": [{"pod": c.pod, "container": c.name, "id": c.id, "expected": str(c.expected),
                                "actual": cpus(c.actual)} for c in self.disagreements],
+            "podModes": dict(sorted(self.pod_modes.items())),
             "notes": list(self.notes),
         }
 
@@ -158,6 +161,8 @@ def from_proxy_status(doc: Mapping[str, Any], source: str) -> NodeStatus:
             assignments=assignments,
             bypass_ids=frozenset(c["id"] for c in doc.get("containers", []) if c.get("mode") == "bypass"),
             notes=[] if doc.get("reconciled", True) else ["the proxy has not reconciled with the runtime yet"],
+            pod_modes={str(p["pod"] or p["uid"]): str(p["mode"]) for p in doc.get("podModes", [])
+                       if p.get("changed")},
         )
     except (KeyError, TypeError, ValueError, AllocatorError) as e:
         raise StatusError(f"{source}: unexpected status document ({type(e).__name__}: {e})") from None
@@ -222,7 +227,7 @@ def from_state_dir(state_dir: str | Path, *, sysfs: str = "/sys", nrt_file: str 
                    for uid, pod in sorted(state.assignments.items()) for name, cpus in sorted(pod.items())]
     return NodeStatus(node=node or "(unknown)", source=f"state files in {state_dir}", topology=topology,
                       policy=policy, scope=scope, reserved=reserved, shared_pool=state.shared_pool(),
-                      free_per_numa=free, assignments=assignments, notes=notes)
+                      free_per_numa=free, assignments=assignments, notes=notes, pod_modes=dict(state.pod_modes))
 
 
 # -- checking against the runtime -----------------------------------------------------------------------------
@@ -290,6 +295,8 @@ def render_text(status: NodeStatus) -> str:
                        f"{topo.numa_of(a.cpus)}")
     else:
         out.append("pinned containers: none")
+    for pod, mode in sorted(status.pod_modes.items()):
+        out.append(f"pod {pod}: CPU mode changed while running, now {mode}")
     out.append(f"shared pool: CPUs {status.shared_pool or '(empty)'}, NUMA node(s) {topo.numa_of(status.shared_pool)}")
     free = ", ".join(f"node {n}: {k}" for n, k in sorted(status.free_per_numa.items())) or "unknown"
     out.append(f"free CPUs per NUMA node: {free}")

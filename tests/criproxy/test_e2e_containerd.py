@@ -66,6 +66,7 @@ class ProxyProcess:
         self.log = directory / "proxy.log"
         self.state_dir = directory / "state"
         self.runtime_socket = runtime_socket
+        self.extra: list[str] = []  # more flags for the proxy
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -74,7 +75,8 @@ class ProxyProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "numapin", "criproxy", "--listen", self.socket,
                  "--runtime-endpoint", f"unix://{self.runtime_socket}", "--state-dir", str(self.state_dir),
-                 "--sysfs", "/sys", "--reserved-cpus", SHARED, "--metrics-address", "", "--node-name", "lab"],
+                 "--sysfs", "/sys", "--reserved-cpus", SHARED, "--metrics-address", "", "--node-name", "lab",
+                 *self.extra],
                 cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=log)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -70,6 +70,11 @@ def test_demo_runs_the_whole_job_and_cleans_up(workdir: Path) -> None:
     assert "mode=share cpus=" in out and "mode=exclusive cpus=" in out
     assert re.search(r"default/db app +exclusive +(\S+) / 0 +\1 / 0 / \1 +ok", out), out
     assert "share and exclusive side by side" in out
+    # a live change of mode exclusive -> share: db keeps its CPUs, web gets them too (the real Cpus_allowed_list)
+    db = re.search(r"kernel    db: Cpus_allowed_list (\S+) -> (\S+)", out)
+    web = re.search(r"kernel    web: Cpus_allowed_list (\S+) -> (\S+)", out)
+    assert db and web and db.group(1) == db.group(2) and web.group(1) != web.group(2), out
+    assert "mode exclusive -> share" in out and "cpuManager=share" in out
     assert "proxy answered FAILED_PRECONDITION" in out or "proxy answered RESOURCE_EXHAUSTED" in out
     assert "running containers checked against their real cpuset: 2, 0 disagree" in out
     assert "nothing left behind" in out and out.rstrip().endswith("demo finished: every check passed")

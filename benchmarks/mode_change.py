@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Benchmark of a change of a running pod's CPU mode against a real containerd (lab), in one run.
+
+A pod of one container with 1 CPU of its own (Guaranteed, created with ``qos.gocrane.io/cpu-manager: none``) runs
+beside ``--shared`` shared containers; the pod goes round none -> exclusive -> share -> exclusive -> none ``--rounds``
+times, each change asked on the proxy's control socket (as ``numapin mode`` does). For every transition: the time
+from the request to the proxy's answer (the answer comes once the kernel shows the change), and whether every
+container's ``Cpus_allowed_list`` (``/proc/<pid>/status``) was already the new one when the answer came.
+
+Prints one JSON document. The proxy and containerd are separate processes; the client is this process.
+
+    python benchmarks/mode_change.py [--shared 20] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from allocator.cpuset import CPUSet  # noqa: E402
+from allocator.topology import Topology  # noqa: E402
+from criproxy.control import call_control  # noqa: E402
+from criproxy.lab.client import CRIClient  # noqa: E402
+from criproxy.lab.lab import ContainerdLab  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ALL = Topology.from_sysfs("/sys").all_cpus
+EXCL = CPUSet([ALL.max()])
+RESERVED = ALL - EXCL
+
+
+def allowed(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise RuntimeError(f"pid {pid}: no Cpus_allowed_list")
+
+
+async def pid_of(k: CRIClient, cid: str) -> int:
+    st = await k.container_status(cid, verbose=True)
+    return int(json.loads(st.info["info"])["pid"])
+
+
+def start_proxy(work: Path, runtime: str) -> subprocess.Popen:
+    log = open(work / "proxy.log", "ab")  # noqa: SIM115
+    p = subprocess.Popen([sys.executable, "-m", "numapin", "criproxy", "--listen", str(work / "proxy.sock"),
+                          "--runtime-endpoint", f"unix://{runtime}", "--state-dir", str(work / "state"),
+                          "--sysfs", "/sys", "--reserved-cpus", str(RESERVED), "--metrics-address", "",
+                          "--log-level", "WARNING"], cwd=ROOT, env=ENV, stdout=log, stderr=log)
+    log.close()
+    deadline = time.monotonic() + 60
+    while not (work / "control.sock").exists():  # opened once the start-up reconcile is done
+        if p.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"proxy did not start:\n{(work / 'proxy.log').read_text()[-2000:]}")
+        time.sleep(0.02)
+    return p
+
+
+async def run(shared: int, rounds: int) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="npx-bench-modes-", dir="/tmp"))
+    lab = ContainerdLab(work / "ctrd")
+    lab.start()
+    proxy = None
+    try:
+        proxy = start_proxy(work, lab.socket)
+        async with CRIClient(str(work / "proxy.sock")) as k:
+            pids = []
+            for i in range(shared):
+                cfg = k.sandbox_config(f"web-{i}", f"uid-web-{i}", qos="burstable")
+                sid = await k.run_pod_sandbox(cfg)
+                cid = await k.create_container(sid, k.container_config("main", cpu_milli=100), cfg)
+                await k.start_container(cid)
+                pids.append(await pid_of(k, cid))
+            cfg = k.sandbox_config("db", "uid-db", annotations={"qos.gocrane.io/cpu-manager": "none"})
+            sid = await k.run_pod_sandbox(cfg)
+            cid = await k.create_container(sid, k.container_config("main", cpu_milli=1000, limit_milli=1000), cfg)
+            await k.start_container(cid)
+            db = await pid_of(k, cid)
+            expect = {"exclusive": (str(EXCL), str(RESERVED)), "share": (str(EXCL), str(ALL)),
+                      "none": (str(ALL), str(ALL))}
+            samples: dict[str, list[float]] = {}
+            applied: dict[str, list[float]] = {}
+            agreed = total = 0
+            previous = "none"
+            for _ in range(rounds):
+                for mode in ("exclusive", "share", "exclusive", "none"):
+                    t0 = time.perf_counter()
+                    answer = await call_control(str(work / "control.sock"),
+                                                {"op": "set-mode", "pod": "default/db", "mode": mode})
+                    seconds = time.perf_counter() - t0
+                    if answer.get("outcome") != "changed":
+                        raise RuntimeError(f"{previous} -> {mode}: {answer}")
+                    db_cpus, web_cpus = expect[mode]
+                    total += 1
+                    agreed += allowed(db) == db_cpus and all(allowed(p) == web_cpus for p in pids)
+                    key = f"{previous}->{mode}"
+                    samples.setdefault(key, []).append(seconds * 1000)
+                    msg = str(answer.get("message", ""))
+                    applied.setdefault(key, []).append(float(msg.rsplit("applied in ", 1)[1].split(" ms")[0]))
+                    previous = mode
+    finally:
+        if proxy is not None:
+            proxy.send_signal(signal.SIGTERM)
+            try:
+                proxy.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proxy.kill()
+        lab.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    def stats(xs: list[float]) -> dict[str, float]:
+        xs = sorted(xs)
+        return {"n": len(xs), "p50_ms": round(statistics.median(xs), 2),
+                "p99_ms": round(xs[min(len(xs) - 1, int(len(xs) * 0.99))], 2), "max_ms": round(xs[-1], 2)}
+
+    return {
+        "machine_cpus": str(ALL), "shared_containers": shared, "rounds": rounds,
+        "request_to_answer": {k: stats(v) for k, v in samples.items()},
+        "proxy_applied": {k: stats(v) for k, v in applied.items()},
+        "kernel_showed_the_new_cpusets_at_the_answer": f"{agreed}/{total}",
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shared", type=int, default=20, help="shared containers running beside (default 20)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of four transitions (default 5)")
+    args = ap.parse_args()
+    print(json.dumps(asyncio.run(run(args.shared, args.rounds)), indent=1))
+
+
+if __name__ == "__main__":
+    main()
