@@ -128,12 +128,17 @@ class Upstream:
         await self.channel.close()
 
 
-@dataclass(eq=False)  # not frozen: raising it through a context manager sets its __traceback__
 class Rejection(Exception):
-    """Raised by an interceptor to answer the caller with an error without forwarding anything."""
+    """Raised by an interceptor to answer the caller with an error without forwarding anything.
 
-    code: grpc.StatusCode
-    message: str
+    A plain exception, not a frozen dataclass: Python assigns ``__traceback__`` on the way out of a context manager
+    (the pool gate's), which a frozen dataclass refuses, and the caller got INTERNAL "FrozenInstanceError" instead
+    of the rejection."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
 
     def __str__(self) -> str:
         return self.message

@@ -28,6 +28,7 @@ __all__ = ["BUSYBOX_IMAGE", "PAUSE_IMAGE", "ContainerdLab", "LabError"]
 BUSYBOX_IMAGE = "localhost/busybox:latest"
 PAUSE_IMAGE = "localhost/pause:latest"
 MARKER = ".numapin-containerd-lab"
+START_SECONDS = 60  # for containerd to answer after it was started (seconds on a loaded machine or under emulation)
 BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "busybox")
 
 
@@ -213,19 +214,27 @@ disabled_plugins = [{disabled}]
                                          stdout=log, stderr=log, start_new_session=True)
         finally:
             log.close()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise LabError(f"containerd exited ({self.proc.returncode}): {self._log_tail()}")
-            if os.path.exists(self.socket) and self._ctr("version", check=False, timeout=5).returncode == 0:
+            if os.path.exists(self.socket) and self._answers():
                 break
             time.sleep(0.05)
         else:
-            raise LabError(f"containerd did not answer within 20 s: {self._log_tail()}")
+            raise LabError(f"containerd did not answer within {START_SECONDS} s: {self._log_tail()}")
         plugins = self._ctr("plugins", "ls").stdout
         if not any(line.split()[:2] == ["io.containerd.grpc.v1", "cri"] and line.split()[-1] == "ok"
                    for line in plugins.splitlines() if line.strip()):
             raise LabError(f"containerd's CRI plugin is not ok: {self._log_tail()}")
+
+    def _answers(self) -> bool:
+        """Whether containerd answers ``ctr version`` (a ctr that does not finish in 10 s, as on a starved machine or
+        under emulation, is asked again rather than failing the start)."""
+        try:
+            return self._ctr("version", check=False, timeout=10).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
     def stop_containerd(self, sig: int = signal.SIGTERM) -> None:
         """Stop only the daemon (SIGTERM, or SIGKILL with ``sig``); containers keep running."""

@@ -3,12 +3,18 @@
 The guest's pytest writes a JUnit XML file to a host directory shared read-write with the VM; the host side
 turns it into one result per guest test, so each check fails on its own with its own message. Generic: any
 selection (files, node ids, ``-k``) in any topology; tests/numa/test_multi_numa.py uses it for the shapes.
+
+From the shell (e.g. the proxy's reliability churn, once, where exclusive CPUs are plentiful)::
+
+    .venv/bin/python -m tests.numa.harness --topology 2s4n tests/criproxy/test_churn.py
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -93,3 +99,27 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
     with open(log, "wb") as out:
         result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT))
     return GuestRun(result.returncode, result.boots, result.seconds, parse_junit(junit), log)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.numa.harness",
+                                     description="run a pytest selection inside a multi-NUMA VM; prints each test's "
+                                                 "outcome; exit 0 when all passed")
+    parser.add_argument("--topology", default="2s4n", help="numa-vm.sh preset or <S>s<C>c<T>t<N>n (default 2s4n)")
+    parser.add_argument("--cgroup", default="v1", choices=("v1", "v2"))
+    parser.add_argument("--timeout", type=int, default=1800, help="whole VM run, seconds (default 1800)")
+    parser.add_argument("selection", nargs="+", help="pytest arguments (files, node ids, -k ...)")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="numapin-vm-run-", dir="/var/tmp"))
+    run = run_pytest_in_vm(VMSpec(topology=args.topology, cgroup=args.cgroup, timeout=args.timeout),
+                           args.selection, work, test_timeout=args.timeout)
+    for c in run.cases:
+        print(f"{c.outcome:7} {c.seconds:7.1f} s  {c.nodeid}")
+        if c.outcome not in ("passed", "skipped"):
+            print("        " + c.message.replace("\n", "\n        ")[:4000])
+    print(f"guest pytest exit {run.returncode}, {run.boots} boot(s), {run.seconds:.0f} s; log {run.log}")
+    return 0 if run.returncode == 0 and run.cases else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,15 +22,23 @@ from tests.numa.guest.node import OPLOG_ENV
 from tests.numa.harness import GuestRun, run_pytest_in_vm
 from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape
 
+pytestmark = pytest.mark.numa_vm
+
 GUEST = Path(__file__).parent / "guest"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def guest_files(shape: Shape) -> list[Path]:
+    return [GUEST / f for f in shape.guest_tests] + [ROOT / f for f in shape.more_tests]
 
 
 def guest_checks(shape: Shape) -> list[str]:
-    """``file::test`` of every test function in the shape's guest files."""
+    """``file::test`` of every test function in the shape's files (the file by its name, as the JUnit report of
+    the guest's pytest names it)."""
     out = []
-    for f in shape.guest_tests:
-        tree = ast.parse((GUEST / f).read_text())
-        out += [f"{f}::{n.name}" for n in tree.body
+    for f in guest_files(shape):
+        tree = ast.parse(f.read_text())
+        out += [f"{f.name}::{n.name}" for n in tree.body
                 if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name.startswith("test_")]
     return out
 
@@ -38,7 +46,7 @@ def guest_checks(shape: Shape) -> list[str]:
 def vm_spec(shape: Shape) -> VMSpec:
     qemu = pci_device_args(shape.device_node) if shape.device_node is not None else ()
     return VMSpec(topology=shape.topology, cgroup=shape.cgroup, mem_per_node_mib=shape.mem_per_node_mib,
-                  qemu_args=qemu, timeout=900)
+                  qemu_args=qemu, timeout=1500)
 
 
 class Boots:
@@ -52,7 +60,7 @@ class Boots:
         if name not in self.runs:
             shape = SHAPES[name]
             work = self.base / name
-            self.runs[name] = run_pytest_in_vm(vm_spec(shape), [str(GUEST / f) for f in shape.guest_tests], work,
+            self.runs[name] = run_pytest_in_vm(vm_spec(shape), [str(f) for f in guest_files(shape)], work,
                                                env={SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")})
         return self.runs[name]
 
@@ -70,7 +78,7 @@ def boots() -> Iterator[Boots]:
 CHECKS = [pytest.param(name, check, id=f"{name}:{check}") for name, s in SHAPES.items() for check in guest_checks(s)]
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize(("shape", "check"), CHECKS)
 def test_in_vm(boots: Boots, shape: str, check: str, record_property: pytest.RecordProperty) -> None:
     run = boots.get(shape)

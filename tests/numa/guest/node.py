@@ -158,11 +158,12 @@ class GuestNode:
     # -- the proxy ----------------------------------------------------------------------------------------------
     def configure(self, config: NodeConfig) -> None:
         """Run the proxy with ``config`` on an empty node: pods deleted, state wiped, proxy restarted (kept as it
-        is when it already runs with ``config``)."""
-        self.delete_all()
+        is when it already runs with ``config``: then the pods are deleted through it, as kubelet would)."""
         if config == self.config and self.proxy is not None and self.proxy.alive():
+            self.delete_all()
             return
         self._stop_proxy()
+        self.delete_all()  # straight in containerd: no proxy to widen the shared pool for pods about to go too
         t0 = time.monotonic()
         shutil.rmtree(self.state_dir, ignore_errors=True)
         self.state_dir.mkdir(parents=True)
@@ -255,10 +256,12 @@ class GuestNode:
         self.pods.clear()
         self.pids.clear()
 
+        async def remove(sandbox_id: str) -> None:
+            await self.direct.stop_pod_sandbox(sandbox_id)
+            await self.direct.remove_pod_sandbox(sandbox_id)
+
         async def sweep() -> None:
-            for sb in await self.direct.list_pod_sandbox():
-                await self.direct.stop_pod_sandbox(sb.id)
-                await self.direct.remove_pod_sandbox(sb.id)
+            await asyncio.gather(*(remove(sb.id) for sb in await self.direct.list_pod_sandbox()))
         self._do("sweep", sweep)
 
     # -- the kernel ---------------------------------------------------------------------------------------------

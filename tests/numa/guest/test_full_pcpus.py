@@ -13,15 +13,13 @@ FULL = "full-pcpus-only=true"
 
 
 def test_odd_request_refused_with_smt_alignment_error(node: GuestNode) -> None:
-    node.configure(NodeConfig("restricted", "0", cpu_options=FULL))
-    for ask in ("1", "3"):  # 3 CPUs align on 2 nodes (a preferred hint under restricted), then fail SMT alignment
-        refusal = node.refuse(f"odd{ask}", ask, limit=ask)
-        assert refusal.code == "FAILED_PRECONDITION", refusal
-        assert "SMTAlignmentError" in refusal.message, refusal
+    node.configure(NodeConfig("single-numa-node", "0", cpu_options=FULL))
+    refusal = node.refuse("odd1", "1", limit="1")  # fits a node, but not as whole cores
+    assert refusal.code == "FAILED_PRECONDITION", refusal
+    assert "SMTAlignmentError" in refusal.message, refusal
 
 
 def test_odd_request_no_node_holds_fails_the_topology_manager_first(node: GuestNode) -> None:
-    node.configure(NodeConfig("single-numa-node", "0", cpu_options=FULL))
     refusal = node.refuse("odd3", "3", limit="3")
     assert "TopologyAffinityError" in refusal.message, refusal
 

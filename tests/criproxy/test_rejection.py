@@ -1,0 +1,50 @@
+"""A Rejection raised inside a context manager (as the proxy's pool gate is) still reaches kubelet with its own
+status and message (it was a frozen dataclass: leaving the context manager assigned ``__traceback__`` and the
+caller got INTERNAL "FrozenInstanceError: cannot assign to field '__traceback__'")."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from criproxy.lab.client import CRIClient, pb
+from criproxy.lab.memory_runtime import MemoryRuntime
+from criproxy.relay import Rejection, RelayHandler, Upstream
+from criproxy.server import start_relay_server
+
+
+@contextlib.asynccontextmanager
+async def gate() -> AsyncIterator[None]:
+    yield
+
+
+async def test_rejection_raised_inside_a_context_manager_keeps_its_status(short_tmp: Path,
+                                                                         runtime: MemoryRuntime) -> None:
+    async def status(request: bytes, forward: object) -> bytes:
+        async with gate():
+            raise Rejection(grpc.StatusCode.UNAVAILABLE, "numapin: not started yet")
+
+    upstream = Upstream(runtime.socket_path)
+    path = str(short_tmp / "r.sock")
+    server = await start_relay_server(path, RelayHandler(upstream, {"Status": status}))
+    try:
+        async with CRIClient(path) as c:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await c.call("Status", pb.StatusRequest(), pb.StatusResponse)
+        assert (err.value.code(), err.value.details()) == (grpc.StatusCode.UNAVAILABLE, "numapin: not started yet")
+    finally:
+        await server.stop(0)
+        await upstream.close()
+
+
+def test_rejection_can_be_re_raised() -> None:
+    e = Rejection(grpc.StatusCode.FAILED_PRECONDITION, "numapin: no")
+    for _ in range(2):
+        with pytest.raises(Rejection) as got:
+            raise e
+        assert got.value.code == grpc.StatusCode.FAILED_PRECONDITION and str(got.value) == "numapin: no"
