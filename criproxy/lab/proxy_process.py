@@ -68,7 +68,7 @@ class ProxyProcess:
             return None
         return doc if isinstance(doc, dict) and doc.get("kind") == "NumapinProxyStatus" else None
 
-    def wait_reconciled(self, timeout: float = 60.0) -> dict[str, Any]:
+    def wait_reconciled(self, timeout: float = 120.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
@@ -79,7 +79,7 @@ class ProxyProcess:
             time.sleep(0.05)
         raise RuntimeError(f"proxy did not reconcile within {timeout:g} s:\n{self.log_tail()}")
 
-    def start(self, timeout: float = 60.0) -> dict[str, Any]:
+    def start(self, timeout: float = 120.0) -> dict[str, Any]:
         self.spawn()
         return self.wait_reconciled(timeout)
 
