@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -38,13 +39,13 @@ from allocator.cfs import milli_cpu_to_quota
 from allocator.cpuset import CPUSet
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
-from allocator.mode_change import KUBELET_RULE, ModeChange, mode_name, parse_target
-from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, qos_class
+from allocator.mode_change import KUBELET_RULE, ModeChange, parse_target
+from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, QOSClass, qos_class
 from protos import cri_pb2
 
 from .converge import Converger
 from .cri_api import UNLIMITED_QUOTA
-from .cri_intent import container_from_cri
+from .cri_intent import container_from_cri, qos_from_cgroup_parent
 from .mode_request import ModeAnswer, ModeRequest
 from .pinning import Pinning
 from .registry import Registry, Tracked
@@ -74,6 +75,8 @@ class ModeApplier:
         self.pending: dict[str, ModeRequest] = {}   # pod uid -> a refused request, tried again
         self.refs: dict[str, str] = {}               # pod uid -> namespace/name, for status
         self._kick = asyncio.Event()
+        self.created: dict[str, str] = {}            # pod uid -> the mode its sandbox was created with (seen)
+        self.models: dict[str, PodInfo] = {}         # pod uid -> the pod model of its last change
 
     # -- requests -----------------------------------------------------------------------------------------
     async def request(self, req: ModeRequest) -> ModeAnswer:
@@ -109,7 +112,8 @@ class ModeApplier:
         if self.pinning.self_pod.passes(uid, sb.metadata.namespace, sb.metadata.name, annotations):
             return ModeAnswer("ignored", f"pod {ref} is passed through untouched (numapin.io/bypass)")
         created = _created_mode(annotations)
-        pod = self._pod_model(req, sb, annotations)
+        self.created[uid] = created
+        pod = await self._pod_model(req, sb, annotations)
         pod = replace(pod, uid=uid, cpu_manager=None if created == KUBELET_RULE else created)  # type: ignore[arg-type]
         gate = self.pinning.pusher.gate
         async with self.pinning.lock:
@@ -120,6 +124,7 @@ class ModeApplier:
             # follows the state) can move the pod's containers before the shared ones are narrowed
             async with gate.exclusive():
                 change = await asyncio.to_thread(self.allocator.change_mode, pod, target)
+                self.models[uid] = pod
                 if not change.admitted:
                     self.on_refusal(change.reason or "Refused")
                     return ModeAnswer("refused", change.message, change.reason, change.to_dict())
@@ -144,7 +149,7 @@ class ModeApplier:
                 return sb
         return None
 
-    def _pod_model(self, req: ModeRequest, sb: cri_pb2.PodSandbox, annotations: dict[str, str]) -> PodInfo:
+    async def _pod_model(self, req: ModeRequest, sb: cri_pb2.PodSandbox, annotations: dict[str, str]) -> PodInfo:
         """The pod's containers and resources: from the API object, else the webhook's intent on the sandbox, else
         the model its containers were admitted with (since the proxy started), else what CRI showed of them."""
         if req.pod is not None:
@@ -156,9 +161,6 @@ class ModeApplier:
         # CRI alone tells only of the containers created so far: those that exist are moved (the others are admitted
         # when kubelet creates them, in the new mode)
         exist = {t.name for t in self.registry.of_pod(md.uid)}
-        admitted = self.allocator.pod(md.uid)  # the model CreateContainer built (QoS from the cgroup parent)
-        if admitted is not None:
-            return replace(admitted, containers=tuple(c for c in admitted.containers if c.name in exist))
         cri = self.registry.pods.get(md.uid)
         known = {n: r for n, r in cri.resources.items() if n in exist} if cri is not None else {}
         if not exist:
@@ -170,18 +172,37 @@ class ModeApplier:
                 f"its resources are unknown to the proxy: the pod has no {INTENT_ANNOTATION} annotation (created "
                 "without numapin's webhook) and the runtime's record of its containers was not read; change the "
                 "annotation on the API server instead (the proxy's watch reads the pod spec)")
-        # request from the CPU shares, limit from the quota (the QoS class is not in the runtime's sandbox list)
-        containers = tuple(replace(container_from_cri(n, r, "Burstable"), role=cri.roles.role(n))
+        qos = await self._qos_of(md.uid)
+        containers = tuple(replace(container_from_cri(n, r, qos or "Burstable"), role=cri.roles.role(n))
                            for n, r in known.items())
-        return PodInfo(uid=md.uid, namespace=md.namespace, name=md.name, qos_class=qos_class(containers),
-                       cpu_manager=None, bypass=False, containers=containers)
+        if qos is None:  # as kubelet classes it, as far as CRI tells: every CPU limit set and equal to its request
+            qos = "Guaranteed" if all(c.cpu_limit_milli and c.cpu_request_milli == c.cpu_limit_milli
+                                      for c in containers) else qos_class(containers)
+        return PodInfo(uid=md.uid, namespace=md.namespace, name=md.name, qos_class=qos, cpu_manager=None,
+                       bypass=False, containers=containers)
+
+    async def _qos_of(self, uid: str) -> QOSClass | None:
+        """The pod's QoS class from its containers' cgroup path (kubelet's ``kubepods/<class>/pod<uid>``)."""
+        for t in self.registry.of_pod(uid):
+            req = cri_pb2.ContainerStatusRequest(container_id=t.id, verbose=True).SerializeToString()
+            try:
+                raw = await self.upstream.call(self.pinning.api.method("ContainerStatus"), req, timeout=10.0)
+                info = json.loads(cri_pb2.ContainerStatusResponse.FromString(raw).info.get("info", "{}"))
+            except (grpc.aio.AioRpcError, ValueError):
+                continue
+            spec = info.get("runtimeSpec") if isinstance(info, dict) else None
+            path = ((spec or {}).get("linux") or {}).get("cgroupsPath") if isinstance(spec, dict) else None
+            qos = qos_from_cgroup_parent(str(path)) if path else None
+            if qos is not None:
+                return qos
+        return None
 
     # -- applying -------------------------------------------------------------------------------------------
     async def _apply(self, change: ModeChange) -> float:
         """Move the pod's running containers and the shared pool (zero-window order), the pool gate held by the
         caller; returns the seconds taken."""
         t0 = time.perf_counter()
-        info = self.allocator.pod(change.uid)
+        info = self.models.get(change.uid)
         moves: list[tuple[Tracked, CPUSet | None, int | None]] = []
         for t in self.registry.of_pod(change.uid):
             m = change.move(t.name)
@@ -249,7 +270,10 @@ class ModeApplier:
         gone = [uid for uid in state.pod_modes if uid not in live_uids]
         for uid in gone:
             del state.pod_modes[uid]
+        for uid in [u for u in {*self.refs, *self.created, *self.models} if u not in live_uids]:
             self.refs.pop(uid, None)
+            self.created.pop(uid, None)
+            self.models.pop(uid, None)
             self.pending.pop(uid, None)
         return gone
 
@@ -262,9 +286,8 @@ class ModeApplier:
             if t.pod_uid in seen or t.exited:
                 continue
             seen.add(t.pod_uid)
-            info = self.allocator.pod(t.pod_uid)
             mode = changed.get(t.pod_uid) or ("bypass" if t.mode == "bypass" else
-                                              mode_name(info.cpu_manager) if info is not None else "as created")
+                                              self.created.get(t.pod_uid, "as created"))
             out.append({"pod": t.pod_ref, "uid": t.pod_uid, "mode": mode,
                         "changed": t.pod_uid in changed,
                         "pending": self.pending[t.pod_uid].mode if t.pod_uid in self.pending else None})
