@@ -10,11 +10,7 @@ restart, as kubelet does.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-
-import grpc
-import grpc.aio
 
 from allocator.intent import INTENT_ANNOTATION
 from allocator.node import NodeAllocator
@@ -25,6 +21,7 @@ from .cri_intent import SelfPod
 from .pod_roles import KIND_ANNOTATION, Instance, replay
 from .registry import CriPod, Registry
 from .relay import Upstream
+from .runtime_reads import container_statuses
 
 __all__ = ["rebuild_cri_pods"]
 
@@ -48,23 +45,10 @@ async def rebuild_cri_pods(upstream: Upstream, api: RuntimeApi, allocator: NodeA
     for c in cri_pb2.ListContainersResponse.FromString(ct_raw).containers:
         if c.pod_sandbox_id in sandboxes:
             by_sandbox.setdefault(c.pod_sandbox_id, []).append(c)
-    sem = asyncio.Semaphore(16)
-
-    async def status(cid: str) -> cri_pb2.ContainerStatus | None:
-        async with sem:
-            try:
-                raw = await upstream.call(api.method("ContainerStatus"), cri_pb2.ContainerStatusRequest(
-                    container_id=cid).SerializeToString(), timeout=timeout)
-            except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.NOT_FOUND:
-                    return None  # removed while we looked
-                raise
-        return cri_pb2.ContainerStatusResponse.FromString(raw).status
-
     rebuilt = 0
     for sid, items in by_sandbox.items():
         uid = sandboxes[sid].metadata.uid
-        statuses = await asyncio.gather(*(status(c.id) for c in items))
+        statuses = await container_statuses(upstream, api, (c.id for c in items), timeout=timeout)
         pod = CriPod()
         instances: list[Instance] = []
         latest: dict[str, tuple[int, int]] = {}

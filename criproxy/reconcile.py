@@ -11,13 +11,9 @@ containerd rolled back).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
-
-import grpc
-import grpc.aio
 
 from allocator.cpuset import CPUSet
 from allocator.errors import PodSpecError
@@ -32,6 +28,7 @@ from .cri_intent import SelfPod
 from .narrowing import CpusetPusher
 from .registry import Registry, Tracked
 from .relay import Upstream
+from .runtime_reads import container_statuses
 
 __all__ = ["ReconcileReport", "reconcile"]
 
@@ -142,24 +139,12 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
         adopted += 1
         if not (exited or bypass):
             live.append((t, cpus))
-    sem = asyncio.Semaphore(16)
-
-    async def status(cid: str) -> cri_pb2.LinuxContainerResources | None:
-        async with sem:
-            try:
-                raw = await upstream.call(api.method("ContainerStatus"), cri_pb2.ContainerStatusRequest(
-                    container_id=cid).SerializeToString(), timeout=timeout)
-            except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.NOT_FOUND:
-                    return None  # removed while we looked
-                raise
-        return cri_pb2.ContainerStatusResponse.FromString(raw).status.resources.linux
-
-    statuses = await asyncio.gather(*(status(t.id) for t, _ in live))
-    for (t, cpus), res in zip(live, statuses, strict=True):
-        if res is None:
+    statuses = await container_statuses(upstream, api, (t.id for t, _ in live), timeout=timeout)
+    for (t, cpus), st in zip(live, statuses, strict=True):
+        if st is None:
             registry.remove(t.id)
             continue
+        res = st.resources.linux
         t.cpus = _parse_cpus(res.cpuset_cpus) if res.cpuset_cpus else None
         t.mems = _parse_cpus(res.cpuset_mems) if res.cpuset_mems else None
         if cpus is not None:
