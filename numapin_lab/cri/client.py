@@ -13,7 +13,8 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from ..relay import CHANNEL_OPTIONS, normalize_endpoint
+from criproxy.relay import CHANNEL_OPTIONS, normalize_endpoint
+
 from . import cri_full_pb2 as pb
 
 __all__ = ["CRIClient", "pb"]
