@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc.aio
 
 from allocator.checkpoint import CheckpointStore, import_kubelet_state
-from allocator.node import NodeAllocator, NodeConfig
+from allocator.node import NodeAllocator, NodeConfig, NodeParts, build_node
 from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
@@ -34,13 +34,13 @@ from .server import RelayServer, SocketInUseError, listen_path, start_relay_serv
 from .starts import StartGuard
 from .status import status_from_thread
 
-__all__ = ["CriProxy", "node_config_of"]
+__all__ = ["CriProxy", "node_parts_of"]
 
 log = logging.getLogger("numapin.criproxy")
 
 
-def node_config_of(config: ProxyConfig) -> NodeConfig:
-    """The allocator's node configuration (validated: raises ConfigError / TopologyError)."""
+def node_parts_of(config: ProxyConfig) -> NodeParts:
+    """The proxy's node, read from sysfs and built once (``build_node``: raises ConfigError / TopologyError)."""
     topology = Topology.from_sysfs(config.sysfs)
     nc = NodeConfig(topology=topology, reserved_cpus=config.reserved_cpus, num_reserved_cpus=config.num_reserved_cpus,
                     cpu_manager_policy_options=dict(config.cpu_manager_policy_options),
@@ -48,15 +48,16 @@ def node_config_of(config: ProxyConfig) -> NodeConfig:
                     topology_manager_scope=config.topology_manager_scope,
                     topology_manager_policy_options=dict(config.topology_manager_policy_options),
                     require_reserved_cpus=True)  # kubelet's start-up rule for a node with the static policy
-    nc.validate()
-    return nc
+    return build_node(nc)
 
 
 class CriProxy:
-    """``await CriProxy(config).start()`` … ``await proxy.stop()``."""
+    """``await CriProxy(config).start()`` … ``await proxy.stop()``. ``parts``: the node already built from
+    ``config`` (``node_parts_of``, as the command line does to check it before it starts), else built at start."""
 
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, parts: NodeParts | None = None) -> None:
         self.config = config
+        self._parts = parts
         self.metrics = ProxyMetrics()
         self.registry = Registry()
         self.api = RuntimeApi()  # the runtime's CRI version, for the proxy's own calls
@@ -75,7 +76,8 @@ class CriProxy:
 
     async def start(self) -> CriProxy:
         cfg = self.config
-        self.node_config = await asyncio.to_thread(node_config_of, cfg)
+        parts = self._parts or await asyncio.to_thread(node_parts_of, cfg)
+        self.node_config = parts.config
         self.store = CheckpointStore(cfg.state_file, "numapin")
         cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
         for leftover in await asyncio.to_thread(self.store.clean_leftovers):
@@ -84,7 +86,7 @@ class CriProxy:
         if state is None and cfg.import_kubelet_state:
             state = await asyncio.to_thread(import_kubelet_state, cfg.import_kubelet_state)
             log.info("imported kubelet's CPU manager state from %s", cfg.import_kubelet_state)
-        self.allocator = NodeAllocator(self.node_config, state)
+        self.allocator = NodeAllocator(parts, state)
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
         self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick(),
