@@ -10,7 +10,6 @@ logged and skipped (``/validate`` denies it in a cluster with the webhook).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from allocator.errors import PodSpecError
 from allocator.mode_change import parse_target
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo
-from webhook.sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, watch_until_stopped
+from webhook.sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, run_watches
 
 from .mode_request import ModeRequest, ModeSink
 
@@ -44,14 +43,7 @@ class NodePodWatch:
     async def run(self, stop: asyncio.Event) -> None:
         api = await api_client(self.kubeconfig)
         try:
-            task = asyncio.create_task(watch_until_stopped(lambda: self._once(api), stop, self.retry_seconds,
-                                                           f"pods of node {self.node_name}"))
-            stopped = asyncio.create_task(stop.wait())
-            await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
-            for t in (task, stopped):
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+            await run_watches({f"pods of node {self.node_name}": lambda: self._once(api)}, stop, self.retry_seconds)
         finally:
             await api.close()
 

@@ -14,11 +14,10 @@ go to" (``spec.nodeName`` and ``spec.nodeSelector`` narrow the candidates). Two 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from allocator.errors import TopologyError
 from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
 
 from .node_index import NodeIndex, ShapeGroup
-from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, watch_until_stopped
+from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, run_watches
 
 __all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
 
@@ -309,17 +308,11 @@ class APISource:
     async def run(self, stop: asyncio.Event) -> None:
         api = await self._client()
         try:
-            tasks = [asyncio.create_task(watch_until_stopped(lambda: self._nrt_once(api), stop, self.retry_seconds,
-                                                             "NodeResourceTopologies"))]
+            watches: dict[str, Callable[[], Awaitable[None]]] = {
+                "NodeResourceTopologies": lambda: self._nrt_once(api)}
             if self.watch_nodes:
-                tasks.append(asyncio.create_task(watch_until_stopped(lambda: self._nodes_once(api), stop,
-                                                                     self.retry_seconds, "Nodes")))
-            await stop.wait()
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+                watches["Nodes"] = lambda: self._nodes_once(api)
+            await run_watches(watches, stop, self.retry_seconds)
         finally:
             await api.close()
 

@@ -16,7 +16,6 @@ before the watch delivers the pod) a GET of the pod from the API server, or a re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections import OrderedDict
@@ -32,7 +31,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import PodInfo
 
 from .nodes import load_documents
-from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, watch_until_stopped
+from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, run_watches
 
 __all__ = ["DEFAULT_POD_CACHE_BYTES", "CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "PodFinder",
            "pod_model"]
@@ -229,15 +228,7 @@ class PodAPISource:
         api = await api_client(self.kubeconfig)
         self._api = api
         try:
-            # the watch blocks until the server ends it: run it beside ``stop`` so that setting ``stop`` ends it
-            task = asyncio.create_task(watch_until_stopped(lambda: self._once(api), stop, self.retry_seconds,
-                                                           "pending pods"))
-            stopped = asyncio.create_task(stop.wait())
-            await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
-            for t in (task, stopped):
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+            await run_watches({"pending pods": lambda: self._once(api)}, stop, self.retry_seconds)
         finally:
             self._api = None
             await api.close()
