@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import grpc.aio
 
@@ -20,6 +21,7 @@ from .control import ControlServer
 from .converge import Converger, Decision, decision_of
 from .cri_api import RuntimeApi
 from .cri_pods import rebuild_cri_pods
+from .http_server import ProxyHttpServer
 from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
 from .mode_apply import ModeApplier
@@ -32,7 +34,7 @@ from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
 from .server import RelayServer, SocketInUseError, listen_path, start_relay_server
 from .starts import StartGuard
-from .status import status_from_thread
+from .status import status_document
 
 __all__ = ["CriProxy", "node_config_of"]
 
@@ -63,8 +65,9 @@ class CriProxy:
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
+        self.http = ProxyHttpServer(self.metrics.registry, lambda: status_document(self))
         self._server: RelayServer | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # the background tasks (``_spawn``), all cancelled by stop()
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
         self._control: ControlServer | None = None
@@ -118,8 +121,7 @@ class CriProxy:
             self._api = ApiPublisher(cfg.kubeconfig)
         endpoint = cfg.metrics_endpoint()
         if endpoint is not None:
-            loop = asyncio.get_running_loop()
-            self.metrics_port = self.metrics.serve(*endpoint, status=lambda: status_from_thread(self, loop))
+            self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
         self._server = await start_relay_server(listen_path(cfg.listen), handler)
@@ -127,11 +129,22 @@ class CriProxy:
                  cfg.listen, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
         self._nrt_dirty.set()
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._reconcile_loop()))
-        self._tasks.append(loop.create_task(self._nrt_loop()))
-        self._tasks.append(loop.create_task(self._modes_loop()))
+        self._spawn(self._reconcile_loop(), "reconcile")
+        self._spawn(self._nrt_loop(), "nrt")
+        self._spawn(self._modes_loop(), "modes")
         return self
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """The one place background tasks start: each is kept until it ends and cancelled by ``stop``; one that
+        fails is logged at once (not when the proxy stops)."""
+        task = asyncio.get_running_loop().create_task(work, name=f"numapin-criproxy-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
 
     async def _modes_loop(self) -> None:
         """Changes of a running pod's mode: from the local control socket and the API watch, once the start-up
@@ -148,7 +161,7 @@ class CriProxy:
                 self._control = None
         if cfg.watch_pods:
             watch = NodePodWatch(cfg.node_name, self.modes.request, kubeconfig=cfg.kubeconfig)
-            self._tasks.append(asyncio.get_running_loop().create_task(watch.run(self._stop_watch)))
+            self._spawn(watch.run(self._stop_watch), "pod-watch")
             log.info("watching the pods of node %s for changes of their CPU mode", cfg.node_name)
         await self.modes.run()
 
@@ -188,7 +201,7 @@ class CriProxy:
                 await self.reconcile_once()
                 await self.starts.note_unstarted()
                 self.reconciled.set()
-                self._tasks.append(asyncio.get_running_loop().create_task(self.converger.run()))
+                self._spawn(self.converger.run(), "converge")
                 break
             except grpc.aio.AioRpcError as e:
                 log.warning("reconcile: runtime not reachable (%s: %s); retrying in %.1f s", e.code().name,
@@ -232,21 +245,24 @@ class CriProxy:
             await self._server.wait_for_termination()
 
     async def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving, cancel every background task and wait for it: nothing of the proxy runs afterwards."""
+        await self.http.stop()
         self._stop_watch.set()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        self._tasks.clear()
+        while self._tasks:  # a task being cancelled may not start another (``_spawn``), but be sure
+            tasks = list(self._tasks)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._tasks.difference_update(tasks)
         if self._control is not None:
             await self._control.stop()
             self._control = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+        if hasattr(self, "pinning"):  # after the relay: no create can abandon CPUs any more
+            await self.pinning.stop_background(1.0 if grace is None else grace)
         if self._api is not None:
             await self._api.close()
         if hasattr(self, "upstream"):
             await self.upstream.close()
-        self.metrics.close()
