@@ -6,6 +6,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,25 @@ def node_config_of(config: ProxyConfig) -> NodeConfig:
     return nc
 
 
+@dataclass(frozen=True)
+class ProxyParts:
+    """What ``CriProxy.start`` builds from the machine (its topology, the state file, the cgroup layout) and the
+    runtime's endpoint."""
+
+    node_config: NodeConfig
+    store: CheckpointStore
+    allocator: NodeAllocator
+    upstream: Upstream
+    pusher: CpusetPusher
+    converger: Converger
+    starts: StartGuard
+    pinning: Pinning
+    modes: ModeApplier
+
+
 class CriProxy:
-    """``await CriProxy(config).start()`` … ``await proxy.stop()``."""
+    """``await CriProxy(config).start()`` … ``await proxy.stop()``. The parts built by ``start`` are read through
+    properties (``proxy.allocator``, ``proxy.pinning``, …) that raise ``RuntimeError`` before it."""
 
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
@@ -75,42 +93,84 @@ class CriProxy:
         # numapinStateVersion of the published NRT: unique to this process, bumped on every publication
         self._nrt_epoch = uuid.uuid4().hex[:12]
         self._nrt_generation = 0
+        self._parts: ProxyParts | None = None  # built by start()
+
+    def _started(self) -> ProxyParts:
+        if self._parts is None:
+            raise RuntimeError("the proxy is not started (await CriProxy.start() first)")
+        return self._parts
+
+    @property
+    def node_config(self) -> NodeConfig:
+        return self._started().node_config
+
+    @property
+    def store(self) -> CheckpointStore:
+        return self._started().store
+
+    @property
+    def allocator(self) -> NodeAllocator:
+        return self._started().allocator
+
+    @property
+    def upstream(self) -> Upstream:
+        return self._started().upstream
+
+    @property
+    def pusher(self) -> CpusetPusher:
+        return self._started().pusher
+
+    @property
+    def converger(self) -> Converger:
+        return self._started().converger
+
+    @property
+    def starts(self) -> StartGuard:
+        return self._started().starts
+
+    @property
+    def pinning(self) -> Pinning:
+        return self._started().pinning
+
+    @property
+    def modes(self) -> ModeApplier:
+        return self._started().modes
 
     async def start(self) -> CriProxy:
         cfg = self.config
-        self.node_config = await asyncio.to_thread(node_config_of, cfg)
-        self.store = CheckpointStore(cfg.state_file, "numapin")
+        node_config = await asyncio.to_thread(node_config_of, cfg)
+        store = CheckpointStore(cfg.state_file, "numapin")
         cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
-        for leftover in await asyncio.to_thread(self.store.clean_leftovers):
+        for leftover in await asyncio.to_thread(store.clean_leftovers):
             log.info("removed %s (a state write interrupted by a kill)", leftover)
-        state = await asyncio.to_thread(self.store.load)
+        state = await asyncio.to_thread(store.load)
         if state is None and cfg.import_kubelet_state:
             state = await asyncio.to_thread(import_kubelet_state, cfg.import_kubelet_state)
             log.info("imported kubelet's CPU manager state from %s", cfg.import_kubelet_state)
-        self.allocator = NodeAllocator(self.node_config, state)
-        await asyncio.to_thread(self.store.save, self.allocator.state)
-        self.upstream = Upstream(cfg.runtime_endpoint)
-        self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick(),
-                                   api=self.api)
+        allocator = NodeAllocator(node_config, state)
+        await asyncio.to_thread(store.save, allocator.state)
         layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
         problem = await asyncio.to_thread(layout.problem)
         if problem is not None:
             log.warning("converge: %s; running containers' cpusets cannot be checked in the kernel", problem)
-        self.converger = Converger(self.upstream, self.registry, self.pusher, layout, self.decide,
-                                   period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
-                                   on_pass=self.metrics.observe_converge)
-        self.starts = StartGuard(self.registry, self.converger, self.decide,
-                                 on_refusal=self.metrics.observe_start_refusal)
-        self.pinning = Pinning(
-            self.node_config, self.allocator, self.store, self.pusher, self.registry,
+        # from here to the parts, nothing waits: stop() closes what start() opened, however far it got
+        upstream = Upstream(cfg.runtime_endpoint)
+        pusher = CpusetPusher(upstream, self.registry, on_resized=lambda: self.converger.kick(), api=self.api)
+        converger = Converger(upstream, self.registry, pusher, layout, self.decide,
+                              period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
+                              on_pass=self.metrics.observe_converge)
+        starts = StartGuard(self.registry, converger, self.decide, on_refusal=self.metrics.observe_start_refusal)
+        pinning = Pinning(
+            node_config, allocator, store, pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid),
             api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._state_changed, on_decision=self.metrics.observe_decision,
             on_narrow=self.metrics.observe_narrowing)
-        self.modes = ModeApplier(self.pinning, self.upstream, self.registry, self.converger,
-                                 lift_cfs_quota=cfg.lift_cfs_quota, on_transition=self.metrics.observe_mode_change,
-                                 on_refusal=self.metrics.observe_mode_refusal)
+        modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
+                            on_transition=self.metrics.observe_mode_change,
+                            on_refusal=self.metrics.observe_mode_refusal)
+        self._parts = ProxyParts(node_config, store, allocator, upstream, pusher, converger, starts, pinning, modes)
         interceptors = dict(self.pinning.interceptors())
         interceptors["StartContainer"] = self.starts.start_container
         # kubelet's own cpuset-bearing update is sent with the pool gate held (shared): never between a
@@ -168,8 +228,8 @@ class CriProxy:
     def _state_changed(self) -> None:
         """The allocation changed: publish the NodeResourceTopology again, retry refused changes of mode."""
         self._nrt_dirty.set()
-        if hasattr(self, "modes"):
-            self.modes.kick()
+        if self._parts is not None:
+            self._parts.modes.kick()
 
     def decide(self, t: Tracked) -> Decision | None:
         """What the container must run on now (its pinned CPUs, else the shared pool)."""
@@ -260,9 +320,9 @@ class CriProxy:
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
-        if hasattr(self, "pinning"):  # after the relay: no create can abandon CPUs any more
-            await self.pinning.stop_background(1.0 if grace is None else grace)
+        if self._parts is not None:  # after the relay: no create can abandon CPUs any more
+            await self._parts.pinning.stop_background(1.0 if grace is None else grace)
         if self._api is not None:
             await self._api.close()
-        if hasattr(self, "upstream"):
-            await self.upstream.close()
+        if self._parts is not None:
+            await self._parts.upstream.close()

@@ -203,14 +203,19 @@ def leftovers(before: set[asyncio.Task[Any]]) -> list[str]:
 
 
 async def test_nothing_runs_after_stop(short_tmp: Path, two_numa_sysfs: Path) -> None:
-    """Every task the proxy started is gone after stop (the runtime, its own gRPC server, is stopped too: its tasks
-    look like the proxy's), the port is closed, no thread but the loop's worker pool is left."""
+    """Every attribute of the proxy exists from __init__; every task it started is gone after stop (the runtime,
+    a gRPC server too, is stopped as well: its tasks look like the proxy's); the port is closed; no thread is left
+    but the loop's worker pool."""
     tasks, threads = asyncio.all_tasks(), {t.name for t in threading.enumerate()}
     runtime = await MemoryRuntime(str(short_tmp / "own-rt.sock")).start()
-    p = await CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs, reconcile_period=0.05,
-                                    converge_period=0.05)).start()
+    p = CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs, reconcile_period=0.05, converge_period=0.05))
+    with pytest.raises(RuntimeError, match="not started"):
+        p.allocator  # noqa: B018
+    attributes = set(vars(p))
+    await p.start()
     try:
         await asyncio.wait_for(p.reconciled.wait(), 30)
+        assert set(vars(p)) == attributes  # every attribute is created in __init__
         async with CRIClient(p.config.listen) as k:
             await run_pod(k, "db", 2000, 2000)
             await run_pod(k, "web", 500)
@@ -224,6 +229,7 @@ async def test_nothing_runs_after_stop(short_tmp: Path, two_numa_sysfs: Path) ->
         await p.stop()
         await runtime.stop()
     held.close()
+    assert set(vars(p)) == attributes
     assert leftovers(tasks) == []
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", port)
