@@ -101,9 +101,12 @@ class ProxyConfig:
             return None
         host, _, port = self.metrics_address.rpartition(":")
         try:
-            return (host or "127.0.0.1", int(port))
+            number = int(port)
         except ValueError:
             raise ConfigError(f"metrics-address: expected HOST:PORT, got {self.metrics_address!r}") from None
+        if not 0 <= number <= 65535:
+            raise ConfigError(f"metrics-address: port {number} is not in 0-65535 (0: any free port)")
+        return (host.removeprefix("[").removesuffix("]") or "127.0.0.1", number)
 
 
 DEFAULTS = ProxyConfig()

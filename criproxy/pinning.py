@@ -153,6 +153,16 @@ class Pinning:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    async def stop_background(self, timeout: float) -> None:
+        """Let the background work (CPUs given back for creates their caller abandoned) finish within ``timeout``
+        seconds, then cancel the rest: nothing runs afterwards (a give-back lost so is redone by the next start's
+        reconcile, which drops assignments of containers that do not exist)."""
+        if self._background:
+            _, pending = await asyncio.wait(set(self._background), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
     def _pod_lock(self, uid: str) -> asyncio.Lock:
         """The pod's lock; every call is paired with one ``_drop_pod_lock`` (the lock goes with its last user)."""
         lock, users = self._pod_locks.get(uid, (None, 0))
