@@ -10,6 +10,7 @@ logged and skipped (``/validate`` denies it in a cluster with the webhook).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from allocator.errors import PodSpecError
 from allocator.mode_change import parse_target
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo
-from webhook.sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, run_watches
+from webhook.sources import api_client, run_watches, watch_events
 
 from .mode_request import ModeRequest, ModeSink
 
@@ -48,7 +49,7 @@ class NodePodWatch:
             await api.close()
 
     async def _once(self, api: Any) -> None:
-        from kubernetes_asyncio import client, watch
+        from kubernetes_asyncio import client
 
         core = client.CoreV1Api(api)
         selector = f"spec.nodeName={self.node_name}"
@@ -61,14 +62,9 @@ class NodePodWatch:
             del self._seen[uid]
         self.synced.set()
         rv = listing.get("metadata", {}).get("resourceVersion")
-        w = watch.Watch()
-        async with w.stream(core.list_pod_for_all_namespaces, field_selector=selector, resource_version=rv,
-                            timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT) as stream:
-            async for event in stream:
-                obj = event.get("raw_object")
-                kind = event.get("type")
-                if not isinstance(obj, Mapping) or kind == "BOOKMARK":
-                    continue
+        async with contextlib.aclosing(watch_events(core.list_pod_for_all_namespaces, field_selector=selector,
+                                                    resource_version=rv)) as events:
+            async for kind, obj in events:
                 if kind == "DELETED":
                     self._seen.pop(str(obj.get("metadata", {}).get("uid", "")), None)
                 else:

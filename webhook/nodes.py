@@ -14,6 +14,7 @@ go to" (``spec.nodeName`` and ``spec.nodeSelector`` narrow the candidates). Two 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -28,7 +29,7 @@ from allocator.errors import TopologyError
 from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
 
 from .node_index import NodeIndex, ShapeGroup
-from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, run_watches
+from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, run_watches, watch_events
 
 __all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
 
@@ -317,7 +318,7 @@ class APISource:
             await api.close()
 
     async def _nrt_once(self, api: Any) -> None:
-        from kubernetes_asyncio import client, watch
+        from kubernetes_asyncio import client
 
         custom = client.CustomObjectsApi(api)
         listing = await custom.list_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL)
@@ -335,14 +336,9 @@ class APISource:
             self.store.put(n)
         self.store.mark_synced(self.name)
         rv = listing.get("metadata", {}).get("resourceVersion")
-        w = watch.Watch()
-        async with w.stream(custom.list_cluster_custom_object, NRT_GROUP, NRT_VERSION, NRT_PLURAL,
-                            resource_version=rv, timeout_seconds=WATCH_SECONDS,
-                            _request_timeout=WATCH_REQUEST_TIMEOUT) as stream:
-            async for event in stream:
-                kind, obj = event.get("type"), event.get("raw_object")
-                if not isinstance(obj, Mapping) or kind == "BOOKMARK":
-                    continue
+        async with contextlib.aclosing(watch_events(custom.list_cluster_custom_object, NRT_GROUP, NRT_VERSION,
+                                                    NRT_PLURAL, resource_version=rv)) as events:
+            async for kind, obj in events:
                 name = obj.get("metadata", {}).get("name")
                 if kind == "DELETED" and isinstance(name, str):
                     self.store.delete(name)

@@ -16,6 +16,7 @@ before the watch delivers the pod) a GET of the pod from the API server, or a re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections import OrderedDict
@@ -31,7 +32,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import PodInfo
 
 from .nodes import load_documents
-from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, run_watches
+from .sources import api_client, poll_until_stopped, run_watches, watch_events
 
 __all__ = ["DEFAULT_POD_CACHE_BYTES", "CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "PodFinder",
            "pod_model"]
@@ -234,7 +235,7 @@ class PodAPISource:
             await api.close()
 
     async def _once(self, api: Any) -> None:
-        from kubernetes_asyncio import client, watch
+        from kubernetes_asyncio import client
 
         core = client.CoreV1Api(api)
         selector = "spec.nodeName="
@@ -249,16 +250,12 @@ class PodAPISource:
         self.cache.drop_source(self.name, keep)
         self.synced = True
         rv = listing.get("metadata", {}).get("resourceVersion")
-        w = watch.Watch()
-        async with w.stream(core.list_pod_for_all_namespaces, field_selector=selector, resource_version=rv,
-                            timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT) as stream:
-            async for event in stream:
-                obj = event.get("raw_object")
-                if not isinstance(obj, Mapping) or event.get("type") == "BOOKMARK":
-                    continue
+        async with contextlib.aclosing(watch_events(core.list_pod_for_all_namespaces, field_selector=selector,
+                                                    resource_version=rv)) as events:
+            async for kind, obj in events:
                 meta = obj.get("metadata", {})
                 ns, name = meta.get("namespace", ""), meta.get("name", "")
-                if event.get("type") == "DELETED":
+                if kind == "DELETED":
                     self.cache.delete(ns, name)
                 else:
                     self.cache.remember(obj, namespace=ns, source=self.name)

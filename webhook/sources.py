@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 __all__ = ["WATCH_REQUEST_TIMEOUT", "WATCH_SECONDS", "api_client", "poll_until_stopped", "run_watches",
-           "watch_until_stopped"]
+           "watch_events", "watch_until_stopped"]
 
 log = logging.getLogger("numapin.webhook.sources")
 
@@ -72,6 +72,22 @@ async def run_watches(watches: Mapping[str, Callable[[], Awaitable[None]]], stop
         for t in (*tasks, stopped):
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+
+
+async def watch_events(list_call: Callable[..., Any], *args: Any, resource_version: str | None,
+                       **kwargs: Any) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+    """The events of a watch of ``list_call(*args, **kwargs)`` from ``resource_version`` (the list's), as (type,
+    object as the API server sent it); bookmarks are skipped. The server ends it after ``WATCH_SECONDS``. Iterate
+    it under ``contextlib.aclosing`` so that the stream is closed when the loop body raises."""
+    from kubernetes_asyncio import watch
+
+    async with watch.Watch().stream(list_call, *args, resource_version=resource_version,
+                                    timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT,
+                                    **kwargs) as stream:
+        async for event in stream:
+            obj, kind = event.get("raw_object"), event.get("type")
+            if isinstance(obj, Mapping) and kind != "BOOKMARK":
+                yield str(kind), obj
 
 
 async def api_client(kubeconfig: str | None) -> Any:
