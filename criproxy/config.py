@@ -72,10 +72,16 @@ class ProxyConfig:
         return Path(self.state_dir) / "cpu_manager_state"
 
     @property
+    def nrt_dir(self) -> Path:
+        """Where the NodeResourceTopology goes by default, one ``<node name>.json`` (a directory the webhook can
+        read)."""
+        return Path(self.state_dir) / "nrt"
+
+    @property
     def nrt_path(self) -> Path:
         if self.nrt_file:
             return Path(self.nrt_file)
-        return Path(self.state_dir) / "nrt" / f"{self.node_name or 'node'}.json"  # a directory the webhook can read
+        return self.nrt_dir / f"{self.node_name or 'node'}.json"
 
     @property
     def control_path(self) -> str | None:

@@ -20,7 +20,6 @@ import grpc.aio
 
 from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
-from allocator.devices import devices_numa_nodes
 from allocator.errors import AllocatorError, PodSpecError
 from allocator.intent import INTENT_ANNOTATION
 from allocator.node import NodeAllocator, NodeConfig, PodDecision
@@ -38,6 +37,7 @@ from .cri_api import (
     RuntimeApi,
 )
 from .cri_intent import PodIdentity, SelfPod, identity_of, pod_from_cri
+from .devices import devices_numa_nodes
 from .narrowing import CpusetPusher
 from .pod_roles import KIND_ANNOTATION, Instance
 from .registry import CriPod, Registry, Tracked, TrackedMode

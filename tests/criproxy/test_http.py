@@ -27,9 +27,9 @@ from allocator.errors import ConfigError
 from criproxy.app import CriProxy
 from criproxy.config import load_config
 from criproxy.http_server import ProxyHttpServer
-from criproxy.lab.client import CRIClient
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.status import status_document
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 from .test_pinning import proxy_config, run_pod
 
