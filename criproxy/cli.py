@@ -61,7 +61,8 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
                                              "with --watch-pods)"}),
     ("--control-socket", "control_socket", {"help": "root-only unix socket for `numapin mode`, empty to disable "
                                                      "(default: control.sock next to --listen)"}),
-    ("--metrics-address", "metrics_address", {"help": "HOST:PORT for /metrics, empty to disable "
+    ("--metrics-address", "metrics_address", {"help": "HOST:PORT for /metrics and /status ([::1]:PORT for IPv6, "
+                                                       "port 0: any free port), empty to disable "
                                                        f"(default {DEFAULTS.metrics_address})"}),
     ("--import-kubelet-state", "import_kubelet_state",
      {"help": "kubelet's cpu_manager_state to import once when numapin has no state yet"}),
