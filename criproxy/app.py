@@ -30,7 +30,8 @@ from .pod_watch import NodePodWatch
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
-from .server import RelayServer, SocketInUseError, listen_path, start_relay_server
+from .relay_frames import FrameRelayServer
+from .server import RelayServer, SocketInUseError, listen_path, start_relay
 from .starts import StartGuard
 from .status import status_from_thread
 
@@ -63,7 +64,7 @@ class CriProxy:
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
-        self._server: RelayServer | None = None
+        self._server: RelayServer | FrameRelayServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
@@ -122,9 +123,9 @@ class CriProxy:
             self.metrics_port = self.metrics.serve(*endpoint, status=lambda: status_from_thread(self, loop))
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_relay_server(listen_path(cfg.listen), handler)
-        log.info("numapin criproxy listening on %s, runtime %s, topology manager %s/%s, reserved %s",
-                 cfg.listen, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
+        self._server = await start_relay(listen_path(cfg.listen), handler, cfg.relay)
+        log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s",
+                 cfg.listen, cfg.relay, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
         self._nrt_dirty.set()
         loop = asyncio.get_running_loop()

@@ -107,10 +107,12 @@ class ProxyProcess:
         return json.loads((self.state_dir / "cpu_manager_state").read_text())
 
 
-@pytest.fixture
-async def proxy(lab: ContainerdLab) -> AsyncIterator[ProxyProcess]:
+@pytest.fixture(params=["frames", "grpc"])
+async def proxy(lab: ContainerdLab, request: pytest.FixtureRequest) -> AsyncIterator[ProxyProcess]:
+    """The proxy process with each relay (``--relay``)."""
     d = Path(tempfile.mkdtemp(prefix="npx-p-", dir="/tmp"))
     p = ProxyProcess(d, lab.socket)
+    p.extra += ["--relay", request.param]
     await asyncio.to_thread(p.start)
     try:
         yield p
