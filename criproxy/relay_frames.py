@@ -403,8 +403,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.kube_gone = True
-        for held in self.held.values():
+        for sid, held in list(self.held.items()):
             held.kube_reset = True
+            if not held.answered:  # its request never completed: nothing to decide
+                del self.held[sid]
         if self.state == "connecting":
             self.state = "closed"
         if not self.held:
