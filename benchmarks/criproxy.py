@@ -49,8 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from criproxy.lab.client import CRIClient, pb  # noqa: E402
-from criproxy.lab.lab import ContainerdLab  # noqa: E402
+from numapin_lab.cri.client import CRIClient, pb  # noqa: E402
+from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -67,7 +67,7 @@ def _wait_socket(path: str, proc: subprocess.Popen, what: str, timeout: float = 
 
 
 def start_runtime(path: str, bulk: int = 0, pods: int = 0) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "criproxy.lab.memory_runtime", path, "--bulk", str(bulk),
+    p = subprocess.Popen([sys.executable, "-m", "numapin_lab.cri.memory_runtime", path, "--bulk", str(bulk),
                           "--pods", str(pods)],
                          cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert p.stdout is not None

@@ -20,7 +20,6 @@ import grpc.aio
 
 from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
-from allocator.devices import devices_numa_nodes
 from allocator.errors import AllocatorError, PodSpecError
 from allocator.intent import INTENT_ANNOTATION
 from allocator.node import NodeAllocator, NodeConfig, PodDecision
@@ -38,6 +37,7 @@ from .cri_api import (
     RuntimeApi,
 )
 from .cri_intent import PodIdentity, SelfPod, identity_of, pod_from_cri
+from .devices import devices_numa_nodes
 from .narrowing import CpusetPusher
 from .pod_roles import KIND_ANNOTATION, Instance
 from .registry import CriPod, Registry, Tracked, TrackedMode
@@ -152,6 +152,16 @@ class Pinning:
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def stop_background(self, timeout: float) -> None:
+        """Let the background work (CPUs given back for creates their caller abandoned) finish within ``timeout``
+        seconds, then cancel the rest: nothing runs afterwards (a give-back lost so is redone by the next start's
+        reconcile, which drops assignments of containers that do not exist)."""
+        if self._background:
+            _, pending = await asyncio.wait(set(self._background), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def _pod_lock(self, uid: str) -> asyncio.Lock:
         """The pod's lock; every call is paired with one ``_drop_pod_lock`` (the lock goes with its last user)."""

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.lab.client import CRIClient
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import RelayHandler, Upstream
 from criproxy.server import RELAYS, start_relay
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from criproxy.lab.client import CRIClient
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.containerd import ContainerdLab
 
 from . import test_e2e_containerd as e2e
 from .test_e2e_containerd import EXCL, SHARED, ProxyProcess, cpus_of, pid_of, start_pod

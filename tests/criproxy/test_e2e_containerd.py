@@ -26,8 +26,8 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from criproxy.lab.client import CRIClient
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.containerd import ContainerdLab
 
 pytestmark = pytest.mark.containerd
 
@@ -231,7 +231,7 @@ async def test_proxy_killed_and_restarted_in_the_middle_of_a_pods_life(
     web_pid, db_pid = await pid_of(kubelet, web), await pid_of(kubelet, db)
     proxy.kill()
     async with CRIClient(lab.socket) as direct:  # while the proxy is dead, the web container drifts back
-        from criproxy.lab.client import pb
+        from numapin_lab.cri.client import pb
         await direct.update_container_resources(web, pb.LinuxContainerResources(cpuset_cpus=machine_cpus))
     assert cpus_of(web_pid)[0] == machine_cpus
     await asyncio.to_thread(proxy.start)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.lab.client import CRIClient
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.containerd import ContainerdLab
 from tests.webhook.fake_kube import PODS_PATH, FakeKubeAPI
 
 from . import test_e2e_containerd as e2e

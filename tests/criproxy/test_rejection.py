@@ -12,10 +12,10 @@ import grpc
 import grpc.aio
 import pytest
 
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import Rejection, RelayHandler, Upstream
 from criproxy.server import start_relay
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 
 @contextlib.asynccontextmanager

@@ -11,10 +11,10 @@ import grpc
 import grpc.aio
 import pytest
 
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import RelayHandler, Upstream
 from criproxy.server import SocketInUseError, start_relay
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 
 async def test_unary_call_answers_like_the_runtime(runtime: MemoryRuntime, client: CRIClient) -> None:

@@ -24,10 +24,10 @@ import hpack
 import pytest
 
 from criproxy import h2wire as h2
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import Forward, Interceptor, Rejection, RelayHandler, Upstream
 from criproxy.relay_frames import FrameRelayServer, start_frame_relay_server
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 ROOT = Path(__file__).resolve().parents[2]
 ECHO = "/runtime.v1.RuntimeService/Echo"
@@ -294,7 +294,7 @@ async def test_priority_and_continuation_from_a_raw_client(short_tmp: Path, runt
 @pytest.mark.containerd
 async def test_padded_frames_relayed_to_containerd(short_tmp: Path) -> None:
     """Padded HEADERS and DATA, held (Version, intercepted) and relayed verbatim (Status), to a grpc-go peer."""
-    from criproxy.lab.lab import ContainerdLab
+    from numapin_lab.cri.containerd import ContainerdLab
 
     lab = ContainerdLab(short_tmp / "ctrd")
     await asyncio.to_thread(lab.start)
@@ -450,7 +450,7 @@ async def test_many_connections_at_once(short_tmp: Path, runtime: MemoryRuntime)
 
 
 def _runtime_process(path: str, bulk: int) -> subprocess.Popen[bytes]:
-    p = subprocess.Popen([sys.executable, "-m", "criproxy.lab.memory_runtime", path, "--bulk", str(bulk)],
+    p = subprocess.Popen([sys.executable, "-m", "numapin_lab.cri.memory_runtime", path, "--bulk", str(bulk)],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert p.stdout is not None
     assert p.stdout.readline() == b"ready\n"

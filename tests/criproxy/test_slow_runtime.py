@@ -8,10 +8,10 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from criproxy.lab.client import CRIClient
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import RelayHandler, Upstream
 from criproxy.server import start_relay
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 DELAY = 1.5  # seconds before a new connection is served (longer than the 100 ms the channel once gave it)
 

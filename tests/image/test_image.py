@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.containerd import ContainerdLab
 
 pytestmark = pytest.mark.containerd
 
