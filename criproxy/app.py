@@ -34,7 +34,8 @@ from .reconcile import ReconcileReport, reconcile
 from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
 from .relay_frames import FrameRelayServer
-from .server import RelayServer, SocketInUseError, listen_path, start_relay
+from .relays import start_relay
+from .server import RelayServer, SocketInUseError, listen_path
 from .starts import StartGuard
 from .status import status_document
 

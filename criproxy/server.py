@@ -14,21 +14,13 @@ import socket
 import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 
 from .relay import MAX_MESSAGE, RelayHandler
 
-if TYPE_CHECKING:
-    from .relay_frames import FrameRelayServer
-
-__all__ = ["RELAYS", "RelayServer", "SocketInUseError", "listen_path", "prepare_socket", "start_relay",
-           "start_relay_server", "start_server"]
-
-# The relays the proxy can run: "frames" (HTTP/2 frames forwarded, relay_frames.py), "grpc" (relay.py).
-RELAYS = ("frames", "grpc")
+__all__ = ["RelayServer", "SocketInUseError", "listen_path", "prepare_socket", "start_relay_server", "start_server"]
 
 SOCKET_MODE = 0o660
 # Threads of the relay: each relayed call holds one while the runtime answers (a StopContainer can take a pod's
@@ -138,13 +130,3 @@ async def start_relay_server(path: str, handler: RelayHandler, *, threads: int =
     os.chmod(path, SOCKET_MODE)
     return RelayServer(server, executor)
 
-
-async def start_relay(path: str, handler: RelayHandler, relay: str = "grpc") -> RelayServer | FrameRelayServer:
-    """Serve ``handler`` with the relay named ``relay`` (one of ``RELAYS``) on the unix socket ``path``."""
-    if relay == "frames":
-        from .relay_frames import start_frame_relay_server
-
-        return await start_frame_relay_server(path, handler)
-    if relay != "grpc":
-        raise ValueError(f"unknown relay {relay!r}: expected one of {', '.join(RELAYS)}")
-    return await start_relay_server(path, handler)

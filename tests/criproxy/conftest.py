@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from criproxy.relay import RelayHandler, Upstream
-from criproxy.server import RELAYS, start_relay
+from criproxy.relays import RELAYS, start_relay
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 

@@ -13,7 +13,7 @@ import grpc.aio
 import pytest
 
 from criproxy.relay import Rejection, RelayHandler, Upstream
-from criproxy.server import start_relay
+from criproxy.relays import start_relay
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 

@@ -12,7 +12,8 @@ import grpc.aio
 import pytest
 
 from criproxy.relay import RelayHandler, Upstream
-from criproxy.server import SocketInUseError, start_relay
+from criproxy.relays import start_relay
+from criproxy.server import SocketInUseError
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 

@@ -9,7 +9,7 @@ import contextlib
 from pathlib import Path
 
 from criproxy.relay import RelayHandler, Upstream
-from criproxy.server import start_relay
+from criproxy.relays import start_relay
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 
