@@ -33,7 +33,9 @@ from .pod_watch import NodePodWatch
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
-from .server import RelayServer, SocketInUseError, listen_path, start_relay_server
+from .relay_frames import FrameRelayServer
+from .relays import start_relay
+from .server import RelayServer, SocketInUseError, listen_path
 from .starts import StartGuard
 from .status import status_document
 
@@ -86,7 +88,7 @@ class CriProxy:
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
         self.http = ProxyHttpServer(self.metrics.registry, lambda: status_document(self))
-        self._server: RelayServer | None = None
+        self._server: RelayServer | FrameRelayServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # the background tasks (``_spawn``), all cancelled by stop()
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
@@ -187,9 +189,9 @@ class CriProxy:
             self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_relay_server(listen_path(cfg.listen), handler)
-        log.info("numapin criproxy listening on %s, runtime %s, topology manager %s/%s, reserved %s",
-                 cfg.listen, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
+        self._server = await start_relay(listen_path(cfg.listen), handler, cfg.relay)
+        log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s",
+                 cfg.listen, cfg.relay, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
         self._nrt_dirty.set()
         self._spawn(self._reconcile_loop(), "reconcile")

@@ -67,6 +67,10 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--import-kubelet-state", "import_kubelet_state",
      {"help": "kubelet's cpu_manager_state to import once when numapin has no state yet"}),
     ("--log-level", "log_level", {"help": "DEBUG, INFO, WARNING (default INFO)"}),
+    ("--relay", "relay", {"choices": ("frames", "grpc"),
+                          "help": "how calls reach the runtime: frames (HTTP/2 frames copied between kubelet's "
+                                  "and the runtime's connections, decoded only for the intercepted methods) or "
+                                  f"grpc (a gRPC server and channel in the proxy) (default {DEFAULTS.relay})"}),
 )
 
 

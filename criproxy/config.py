@@ -66,6 +66,7 @@ class ProxyConfig:
     self_pod_name: str | None = None
     self_pod_uid: str | None = None
     log_level: str = "INFO"
+    relay: str = "grpc"           # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
 
     @property
     def state_file(self) -> Path:
@@ -148,6 +149,10 @@ def _coerce(name: str, value: Any) -> Any:
         if str(value).lower() in ("false", "0", "no"):
             return False
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if name == "relay":
+        if value not in ("frames", "grpc"):
+            raise ConfigError(f"{where}: expected frames or grpc, got {value!r}")
+        return value
     if value is not None and not isinstance(value, str):
         raise ConfigError(f"{where}: expected a string, got {value!r}")
     return value

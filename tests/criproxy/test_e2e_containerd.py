@@ -49,10 +49,11 @@ def machine_cpus() -> str:
     return str(ALL)
 
 
-@pytest.fixture
-async def proxy(lab: ContainerdLab) -> AsyncIterator[ProxyProcess]:
+@pytest.fixture(params=["frames", "grpc"])
+async def proxy(lab: ContainerdLab, request: pytest.FixtureRequest) -> AsyncIterator[ProxyProcess]:
+    """The proxy process with each relay (``--relay``)."""
     d = Path(tempfile.mkdtemp(prefix="npx-p-", dir="/tmp"))
-    p = ProxyProcess(d, lab.socket, reserved_cpus=SHARED)
+    p = ProxyProcess(d, lab.socket, reserved_cpus=SHARED, extra_args=("--relay", request.param))
     await asyncio.to_thread(p.start)
     try:
         yield p
