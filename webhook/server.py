@@ -300,7 +300,7 @@ def _internal_error(path: str, message: str) -> web.Response:
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
         "uid": "", "allowed": False,
         "status": {"status": "Failure", "code": 500, "reason": "InternalError", "message": message}}}
-    return web.Response(status=500, body=_dumps(review), content_type="application/json")
+    return web.Response(status=500, body=json_bytes(review), content_type="application/json")
 
 
 def _closing(status: int, message: str) -> web.Response:
