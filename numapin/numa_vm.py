@@ -11,6 +11,12 @@ are installed by ``scripts/lib/setup.sh``.
 Under software emulation (TCG) about one boot in 15-20 hangs in SMP bring-up: ``numa-vm.sh`` kills a boot that
 has not reached the command within ``boot_timeout`` seconds and boots again; a VM that fails anyway (exit 125) is
 booted once more here before the failure is reported.
+
+The guest's clock: under TCG the guest kernel calibrates the TSC against the emulated PIT at boot, and on a
+loaded host that calibration can come out wrong: one 2s4n boot's clock ran 2.8 times as fast as the host's, so
+every timeout inside it (containerd's, ctr's, the tests') was 2.8 times shorter than written. The command
+therefore runs with the guest's clocksource switched to the HPET (QEMU's, driven by the host's clock; a clock
+read costs about 2 µs more than the TSC's under emulation), unless ``VMSpec.hpet_clock`` is False.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ _CANDIDATES = (_SRC_ROOT.parent / "shared/numa-lab/numa-vm.sh", Path("/work/shar
 _PRESETS = {"2s4n": "2s2c2t4n", "1s2n": "1s2c2t2n", "1s2n-nosmt": "1s4c1t2n", "2s2n": "2s2c2t2n",
             "1s1n": "1s2c2t1n"}
 _SPEC = re.compile(r"^(\d+)s(\d+)c(\d+)t(\d+)n$")
+# run first in the guest: the HPET as the clocksource when the kernel offers it, then the command
+HPET_PRELUDE = ("cs=/sys/devices/system/clocksource/clocksource0; "
+                "if grep -qw hpet $cs/available_clocksource 2>/dev/null; then echo hpet > $cs/current_clocksource; "
+                "fi; exec \"$@\"")
 
 
 class VMError(RuntimeError):
@@ -89,6 +99,7 @@ class VMSpec:
     timeout: int = 900                     # whole run, seconds
     boot_timeout: int = 60                 # a boot that has not reached the command by then is retried
     boot_retries: int = 2
+    hpet_clock: bool = True                # the guest's clocksource switched to the HPET first (see above)
 
     def argv(self, numa_vm: Path, command: Sequence[str]) -> list[str]:
         topology_spec(self.topology)
@@ -105,6 +116,8 @@ class VMSpec:
             out += ["--env", f"{k}={v}"]
         for d in self.shares:
             out += ["--share", d]
+        if self.hpet_clock:
+            command = ["/bin/sh", "-c", HPET_PRELUDE, "numapin-vm", *command]
         return [*out, "--", *command]
 
 
