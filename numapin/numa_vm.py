@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import signal
 import subprocess
 import time
@@ -135,6 +136,7 @@ class VMResult:
     returncode: int     # the command's, or 124 (timeout), 125 (the VM failed), 130 (interrupted)
     boots: int          # how many times numa-vm.sh was started (1, or 2 after a failed VM)
     seconds: float
+    cpu_seconds: float = 0.0   # CPU time of numa-vm.sh and QEMU (user + system): the work, whatever the host's load
 
 
 def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int | None = None,
@@ -145,6 +147,7 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
     SIGTERM and stops the VM too."""
     argv = spec.argv(find_numa_vm(), command)
     t0 = time.monotonic()
+    cpu0 = _children_cpu()
     rc = VM_FAILURE
     boots = 0
     for _ in range(max(1, attempts)):
@@ -164,4 +167,11 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
             raise
         if rc != VM_FAILURE:
             break
-    return VMResult(rc, boots, time.monotonic() - t0)
+    return VMResult(rc, boots, time.monotonic() - t0, _children_cpu() - cpu0)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children and their waited-for descendants (QEMU under numa-vm.sh).
+    Only meaningful as a difference, with no other child finishing meanwhile."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime

@@ -54,6 +54,7 @@ class GuestRun:
     cases: tuple[CaseResult, ...]
     log: Path            # the guest's pytest output and numa-vm.sh's messages
     guest_seconds: float | None = None   # the guest's pytest by the guest's clock (boot excluded)
+    cpu_seconds: float = 0.0             # QEMU's CPU time: the work, whatever the host's load
 
     @property
     def boot_seconds(self) -> float | None:
@@ -138,7 +139,8 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
     log = workdir / "vm.log"
     with open(log, "wb") as out:
         result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT))
-    return GuestRun(result.returncode, result.boots, result.seconds, parse_junit(junit), log, guest_seconds(workdir))
+    return GuestRun(result.returncode, result.boots, result.seconds, parse_junit(junit), log, guest_seconds(workdir),
+                    result.cpu_seconds)
 
 
 def guest_seconds(workdir: Path) -> float | None:
@@ -166,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if c.outcome not in ("passed", "skipped"):
             print("        " + c.message.replace("\n", "\n        ")[:4000])
     print(f"guest pytest exit {run.returncode}, {run.boots} boot(s), {run.seconds:.0f} s "
-          f"({run.guest_seconds or 0:.0f} s of tests by the guest's clock){run.clock_note}; log {run.log}")
+          f"({run.guest_seconds or 0:.0f} s of tests by the guest's clock, {run.cpu_seconds:.0f} s of CPU)"
+          f"{run.clock_note}; log {run.log}")
     return 0 if run.returncode == 0 and run.cases else 1
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from numapin.numa_vm import VM_FAILURE, VMSpec, pci_device_args
+from tests.numa.conftest import BOOTS
 from tests.numa.guest.node import OPLOG_ENV
 from tests.numa.harness import GuestRun, run_pytest_in_vm
 from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape
@@ -66,10 +67,11 @@ class Boots:
 
 
 @pytest.fixture(scope="session")
-def boots() -> Iterator[Boots]:
+def boots(pytestconfig: pytest.Config) -> Iterator[Boots]:
     """The boots' shared directories live in /var/tmp (the guest has its own tmpfs /tmp); kept when a boot had a
     failure (the failures name their logs there)."""
     b = Boots(Path(tempfile.mkdtemp(prefix="numapin-vm-", dir="/var/tmp")))
+    pytestconfig.stash[BOOTS] = b.runs
     yield b
     if all(r.returncode == 0 for r in b.runs.values()):
         shutil.rmtree(b.base, ignore_errors=True)
@@ -85,12 +87,14 @@ def test_in_vm(boots: Boots, shape: str, check: str, record_property: pytest.Rec
     record_property("vm_seconds", round(run.seconds, 1))
     if run.returncode not in (0, 1):
         what = "the VM failed" if run.returncode == VM_FAILURE else f"the guest's pytest exited {run.returncode}"
-        pytest.fail(f"{shape}: {what} ({run.boots} boot(s), {run.seconds:.0f} s); log {run.log}:\n{run.tail()}",
+        pytest.fail(f"{shape}: {what} ({run.boots} boot(s), {run.seconds:.0f} s){run.clock_note}; log {run.log}:\n"
+                    f"{run.tail()}",
                     pytrace=False)
     cases = run.of(check)
     if not cases:
         pytest.fail(f"{shape}: {check} did not run in the VM; log {run.log}:\n{run.tail()}", pytrace=False)
     bad = [c for c in cases if c.outcome != "passed"]
     if bad:
-        pytest.fail("\n\n".join(f"{c.nodeid} {c.outcome.upper()} in the {shape} VM:\n{c.message}" for c in bad),
+        pytest.fail("\n\n".join(f"{c.nodeid} {c.outcome.upper()} in the {shape} VM{run.clock_note}:\n{c.message}"
+                                for c in bad),
                     pytrace=False)
