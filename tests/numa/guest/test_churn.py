@@ -1,4 +1,4 @@
-"""The proxy's reliability churn (criproxy.lab.churn) once on a real multi-NUMA kernel, where exclusive CPUs
+"""The proxy's reliability churn (numapin_lab.cri.churn) once on a real multi-NUMA kernel, where exclusive CPUs
 are plentiful: a seeded kubelet-like mix of pods (exclusive ones among them) against this boot's containerd
 and a ``numapin criproxy`` child process of its own, with the proxy SIGKILLed while exclusive containers are
 being admitted, containerd SIGKILLed and restarted, cpusets written behind the proxy's back; every invariant
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from allocator.topology import Topology
-from criproxy.lab.churn import ChurnConfig, run_churn
+from numapin_lab.cri.churn import ChurnConfig, run_churn
 from tests.numa.guest.node import WORK, GuestNode
 from tests.numa.shapes import SHARED_ENV
 
