@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-__all__ = ["VM_FAILURE", "VMError", "VMResult", "VMSpec", "find_numa_vm", "pci_device_args", "run_in_vm",
+__all__ = ["VM_FAILURE", "VM_TIMEOUT", "VMError", "VMResult", "VMSpec", "find_numa_vm", "pci_device_args", "run_in_vm",
            "topology_spec"]
 
 NUMA_VM_ENV = "NUMAPIN_NUMA_VM"

@@ -1,8 +1,10 @@
 """Run a pytest selection inside a multi-NUMA VM (numapin_lab.numa_vm) and read back each test's outcome.
 
-The guest's pytest writes a JUnit XML file to a host directory shared read-write with the VM; the host side
-turns it into one result per guest test, so each check fails on its own with its own message. Generic: any
-selection (files, node ids, ``-k``) in any topology; tests/numa/test_multi_numa.py uses it for the shapes.
+The guest's pytest appends each test's outcome, as it happens, to a file in a host directory shared read-write
+with the VM (tests.numa.guest_results); the host side turns it into one result per guest test, so each check
+fails on its own with its own message, and the checks that finished keep their outcome when the VM is stopped
+later (its time limit). Generic: any selection (files, node ids, ``-k``) in any topology;
+tests/numa/test_multi_numa.py uses it for the shapes.
 
 From the shell (e.g. the proxy's reliability churn, once, where exclusive CPUs are plentiful)::
 
@@ -12,16 +14,18 @@ From the shell (e.g. the proxy's reliability churn, once, where exclusive CPUs a
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from numapin_lab.numa_vm import VMSpec, run_in_vm
+from tests.numa.guest_results import RESULTS
 from tests.numa.shapes import IN_VM_ENV, SHARED_ENV
 
 __all__ = ["CaseResult", "GuestRun", "run_pytest_in_vm"]
@@ -36,7 +40,7 @@ GUEST_PYTEST = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-o", "ad
 @dataclass(frozen=True)
 class CaseResult:
     nodeid: str          # file::test[params], the file relative to its directory
-    outcome: str         # passed, failed, error, skipped
+    outcome: str         # passed, failed, error, skipped, unfinished (the VM stopped during it)
     message: str
     seconds: float
 
@@ -79,22 +83,35 @@ class GuestRun:
             return f"(no log at {self.log})"
 
 
-def parse_junit(path: Path) -> tuple[CaseResult, ...]:
-    if not path.exists():
+def parse_results(path: Path) -> tuple[CaseResult, ...]:
+    """Each test's outcome from the guest's ``results.jsonl`` (tests.numa.guest_results): failed (its call failed),
+    error (its set-up or tear-down did), skipped, passed, or unfinished (started, never reported: the VM stopped)."""
+    phases: dict[str, list[dict[str, Any]]] = {}
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
         return ()
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut short when the VM stopped
+        phases.setdefault(rec["nodeid"], []).append(rec)
     out = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        module = case.get("classname", "").rsplit(".", 1)[-1]
-        nodeid = f"{module}.py::{case.get('name', '')}"
-        outcome, message = "passed", ""
-        for kind in ("failure", "error", "skipped"):
-            el = case.find(kind)
-            if el is not None:
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[kind]
-                message = "\n".join(x for x in (el.get("message", ""), el.text or "") if x)
-                if kind != "skipped":
-                    break
-        out.append(CaseResult(nodeid, outcome, message, float(case.get("time", "0") or 0)))
+    for nodeid, recs in phases.items():
+        done = [r for r in recs if r["when"] != "start"]
+        failed = next((r for r in done if r["outcome"] == "failed"), None)
+        skipped = next((r for r in done if r["outcome"] == "skipped"), None)
+        if failed is not None:
+            outcome, message = ("failed" if failed["when"] == "call" else "error"), failed["message"]
+        elif skipped is not None:
+            outcome, message = "skipped", skipped["message"]
+        elif any(r["when"] == "teardown" for r in done):
+            outcome, message = "passed", ""
+        else:
+            outcome, message = "unfinished", "started, never finished: the VM stopped during it"
+        name = nodeid.rsplit("/", 1)[-1]  # file::test[params], the file by its name
+        out.append(CaseResult(name, outcome, message, sum(r.get("seconds", 0.0) for r in done)))
     return tuple(out)
 
 
@@ -115,13 +132,14 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
                      env: Mapping[str, str] | None = None, test_timeout: int = 600) -> GuestRun:
     """Boot ``spec``, run ``python -m pytest SELECTION`` in it (this source tree and virtualenv, seen at the same
     paths in the guest, with ``$NUMAPIN_IN_VM=1`` and a tmpfs on /tmp), return each test's outcome. ``workdir``
-    (a host directory, not under /tmp) is shared with the guest and receives ``junit.xml`` and ``vm.log``."""
+    (a host directory, not under /tmp) is shared with the guest and receives ``results.jsonl`` (each test's
+    outcome as it happens) and ``vm.log``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    junit = workdir / "junit.xml"
-    junit.unlink(missing_ok=True)
+    results = workdir / RESULTS
+    results.unlink(missing_ok=True)
     if workdir.resolve().is_relative_to("/tmp"):
         raise ValueError(f"{workdir}: the guest mounts a tmpfs on /tmp, so the shared directory must be elsewhere")
-    pytest_argv = [sys.executable, "-m", "pytest", *GUEST_PYTEST, "-q", "-rfE", f"--junitxml={junit}",
+    pytest_argv = [sys.executable, "-m", "pytest", *GUEST_PYTEST, "-p", "tests.numa.guest_results", "-q", "-rfE",
                    f"--timeout={test_timeout}", *selection]
     warm_bytecode(selection)
     # /tmp in the guest is the overlay root, where containerd's overlayfs snapshots cannot live: a tmpfs there
@@ -139,8 +157,8 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
     log = workdir / "vm.log"
     with open(log, "wb") as out:
         result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT))
-    return GuestRun(result.returncode, result.boots, result.seconds, parse_junit(junit), log, guest_seconds(workdir),
-                    result.cpu_seconds)
+    return GuestRun(result.returncode, result.boots, result.seconds, parse_results(results), log,
+                    guest_seconds(workdir), result.cpu_seconds)
 
 
 def guest_seconds(workdir: Path) -> float | None:

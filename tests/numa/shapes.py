@@ -35,6 +35,7 @@ class Shape:
     cgroup: str = "v1"
     mem_per_node_mib: int | None = None
     device_node: int | None = None        # a PCI device (virtio-serial port DEVICE_PORT) on this NUMA node
+    timeout: int = 1200                   # seconds for the whole VM run (generous: the host may be overloaded)
 
     @property
     def smt(self) -> bool:
@@ -52,7 +53,7 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("2s4n", "2s4n", ("test_machine.py", "test_single_numa_node.py", "test_device.py", "test_spread.py",
                            "test_prefer_closest.py", "test_restricted_refuses.py", "test_full_pcpus.py",
                            "test_churn.py"),
-          device_node=2),
+          device_node=2, timeout=2700),
     # 1 socket x 4 cores, no SMT, 2 nodes; pure cgroup v2 (the host and the other shapes are v1)
     Shape("1s2n-nosmt", "1s2n-nosmt", _CORE, cgroup="v2"),
     # 2 sockets x 4 cores, 8 nodes of one CPU
