@@ -35,7 +35,8 @@ import base64
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -340,7 +341,6 @@ class _Server:
         self.statuses = _Statuses()
         self.observe: Observer | None = handler.observe
         self.connections: set[_Connection] = set()
-        self.stopping = False
 
 
 class _Connection(asyncio.Protocol):
@@ -415,6 +415,8 @@ class _Connection(asyncio.Protocol):
     def runtime_lost(self, exc: Exception | None) -> None:
         if self.state == "closed":
             return
+        log.info("frame relay: the runtime closed a connection (%s); closing kubelet's, with %d call(s) in flight",
+                 exc or "end of stream", len(self.calls) + len(self.held))
         error = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
                                      "numapin: the runtime closed the connection")
         for held in self.held.values():
@@ -451,8 +453,8 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.resume(self.rt)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -840,6 +842,7 @@ class _Connection(asyncio.Protocol):
             return
         self.state = "refusing"
         self.refusal = why
+        log.warning("frame relay: %s; kubelet's calls on this connection fail with UNAVAILABLE", why)
         self.kube.write(h2.settings_frame([]))
         self._refuse_calls()
         asyncio.get_running_loop().call_later(10.0, self._close)
@@ -894,7 +897,6 @@ class FrameRelayServer:
         seconds, then close every connection."""
         if self._stopped.is_set():
             return
-        self._shared.stopping = True
         self._server.close()
         conns = list(self._shared.connections)
         for c in conns:
