@@ -36,7 +36,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -370,8 +370,7 @@ class _Connection(asyncio.Protocol):
     # --- set-up and tear-down
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.kube.transport = transport
+        self.kube.transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's is no subclass)
         self.server.connections.add(self)
         self._spawn(self._connect())
 
