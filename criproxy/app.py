@@ -13,7 +13,7 @@ from typing import Any
 import grpc.aio
 
 from allocator.checkpoint import CheckpointStore, import_kubelet_state
-from allocator.node import NodeAllocator, NodeConfig
+from allocator.node import NodeAllocator, NodeConfig, NodeParts, build_node
 from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
@@ -39,13 +39,13 @@ from .server import RelayServer, SocketInUseError, listen_path
 from .starts import StartGuard
 from .status import status_document
 
-__all__ = ["CriProxy", "node_config_of"]
+__all__ = ["CriProxy", "node_parts_of"]
 
 log = logging.getLogger("numapin.criproxy")
 
 
-def node_config_of(config: ProxyConfig) -> NodeConfig:
-    """The allocator's node configuration (validated: raises ConfigError / TopologyError)."""
+def node_parts_of(config: ProxyConfig) -> NodeParts:
+    """The proxy's node, read from sysfs and built once (``build_node``: raises ConfigError / TopologyError)."""
     topology = Topology.from_sysfs(config.sysfs)
     nc = NodeConfig(topology=topology, reserved_cpus=config.reserved_cpus, num_reserved_cpus=config.num_reserved_cpus,
                     cpu_manager_policy_options=dict(config.cpu_manager_policy_options),
@@ -53,8 +53,7 @@ def node_config_of(config: ProxyConfig) -> NodeConfig:
                     topology_manager_scope=config.topology_manager_scope,
                     topology_manager_policy_options=dict(config.topology_manager_policy_options),
                     require_reserved_cpus=True)  # kubelet's start-up rule for a node with the static policy
-    nc.validate()
-    return nc
+    return build_node(nc)
 
 
 @dataclass(frozen=True)
@@ -75,10 +74,13 @@ class ProxyParts:
 
 class CriProxy:
     """``await CriProxy(config).start()`` … ``await proxy.stop()``. The parts built by ``start`` are read through
-    properties (``proxy.allocator``, ``proxy.pinning``, …) that raise ``RuntimeError`` before it."""
+    properties (``proxy.allocator``, ``proxy.pinning``, …) that raise ``RuntimeError`` before it. ``node``: the node
+    already built from ``config`` (``node_parts_of``, as the command line does to check it before it starts), else
+    ``start`` builds it."""
 
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, node: NodeParts | None = None) -> None:
         self.config = config
+        self._node = node
         self.metrics = ProxyMetrics()
         self.registry = Registry()
         self.api = RuntimeApi()  # the runtime's CRI version, for the proxy's own calls
@@ -140,7 +142,8 @@ class CriProxy:
 
     async def start(self) -> CriProxy:
         cfg = self.config
-        node_config = await asyncio.to_thread(node_config_of, cfg)
+        node = self._node or await asyncio.to_thread(node_parts_of, cfg)
+        node_config = node.config
         store = CheckpointStore(cfg.state_file, "numapin")
         cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
         for leftover in await asyncio.to_thread(store.clean_leftovers):
@@ -149,7 +152,7 @@ class CriProxy:
         if state is None and cfg.import_kubelet_state:
             state = await asyncio.to_thread(import_kubelet_state, cfg.import_kubelet_state)
             log.info("imported kubelet's CPU manager state from %s", cfg.import_kubelet_state)
-        allocator = NodeAllocator(node_config, state)
+        allocator = NodeAllocator(node, state)
         await asyncio.to_thread(store.save, allocator.state)
         layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
         problem = await asyncio.to_thread(layout.problem)
@@ -167,8 +170,8 @@ class CriProxy:
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid),
             api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
-            on_change=self._state_changed, on_decision=self.metrics.observe_decision,
-            on_narrow=self.metrics.observe_narrowing)
+            on_change=self._state_changed, on_admitted=self.metrics.observe_admission,
+            on_rejected=self.metrics.observe_rejection, on_narrow=self.metrics.observe_narrowing)
         modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
                             on_refusal=self.metrics.observe_mode_refusal)

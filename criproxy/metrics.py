@@ -46,11 +46,11 @@ class ProxyMetrics:
     def observe_call(self, method: str, seconds: float, code: grpc.StatusCode) -> None:
         self.relay_seconds.labels(method.rsplit("/", 1)[-1], code.name).observe(seconds)
 
-    def observe_decision(self, mode: str, outcome: str) -> None:
-        if outcome == "admitted":
-            self.allocations.labels(mode).inc()
-        else:
-            self.rejections.labels(mode).inc()
+    def observe_admission(self, mode: str) -> None:
+        self.allocations.labels(mode).inc()
+
+    def observe_rejection(self, reason: str) -> None:
+        self.rejections.labels(reason).inc()
 
     def observe_narrowing(self, seconds: float) -> None:
         self.narrowing_seconds.observe(seconds)

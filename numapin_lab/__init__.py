@@ -10,5 +10,5 @@ the seeded kubelet-like churn (``churn``).
 ``numapin_lab.numa_vm``: a throw-away multi-NUMA QEMU VM (numa-lab's numa-vm.sh) to run a command in.
 
 The product packages (allocator, criproxy, webhook, numapin's commands) never import it at import time
-(tests/architecture/test_layers.py); ``numapin demo`` imports it inside the command.
+(tests/architecture/test_lab_apart.py); ``numapin demo`` imports it inside the command.
 """

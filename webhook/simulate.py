@@ -132,15 +132,14 @@ class Simulator:
         return _named(result, pod)
 
     def _allocator(self, node: NodeTopology, occupied: bool) -> Any:
-        from allocator.node import NodeAllocator
+        from allocator.node import NodeAllocator, build_node
 
         akey = (node.state_key if occupied else node.shape_key, occupied)
         alloc = self._allocators.get(akey)
         if alloc is None:
             topology = synthetic_topology(node)
-            config = synthetic_config(node, topology)
-            config.validate()
-            alloc = NodeAllocator(config, synthetic_state(node, topology, occupied=occupied))
+            parts = build_node(synthetic_config(node, topology))
+            alloc = NodeAllocator(parts, synthetic_state(node, topology, occupied=occupied))
             self._allocators.put(akey, alloc)
         return alloc
 
@@ -157,7 +156,7 @@ class Simulator:
         try:
             alloc = self._allocator(node, occupied)
             if prior:
-                alloc = type(alloc)(alloc.config, alloc.state.copy())
+                alloc = alloc.copy()
                 for i, p in enumerate(prior):
                     with contextlib.suppress(AllocatorError):
                         alloc.admit_pod(replace(pod_key(p), uid=f"numapin.io/prior-{i}"))

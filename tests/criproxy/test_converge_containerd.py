@@ -125,7 +125,7 @@ async def test_widening_refused_with_unavailable_is_retried_until_it_holds(lab: 
     server = await start_relay_server(str(short_tmp / "faulty.sock"), RelayHandler(upstream, {
         "UpdateContainerResources": update}))
     (short_tmp / "p").mkdir()
-    p = ProxyProcess(short_tmp / "p", str(short_tmp / "faulty.sock"))
+    p = ProxyProcess(short_tmp / "p", str(short_tmp / "faulty.sock"), reserved_cpus=SHARED)
     try:
         await asyncio.to_thread(p.start)
         async with CRIClient(p.socket) as k:

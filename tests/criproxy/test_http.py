@@ -49,10 +49,22 @@ async def aget(url: str, headers: dict[str, str] | None = None, method: str = "G
 
 
 async def raw_exchange(port: int, request: bytes) -> bytes:
+    """Send ``request``, read until the server closes the connection (or, when the request declared a body it did
+    not send, one second after the answer's head came: the server waits for that body before it closes)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(request)
     await writer.drain()
-    answer = await asyncio.wait_for(reader.read(), 10)
+    answer = b""
+    while True:
+        try:
+            chunk = await asyncio.wait_for(reader.read(65536), 1 if b"\r\n\r\n" in answer else 10)
+        except TimeoutError:
+            if b"\r\n\r\n" not in answer:
+                raise
+            break
+        if not chunk:
+            break
+        answer += chunk
     writer.close()
     return answer
 
@@ -197,7 +209,13 @@ def test_a_bad_metrics_address_is_a_config_error(address: str) -> None:
         load_config(None, {"metrics_address": address}).metrics_endpoint()
 
 
-def leftovers(before: set[asyncio.Task[Any]]) -> list[str]:
+async def leftovers(before: set[asyncio.Task[Any]]) -> list[str]:
+    """Tasks started since ``before`` and still there, once the stopped runtime's own RPC handlers (gRPC names them
+    ``HandleExceptions[/runtime....]``; they end a few loop turns after its server stops) are gone."""
+    for _ in range(500):
+        if not any(t.get_name().startswith("HandleExceptions[/runtime.") for t in asyncio.all_tasks()):
+            break
+        await asyncio.sleep(0.01)
     return [f"{t.get_name()}: {t.get_coro()!r}" for t in asyncio.all_tasks() - before
             if t is not asyncio.current_task()]
 
@@ -206,8 +224,9 @@ async def test_nothing_runs_after_stop(short_tmp: Path, two_numa_sysfs: Path) ->
     """Every attribute of the proxy exists from __init__; every task it started is gone after stop (the runtime,
     a gRPC server too, is stopped as well: its tasks look like the proxy's); the port is closed; no thread is left
     but the loop's worker pool."""
-    tasks, threads = asyncio.all_tasks(), {t.name for t in threading.enumerate()}
+    tasks = asyncio.all_tasks()
     runtime = await MemoryRuntime(str(short_tmp / "own-rt.sock")).start()
+    threads = {t.name for t in threading.enumerate()}  # grpc.aio's poller thread (process-wide) runs from here
     p = CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs, reconcile_period=0.05, converge_period=0.05))
     with pytest.raises(RuntimeError, match="not started"):
         p.allocator  # noqa: B018
@@ -230,7 +249,7 @@ async def test_nothing_runs_after_stop(short_tmp: Path, two_numa_sysfs: Path) ->
         await runtime.stop()
     held.close()
     assert set(vars(p)) == attributes
-    assert leftovers(tasks) == []
+    assert await leftovers(tasks) == []
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", port)
     new_threads = {t.name for t in threading.enumerate() if t.is_alive()} - threads
@@ -253,5 +272,58 @@ async def test_a_proxy_that_cannot_bind_its_metrics_port_stops_cleanly(short_tmp
         await p.stop()
         await runtime.stop()
         taken.close()
-    assert leftovers(tasks) == []
+    assert await leftovers(tasks) == []
     assert not Path(p.config.listen).exists()  # the relay never started
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_seeded_garbage_never_gets_a_5xx_and_the_server_keeps_serving(
+        served: tuple[ProxyHttpServer, list[int], list[Any]], seed: int) -> None:
+    """Random request lines, methods, paths, headers and raw bytes: every answer is 200 (a real endpoint asked
+    properly) or 4xx, never 5xx; /status still answers afterwards."""
+    import random
+
+    rng = random.Random(seed)
+    server, _, _ = served
+    assert server.port is not None
+    methods = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "BREW", "G\x00T", "get"]
+    paths = ["/metrics", "/status", "/", "/status/", "/metrics?name[]=x", "//status", "/%ff", "/a" * 300,
+             "/status?" + "x=1&" * 200, "*", "http://evil/status", "/stat\x01us"]
+    answers: list[int] = []
+    for _ in range(60):
+        if rng.random() < 0.2:
+            raw = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))) + b"\r\n\r\n"
+        else:
+            headers = "".join(f"{rng.choice(['X-A', 'Accept', 'Accept-Encoding', 'Content-Length', 'Host'])}: "
+                              f"{rng.choice(['gzip', '1', '-1', 'x' * rng.randrange(1, 300), '', 'text/*'])}\r\n"
+                              for _ in range(rng.randrange(0, 5)))
+            raw = (f"{rng.choice(methods)} {rng.choice(paths)} {rng.choice(['HTTP/1.1', 'HTTP/1.0', 'HTTP/9'])}\r\n"
+                   f"{headers}Connection: close\r\n\r\n").encode("latin-1")
+        answer = await raw_exchange(server.port, raw)
+        if answer:  # a connection closed without an answer is a refusal too
+            first = answer.split(b"\r\n", 1)[0].split(b" ")
+            assert len(first) >= 2 and first[0].startswith(b"HTTP/1."), answer[:200]
+            answers.append(int(first[1]))
+    assert answers and all(code == 200 or 400 <= code < 500 for code in answers), sorted(set(answers))
+    code, _, _ = await aget(f"http://127.0.0.1:{server.port}/status")
+    assert code == 200
+
+
+async def test_stop_while_requests_are_in_flight(short_tmp: Path, two_numa_sysfs: Path) -> None:
+    """Status and metrics requests racing the proxy's stop: stop completes, each request is answered or cut off,
+    nothing is left running."""
+    tasks = asyncio.all_tasks()
+    runtime = await MemoryRuntime(str(short_tmp / "own-rt.sock")).start()
+    p = await CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs)).start()
+    try:
+        await asyncio.wait_for(p.reconciled.wait(), 30)
+        port = p.metrics_port
+        requests = [asyncio.ensure_future(aget(f"http://127.0.0.1:{port}{path}"))
+                    for _ in range(10) for path in ("/status", "/metrics")]
+        await asyncio.sleep(0.01)
+    finally:
+        await asyncio.wait_for(p.stop(), 30)
+        await runtime.stop()
+    for outcome in await asyncio.gather(*requests, return_exceptions=True):
+        assert isinstance(outcome, OSError) or outcome[0] == 200, outcome
+    assert await leftovers(tasks) == []
