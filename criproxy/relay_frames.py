@@ -35,7 +35,7 @@ import base64
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, cast
 
 import grpc
@@ -313,6 +313,28 @@ def _message(payload: bytes) -> bytes:
     return b"\x00" + len(payload).to_bytes(4, "big") + payload
 
 
+def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """Start, end, type, flags and stream id of each whole frame in ``data`` from ``pos`` on."""
+    n = len(data)
+    while n - pos >= 9:
+        hi, lo, ftype, flags, sid = _FRAME(data, pos)
+        end = pos + 9 + (hi << 16 | lo)
+        if end > n:
+            return
+        yield pos, end, ftype, flags, sid & 0x7FFFFFFF
+        pos = end
+
+
+def _pass_on(peer: _Peer, data: bytes, start: int, pos: int, out: list[bytes]) -> None:
+    """Write to ``peer`` what a pass over ``data`` kept (``out``, then ``data[start:pos]``): ``data`` itself when
+    every frame went as it came."""
+    if start == 0 and pos == len(data):
+        peer.write(data)
+    else:
+        out.append(data[start:pos])
+        peer.write(b"".join(out))
+
+
 class _RuntimeSide(asyncio.Protocol):
     """The runtime connection's protocol: hands everything to its ``_Connection``."""
 
@@ -483,19 +505,14 @@ class _Connection(asyncio.Protocol):
                 return
             self.preface = True
             pos = 24
-        n = len(data)
         start = 0
         out: list[bytes] = []
         rt = self.rt
         held = self.held
+        done = pos
         try:
-            while n - pos >= 9:
-                hi, lo, ftype, flags, sid = _FRAME(data, pos)
-                length = hi << 16 | lo
-                end = pos + 9 + length
-                if end > n:
-                    break
-                sid &= 0x7FFFFFFF
+            for pos, end, ftype, flags, sid in _frames(data, done):
+                length = end - pos - 9
                 if ftype == _DATA:
                     h = held.get(sid)
                     if h is None:
@@ -525,17 +542,12 @@ class _Connection(asyncio.Protocol):
                         h.kube_reset = True
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
-                pos = end
+                done = end
         except _ProtocolError as e:
             self._fail(str(e))
             return
-        if pos < n:
-            self.ktail = data[pos:]
-        if start == 0 and pos == n:
-            rt.write(data)
-            return
-        out.append(data[start:pos])
-        rt.write(b"".join(out))
+        self.ktail = data[done:]
+        _pass_on(rt, data, start, done, out)
 
     def _kubelet_settings(self, payload: bytes) -> bytes:
         """kubelet's SETTINGS as the runtime gets them: HEADER_TABLE_SIZE 0 (see the module doc)."""
@@ -645,19 +657,14 @@ class _Connection(asyncio.Protocol):
         if self.rtail:
             data = self.rtail + data
             self.rtail = b""
-        n = len(data)
         pos = start = 0
         out: list[bytes] = []
         kube = self.kube
         held = self.held
+        done = pos
         try:
-            while n - pos >= 9:
-                hi, lo, ftype, flags, sid = _FRAME(data, pos)
-                length = hi << 16 | lo
-                end = pos + 9 + length
-                if end > n:
-                    break
-                sid &= 0x7FFFFFFF
+            for pos, end, ftype, flags, sid in _frames(data, done):
+                length = end - pos - 9
                 if ftype == _DATA:
                     h = held.get(sid)
                     if h is None:
@@ -716,17 +723,12 @@ class _Connection(asyncio.Protocol):
                                                     f"numapin: the runtime reset the stream (HTTP/2 error {code})"))
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
-                pos = end
+                done = end
         except _ProtocolError as e:
             self._fail(str(e))
             return
-        if pos < n:
-            self.rtail = data[pos:]
-        if start == 0 and pos == n:
-            kube.write(data)
-            return
-        out.append(data[start:pos])
-        kube.write(b"".join(out))
+        self.rtail = data[done:]
+        _pass_on(kube, data, start, done, out)
 
     def _held_response_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
         if flags & _PADDED:
@@ -853,13 +855,8 @@ class _Connection(asyncio.Protocol):
         if not data.startswith(h2.PREFACE):
             self._close()
             return
-        pos, n, answered = 24, len(data), False
-        while n - pos >= 9:
-            hi, lo, ftype, flags, sid = _FRAME(data, pos)
-            end = pos + 9 + (hi << 16 | lo)
-            if end > n:
-                break
-            sid &= 0x7FFFFFFF
+        done, answered = 24, False
+        for pos, end, ftype, flags, sid in _frames(data, done):
             if ftype == _SETTINGS and not flags & h2.ACK:
                 self.kube.write(h2.frame(_SETTINGS, h2.ACK, 0))
             elif ftype == _PING and not flags & h2.ACK:
@@ -870,8 +867,8 @@ class _Connection(asyncio.Protocol):
                                                                        self.refusal, trailers_only=True),
                                                   self.kube.max_frame, True))
                 answered = True
-            pos = end
-        self.pending = bytearray(data[pos:])
+            done = end
+        self.pending = bytearray(data[done:])
         self.pending[:0] = h2.PREFACE  # what is left parses the same next time
         if answered:
             self.kube.write(h2.goaway(self.last_sid))
