@@ -70,6 +70,8 @@ _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
 _CONNECT_TIMEOUT = 20.0
 _CACHE_LIMIT = 1024
+# the largest header list accepted (grpc-go's default for servers, which kubelet's runtime is)
+_MAX_HEADER_LIST = 16 << 20
 # what the gRPC library sets itself: not the caller's metadata (as relay.caller_metadata)
 _TRANSPORT_KEYS = frozenset({b"user-agent", b"content-type", b"te", b"host", b"grpc-timeout", b"grpc-encoding",
                              b"grpc-accept-encoding", b"grpc-message-type"})
@@ -374,7 +376,7 @@ class _Connection(asyncio.Protocol):
         self.rt = _Peer("runtime")
         self.held: dict[int, _Held] = {}
         self.calls: dict[int, tuple[str, float]] = {}  # relayed calls in flight, for the metrics
-        self.decoder = hpack.Decoder()                  # paired with kubelet's encoder
+        self.decoder = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST)  # paired with kubelet's encoder
         self.state = "connecting"                       # connecting, relaying, refusing, closed
         self.pending = bytearray()                      # kubelet's bytes before the runtime connection is up
         self.preface = False
@@ -605,6 +607,8 @@ class _Connection(asyncio.Protocol):
             if self.kcont is None or self.kcont[0] != sid:
                 raise _ProtocolError("CONTINUATION without its HEADERS")
             self.kcont[2].extend(payload)
+            if len(self.kcont[2]) > _MAX_HEADER_LIST:
+                raise _ProtocolError(f"a header block larger than {_MAX_HEADER_LIST} bytes")
             if not flags & _END_HEADERS:
                 return
             sid, flags, whole = self.kcont
