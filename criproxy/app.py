@@ -17,7 +17,7 @@ from allocator.topology import Topology
 
 from .config import ProxyConfig
 from .control import ControlServer
-from .converge import Converger, Decision, decision_of
+from .converge import Converger, Decider, Decision
 from .cri_api import RuntimeApi
 from .cri_pods import rebuild_cri_pods
 from .kernel import CgroupLayout, KernelRoots
@@ -85,14 +85,16 @@ class CriProxy:
             state = await asyncio.to_thread(import_kubelet_state, cfg.import_kubelet_state)
             log.info("imported kubelet's CPU manager state from %s", cfg.import_kubelet_state)
         self.allocator = NodeAllocator(self.node_config, state)
+        self._decider = Decider(self.allocator, self.node_config.topology)
         await asyncio.to_thread(self.store.save, self.allocator.state)
         self.upstream = Upstream(cfg.runtime_endpoint)
-        self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick(),
-                                   api=self.api)
         layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
         problem = await asyncio.to_thread(layout.problem)
         if problem is not None:
             log.warning("converge: %s; running containers' cpusets cannot be checked in the kernel", problem)
+        direct = problem is None and cfg.cpuset_writes == "kernel"  # write running containers' cgroups directly
+        self.pusher = CpusetPusher(self.upstream, self.registry, layout=layout if direct else None,
+                                   on_resized=lambda: self.converger.kick(), api=self.api)
         self.converger = Converger(self.upstream, self.registry, self.pusher, layout, self.decide,
                                    period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
                                    on_pass=self.metrics.observe_converge)
@@ -160,7 +162,7 @@ class CriProxy:
 
     def decide(self, t: Tracked) -> Decision | None:
         """What the container must run on now (its pinned CPUs, else the shared pool)."""
-        return decision_of(self.allocator, self.node_config.topology, t)
+        return self._decider(t)
 
     async def reconcile_once(self) -> ReconcileReport:
         if not self.reconciled.is_set():
@@ -247,6 +249,9 @@ class CriProxy:
             self._server = None
         if self._api is not None:
             await self._api.close()
+        if hasattr(self, "pusher") and not await self.pusher.records.settle(5.0):
+            log.warning("stopping with %d containerd records behind the kernel's cpusets (the next start's "
+                        "reconcile brings them up to date)", self.pusher.records.pending)
         if hasattr(self, "upstream"):
             await self.upstream.close()
         self.metrics.close()
