@@ -16,14 +16,21 @@ Prints one JSON document, each figure beside its direct (or anchor) counterpart:
 - ``create_remove_containerd``: CreateContainer + RemoveContainer against a real containerd (lab);
 - ``concurrent_pods_containerd``: 20 pods created at once (RunPodSandbox + CreateContainer + StartContainer each)
   on a real containerd, direct and through the proxy: wall time of the burst (median of rounds) and the ratio;
-- ``narrow_100_shared`` (in-memory runtime) and ``narrow_100_shared_containerd`` (100 real containers): creating
-  an exclusive container while 100 shared containers run (each narrowed by UpdateContainerResources first):
-  the proxy's narrowing time (from its metrics) and the create latency.
+- ``narrow_100_shared`` (in-memory runtime): creating an exclusive container while 100 shared containers run
+  (each narrowed by UpdateContainerResources first): the proxy's narrowing time (from its metrics) and the create
+  latency;
+- ``narrow_containerd`` (100 real containers on containerd): the same with the proxy writing the running
+  containers' cgroups directly (``--cpuset-writes kernel``), with the previous way (``runtime``: one
+  UpdateContainerResources each) and with ``kernel`` again, in one run: the proxy's narrowing time, the time from
+  the exclusive container's CreateContainer until the kernel (read by this script) shows no other container on its
+  CPUs, its create and start latency; beside the anchors on the same containers without a proxy (all
+  UpdateContainerResources at once and 8 at a time, all ``runc update`` processes at once, the cgroup files
+  written one after another).
 The proxy, the runtime and containerd run as separate processes (`python -m numapin criproxy`, the
 in-memory runtime module, containerd); the client is this process.
 
-    python benchmarks/criproxy.py [--quick] [--no-containerd] [--only relay|steady|concurrent_pods_containerd]
-    [--steady-seconds S]
+    python benchmarks/criproxy.py [--quick] [--no-containerd]
+    [--only relay|steady|concurrent_pods_containerd|narrow_containerd] [--steady-seconds S] [--pause S]
 """
 
 from __future__ import annotations
@@ -445,14 +452,23 @@ async def _exclusive_rounds(k: CRIClient, direct: CRIClient, port: int, cgroups:
 async def _anchor_updates(direct: CRIClient, cgroups: dict[str, Path], runc_root: str, narrow: str, wide: str,
                           rounds: int) -> dict:
     """What narrowing the same containers costs without numapin: all UpdateContainerResources to containerd at
-    once, all ``runc update`` processes at once, and the cgroup files written one after another."""
+    once and 8 at a time, all ``runc update`` processes at once, and the cgroup files written one after
+    another."""
     ids = list(cgroups)
-    out: dict[str, list[float]] = {"containerd_updates_at_once": [], "runc_updates_at_once": [],
-                                   "cgroup_writes": []}
+    out: dict[str, list[float]] = {"containerd_updates_at_once": [], "containerd_updates_8_at_a_time": [],
+                                   "runc_updates_at_once": [], "cgroup_writes": []}
 
-    async def cri(value: str) -> None:
+    async def cri(value: str, fanout: int = len(ids)) -> None:
         res = pb.LinuxContainerResources(cpuset_cpus=value)
-        await asyncio.gather(*(direct.update_container_resources(c, res) for c in ids))
+        slots = asyncio.Semaphore(fanout)
+
+        async def one(c: str) -> None:
+            async with slots:
+                await direct.update_container_resources(c, res)
+        await asyncio.gather(*(one(c) for c in ids))
+
+    async def cri8(value: str) -> None:
+        await cri(value, 8)
 
     async def runc(value: str) -> None:
         procs = [await asyncio.create_subprocess_exec("runc", "--root", runc_root, "update", "--cpuset-cpus", value,
@@ -467,8 +483,8 @@ async def _anchor_updates(direct: CRIClient, cgroups: dict[str, Path], runc_root
         await asyncio.to_thread(write)
 
     for _ in range(rounds):
-        for name, fn in (("containerd_updates_at_once", cri), ("runc_updates_at_once", runc),
-                         ("cgroup_writes", files)):
+        for name, fn in (("containerd_updates_at_once", cri), ("containerd_updates_8_at_a_time", cri8),
+                         ("runc_updates_at_once", runc), ("cgroup_writes", files)):
             t0 = time.perf_counter()
             await fn(narrow)
             out[name].append(time.perf_counter() - t0)
@@ -562,14 +578,9 @@ async def main() -> None:
             result["create_remove_containerd"] = await bench_containerd(work / "c", 10 if args.quick else 40)
             (work / "cp").mkdir()
             result["concurrent_pods_containerd"] = await bench_concurrent_pods(work / "cp", 20, 3 if args.quick else 7)
-            (work / "cn").mkdir()
-            lab = ContainerdLab(work / "cn" / "ctrd")
-            await asyncio.to_thread(lab.start)
-            try:
-                result["narrow_100_shared_containerd"] = await bench_narrow(work / "cn", lab.socket, 100,
-                                                                            2 if args.quick else 5)
-            finally:
-                await asyncio.to_thread(lab.stop)
+            (work / "nc").mkdir()
+            result["narrow_containerd"] = await bench_narrow_containerd(work / "nc", 100, 5 if args.quick else 20,
+                                                                        args.pause)
         print(json.dumps(result, indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)

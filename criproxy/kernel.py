@@ -180,6 +180,7 @@ class KernelReader:
         self._files = layout.files()
         self._last: dict[str, tuple[tuple[bytes, bytes, bytes], KernelView]] = {}
         self._parsed: dict[bytes, CPUSet] = {}  # cpu-list text -> set (a node has few distinct ones)
+        self._dirs: dict[str, str] = {}         # cgroup -> its directory
 
     def _cpuset(self, text: bytes) -> CPUSet:
         out = self._parsed.get(text)
@@ -201,7 +202,9 @@ class KernelReader:
 
     def view(self, cgroup: str) -> KernelView | None:
         """The container's view, or None when its cgroup does not exist (not started, or gone)."""
-        d = str(self.layout.directory(cgroup))
+        d = self._dirs.get(cgroup)
+        if d is None:
+            d = self._dirs[cgroup] = str(self.layout.directory(cgroup))
         try:
             key = (_read(f"{d}/{self._files[0]}"), _read(f"{d}/{self._files[1]}"), _read(f"{d}/cgroup.procs"))
         except OSError:
@@ -233,6 +236,8 @@ class KernelReader:
         keep = set(cgroups)
         for cg in [c for c in self._last if c not in keep]:
             self._last.pop(cg, None)
+        for cg in [c for c in self._dirs if c not in keep]:
+            self._dirs.pop(cg, None)
 
 
 def read_view(layout: CgroupLayout, cgroup: str) -> KernelView | None:
