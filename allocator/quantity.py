@@ -129,9 +129,39 @@ def _non_negative(value: str | int | float, field: str) -> Fraction:
 
 def cpu_milli(value: str | int | float, *, field: str = "cpu") -> int:
     """A non-negative CPU quantity in milli-CPUs, rounded up as Kubernetes' MilliValue() does."""
+    if type(value) is str:
+        try:
+            return _scaled_text(value, 1000)
+        except _NotPlain:
+            pass  # the checked path below raises the error, naming the field
     return math.ceil(_non_negative(value, field) * 1000)
 
 
 def memory_bytes(value: str | int | float, *, field: str = "memory") -> int:
     """A non-negative memory quantity in bytes, rounded up as Kubernetes' Value() does."""
+    if type(value) is str:
+        try:
+            return _scaled_text(value, 1)
+        except _NotPlain:
+            pass
     return math.ceil(_non_negative(value, field))
+
+
+class _NotPlain(Exception):
+    """The text is not a valid non-negative quantity (the checked path says why)."""
+
+
+# perf (issue 13): the integer a text gives (``"500m"`` -> 500 milli-CPUs) is remembered as well, so a pod whose
+# quantities were seen before costs no Fraction arithmetic; invalid texts fall through to the checked path (errors
+# are never cached and keep naming their field)
+@functools.lru_cache(maxsize=4096)
+def _scaled_text(value: str, scale: int) -> int:
+    if len(value) > MAX_QUANTITY_CHARS or not value:
+        raise _NotPlain
+    try:
+        q = _scan_text(value)
+    except PodSpecError:
+        raise _NotPlain from None
+    if q < 0:
+        raise _NotPlain
+    return math.ceil(q * scale)

@@ -67,6 +67,7 @@ class BodyBudget:
     def __init__(self, total: int) -> None:
         self.total = total
         self.used = 0
+        self._waiting = 0
         self._cond = asyncio.Condition()
 
     def need(self, body_bytes: int) -> int:
@@ -77,15 +78,27 @@ class BodyBudget:
                                  f"{self.total}")
         return need
 
+    def try_acquire(self, need: int) -> bool:
+        """Reserve ``need`` at once if it fits and nobody waits before it (the common case: no waiting, no timer)."""
+        if self._waiting or self.used + need > self.total:
+            return False
+        self.used += need
+        return True
+
     async def acquire(self, need: int) -> None:
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.used + need <= self.total)
-            self.used += need
+        self._waiting += 1
+        try:
+            async with self._cond:
+                await self._cond.wait_for(lambda: self.used + need <= self.total)
+                self.used += need
+        finally:
+            self._waiting -= 1
 
     def release(self, need: int) -> None:
         self.used -= need
-        # wake the waiters without waiting for the lock here (release runs in finally blocks)
-        asyncio.get_running_loop().create_task(self._notify())
+        if self._waiting:
+            # wake the waiters without waiting for the lock here (release runs in finally blocks)
+            asyncio.get_running_loop().create_task(self._notify())
 
     async def _notify(self) -> None:
         async with self._cond:

@@ -67,8 +67,7 @@ class _Tracked(asyncio.Protocol):
 
     # -- protocol -------------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
         self.listener.connected(self)
         self._idle(self.listener.limits.header_timeout, "no request within the header timeout")
         self.inner.connection_made(transport)

@@ -1,11 +1,13 @@
-"""The HTTPS server: routes, body limits, content types, and the rule that nothing ends in a 500.
+"""The HTTPS server: routes, body limits, content types, and what an internal error is answered.
 
 ``/mutate`` and ``/validate`` take AdmissionReviews (POST, ``application/json``) and hand the parsed request to
 the decision callables; ``/healthz``, ``/readyz`` and ``/metrics`` are for the kubelet and Prometheus. A body that
 is not UTF-8 JSON or not an AdmissionReview gets 400 with the reason, another content type 415, a body over the
 limit 413, a body not sent within the body timeout 408 (``request_body``, ``review``). A decision that raises is
 logged, counted (``numapin_webhook_internal_errors_total``) and answered by the operator's rule for requests that
-cannot be judged (``unjudged``: allowed with a warning, or denied).
+cannot be judged (``unjudged``: allowed with a warning, or denied). Any other exception while answering is not the
+client's fault: logged, counted the same way and answered 500, on /mutate and /validate with an AdmissionReview
+naming the error (kube-apiserver applies the webhook's ``failurePolicy`` to any answer that is not 2xx).
 
 Connections are accepted by ``listener.Listener`` within ``limits.ServerLimits`` (connection cap, handshake, header,
 idle and body timeouts, a budget of bytes in flight); with ``client_ca`` set, /mutate and /validate answer only
@@ -18,12 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -31,8 +31,8 @@ from aiohttp.web_protocol import RequestPayloadError
 from .limits import BodyBudget, BudgetExceeded, ServerLimits
 from .listener import Listener
 from .metrics import CONTENT_TYPE, WebhookMetrics
-from .request_body import BodyError, decode_body
-from .review import AdmissionRequest, ReviewError, Verdict, parse_review, respond
+from .request_body import BodyError, BodyParser, ParserUnavailable
+from .review import AdmissionRequest, ReviewError, Verdict, json_bytes, parse_review, respond
 from .tls import CertReloader
 from .unjudged import UnjudgedRule
 
@@ -74,6 +74,7 @@ class WebhookServer:
         self.limits = dataclasses.replace(config.limits, max_body=config.max_body)
         self.unjudged = unjudged or UnjudgedRule("allow", metrics)
         self.budget = BodyBudget(self.limits.inflight_bytes)
+        self.parser = BodyParser()
         self.listener: Listener | None = None
         self._decide = {"mutate": mutate, "validate": validate}
         self._ready_checks = ready_checks
@@ -85,7 +86,7 @@ class WebhookServer:
     # -- app ------------------------------------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body,
-                              middlewares=[self._connection_state, self._client_cert, self._never_500])
+                              middlewares=[self._connection_state, self._client_cert, self._internal_error_500])
         app.router.add_post("/mutate", self._admission("mutate"))
         app.router.add_post("/validate", self._admission("validate"))
         app.router.add_get("/healthz", self._healthz)
@@ -119,18 +120,20 @@ class WebhookServer:
         return await handler(request)
 
     @web.middleware
-    async def _never_500(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                         ) -> web.StreamResponse:
+    async def _internal_error_500(self, request: web.Request,
+                                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                                  ) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException:
             raise
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as e:
             log.exception("unhandled error answering %s %s", request.method, request.path)
             self.metrics.internal_errors.labels(request.path.strip("/") or "root").inc()
-            return _text(400, "the request could not be processed")
+            return _internal_error(request.path, f"internal error answering {request.method} {request.path}: "
+                                                 f"{type(e).__name__} (see the webhook's log)")
 
     def _admission(self, endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -151,11 +154,12 @@ class WebhookServer:
             need = self.budget.need(request.content_length or self.config.max_body)
         except BudgetExceeded as e:
             return _closing(413, f"body too large for the webhook's in-flight budget: {e}"), "too_large"
-        try:
-            async with asyncio.timeout(self.limits.body_timeout):
-                await self.budget.acquire(need)
-        except TimeoutError:
-            return _closing(503, "the webhook is busy reading other bodies; try again"), "busy"
+        if not self.budget.try_acquire(need):
+            try:
+                async with asyncio.timeout(self.limits.body_timeout):
+                    await self.budget.acquire(need)
+            except TimeoutError:
+                return _closing(503, "the webhook is busy reading other bodies; try again"), "busy"
         try:
             return await self._judge(endpoint, request)
         finally:
@@ -163,8 +167,11 @@ class WebhookServer:
 
     async def _judge(self, endpoint: str, request: web.Request) -> tuple[web.StreamResponse, str]:
         try:
-            async with asyncio.timeout(self.limits.body_timeout):
+            if request.content.is_eof():  # all of it arrived with the headers (most reviews): nothing to time
                 raw = await request.read()
+            else:
+                async with asyncio.timeout(self.limits.body_timeout):
+                    raw = await request.read()
         except TimeoutError:
             # the body did not arrive in time: drop the connection and what it holds
             return _closing(408, f"request body not received within {self.limits.body_timeout} s"), "timeout"
@@ -179,9 +186,11 @@ class WebhookServer:
             log.debug("%s: client gone while sending its body", endpoint)
             return _closing(400, "connection lost"), "client_gone"
         try:
-            body = decode_body(raw)
+            body = await self.parser.parse(raw)
         except BodyError as e:
             return _text(400, str(e)), "bad_request"
+        except ParserUnavailable as e:
+            return _closing(503, str(e)), "busy"
         del raw
         try:
             req = parse_review(body)
@@ -200,7 +209,7 @@ class WebhookServer:
                 "webhook's log)")
         if not verdict.allowed:
             log.info("%s denied %s: %s", endpoint, req.describe(), verdict.message)
-        return web.Response(body=_dumps(respond(req, verdict)), content_type="application/json"), verdict.label
+        return web.Response(body=json_bytes(respond(req, verdict)), content_type="application/json"), verdict.label
 
     # -- probes ---------------------------------------------------------------------------------------------
     async def _healthz(self, request: web.Request) -> web.StreamResponse:
@@ -238,6 +247,7 @@ class WebhookServer:
                                      shutdown_timeout=self.config.shutdown_grace_seconds,
                                      keepalive_timeout=self.limits.idle_timeout)
         await self._runner.setup()
+        await self.parser.start()
         assert self._runner.server is not None
         self.listener = Listener(host=self.config.host, port=self.config.port, ssl_context=self.reloader.context,
                                  factory=self._runner.server, limits=self.limits,
@@ -279,6 +289,18 @@ class WebhookServer:
         if self.listener is not None:
             self.listener.abort_all()
             self.listener = None
+        self.parser.close()
+
+
+def _internal_error(path: str, message: str) -> web.Response:
+    """500: on an admission path an AdmissionReview whose response is a failed ``Status`` (``InternalError``) with
+    ``message`` (its uid is empty: the request may not have been read), elsewhere plain text."""
+    if path not in ("/mutate", "/validate"):
+        return _text(500, message)
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+        "uid": "", "allowed": False,
+        "status": {"status": "Failure", "code": 500, "reason": "InternalError", "message": message}}}
+    return web.Response(status=500, body=json_bytes(review), content_type="application/json")
 
 
 def _closing(status: int, message: str) -> web.Response:
@@ -286,9 +308,3 @@ def _closing(status: int, message: str) -> web.Response:
     resp = _text(status, message)
     resp.force_close()
     return resp
-
-
-def _dumps(obj: Any) -> bytes:
-    """UTF-8 JSON: the uid and names come back as the request's characters; an unpaired surrogate (only possible
-    from a \\u escape) is written as that escape again."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "backslashreplace")

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from criproxy.lab.client import CRIClient
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.containerd import ContainerdLab
 
 from . import test_e2e_containerd as e2e
 from .test_e2e_containerd import EXCL, SHARED, ProxyProcess, cpus_of, pid_of, start_pod
@@ -127,7 +127,7 @@ class RefusingUpdates:
         self.server = await start_relay_server(str(self.tmp / "faulty.sock"), RelayHandler(self.upstream, {
             "UpdateContainerResources": update}))
         (self.tmp / "p").mkdir()
-        self.proxy = ProxyProcess(self.tmp / "p", str(self.tmp / "faulty.sock"))
+        self.proxy = ProxyProcess(self.tmp / "p", str(self.tmp / "faulty.sock"), reserved_cpus=SHARED)
         await asyncio.to_thread(self.proxy.start)
         return self.proxy
 
