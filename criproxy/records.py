@@ -2,7 +2,9 @@
 cpuset of running containers up to date after the proxy wrote their cgroups directly.
 
 The kernel is written first (see ``narrowing``); the record updates run in the background, a few at a time
-(each makes containerd run ``runc update``, a process start: many at once only slow the node down). At most one
+(each makes containerd run ``runc update``, a process start: many at once only slow the node down), and only
+``delay`` seconds after the change (the create and start of the exclusive container that caused a narrowing go
+first, without a hundred runc processes competing with them). At most one
 update per container is at containerd at any moment, and a newer value for a container replaces one still
 waiting to be sent, so updates of one container land in the order they were decided. An update that fails is kept
 and sent again on the next convergence pass (``retry``); meanwhile the kernel already holds the value, and if
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -46,11 +49,14 @@ Sender = Callable[[Record], Awaitable[bool]]
 
 
 class RecordQueue:
-    def __init__(self, send: Sender, *, fanout: int = 4, timeout: float = 10.0) -> None:
+    def __init__(self, send: Sender, *, fanout: int = 4, delay: float = 1.0, timeout: float = 10.0) -> None:
         self._send = send
         self.fanout = max(1, fanout)
+        self.delay = delay
         self.timeout = timeout
         self._waiting: dict[str, Record] = {}                       # container id -> newest value not sent yet
+        self._due: dict[str, float] = {}                            # container id -> not sent before (monotonic)
+        self._timer: asyncio.TimerHandle | None = None
         self._sending: dict[str, tuple[Record, asyncio.Task[None]]] = {}  # at containerd now, one per container
         self._failed: dict[str, Record] = {}                        # refused: sent again by ``retry``
         self._idle = asyncio.Event()
@@ -61,11 +67,13 @@ class RecordQueue:
         cid = record.container.id
         self._failed.pop(cid, None)
         self._waiting[cid] = record
+        self._due[cid] = time.monotonic() + self.delay
         self._pump()
 
     def drop(self, container_id: str) -> None:
         """Forget what is not sent yet for a container (its record is written some other way, or it is gone)."""
         self._waiting.pop(container_id, None)
+        self._due.pop(container_id, None)
         self._failed.pop(container_id, None)
         self._note_idle()
 
@@ -89,6 +97,7 @@ class RecordQueue:
         for cid, record in failed.items():
             if cid in keep and cid not in self._waiting:
                 self._waiting[cid] = record
+                self._due[cid] = 0.0
                 n += 1
         self._pump()
         return n
@@ -107,15 +116,28 @@ class RecordQueue:
         return True
 
     def _pump(self) -> None:
+        now = time.monotonic()
+        later = None
         for cid in list(self._waiting):
             if len(self._sending) >= self.fanout:
                 break
             if cid in self._sending:
                 continue  # one at a time per container: the newer value goes once this one is back
+            due = self._due.get(cid, 0.0)
+            if due > now:
+                later = due if later is None else min(later, due)
+                continue
             record = self._waiting.pop(cid)
+            self._due.pop(cid, None)
             task = asyncio.get_running_loop().create_task(self._one(record))
             self._sending[cid] = (record, task)
+        if later is not None and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(later - now, self._tick)
         self._note_idle()
+
+    def _tick(self) -> None:
+        self._timer = None
+        self._pump()
 
     def _note_idle(self) -> None:
         if self._waiting or self._sending:

@@ -39,12 +39,27 @@ async def until(pred, what: str, tries: int = 300) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
+async def recorded_cpus(lab: ContainerdLab, cid: str) -> str:
+    """The cpuset containerd's record holds for a container (not the truth: what containerd would write back)."""
+    async with CRIClient(lab.socket) as direct:
+        return (await direct.container_status(cid)).status.resources.linux.cpuset_cpus
+
+
+async def until_recorded(lab: ContainerdLab, cid: str, cpus: str) -> None:
+    for _ in range(300):
+        if await recorded_cpus(lab, cid) == cpus:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"containerd never recorded cpus {cpus} for {cid[:13]}")
+
+
 async def test_cgroup_written_behind_the_proxys_back_is_repaired(
-        kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
+        kubelet: CRIClient, proxy: ProxyProcess, lab: ContainerdLab, machine_cpus: str) -> None:
     _, web = await start_pod(kubelet, "web", 200, qos="burstable")
     _, db = await start_pod(kubelet, "db", 1000, 1000)
     web_pid, db_pid = await pid_of(kubelet, web), await pid_of(kubelet, db)
     assert cpus_of(web_pid) == (SHARED, SHARED)
+    await until_recorded(lab, web, SHARED)  # no update of the proxy's own is still on its way
     write_cgroup_cpus(web_pid, machine_cpus)  # the shared container is on the exclusive CPU again
     assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
     await until(lambda: cpus_of(web_pid) == (SHARED, SHARED), "web narrowed again")
@@ -60,16 +75,36 @@ async def test_reconcile_after_a_restart_judges_the_kernel_not_containerds_recor
     _, web = await start_pod(kubelet, "web", 200, qos="burstable")
     await start_pod(kubelet, "db", 1000, 1000)
     web_pid = await pid_of(kubelet, web)
+    await until_recorded(lab, web, SHARED)  # containerd's record follows the kernel
     proxy.kill()
     write_cgroup_cpus(web_pid, machine_cpus)  # containerd's record still says narrowed
-    async with CRIClient(lab.socket) as direct:
-        st = await direct.container_status(web)
-        assert st.status.resources.linux.cpuset_cpus == SHARED
+    assert await recorded_cpus(lab, web) == SHARED
     await asyncio.to_thread(proxy.start)  # returns once the start-up reconcile is logged
     assert cpus_of(web_pid) == (SHARED, SHARED)
     line = [x for x in proxy.log.read_text().splitlines() if "reconcile:" in x][-1]
     assert "re-applied 0 cpusets containerd recorded differently" in line
     assert "kernel: checked 2 running containers, repaired 1 cpusets (0 failed)" in line
+
+
+async def test_a_kill_between_the_kernel_and_containerds_record_is_made_whole_at_restart(
+        kubelet: CRIClient, proxy: ProxyProcess, lab: ContainerdLab, machine_cpus: str) -> None:
+    """kill -9 right after a narrowing: the kernel has it, containerd's record (sent a moment later) does not.
+    The start-up reconcile sees the record differ and brings it up to date; the kernel never left the decision."""
+    _, web = await start_pod(kubelet, "web", 200, qos="burstable")
+    web_pid = await pid_of(kubelet, web)
+    await until_recorded(lab, web, machine_cpus)
+    _, db = await start_pod(kubelet, "db", 1000, 1000)
+    proxy.kill()
+    assert cpus_of(web_pid) == (SHARED, SHARED)
+    async with CRIClient(lab.socket) as direct:
+        assert cpus_of(await pid_of(direct, db)) == (EXCL, EXCL)
+    stale = await recorded_cpus(lab, web) == machine_cpus  # almost always: the record waits a second
+    await asyncio.to_thread(proxy.start)
+    await until_recorded(lab, web, SHARED)
+    assert cpus_of(web_pid) == (SHARED, SHARED)
+    line = [x for x in proxy.log.read_text().splitlines() if "reconcile:" in x][-1]
+    assert f"re-applied {int(stale)} cpusets containerd recorded differently" in line
+    assert "kernel: checked 2 running containers, repaired 0 cpusets (0 failed)" in line
 
 
 async def test_shared_container_created_before_a_narrowing_starts_narrowed(
@@ -141,12 +176,6 @@ class RefusingUpdates:
                 await direct.remove_pod_sandbox(sb.id)
 
 
-async def recorded_cpus(lab: ContainerdLab, cid: str) -> str:
-    """The cpuset containerd's record holds for a container (not the truth: what containerd would write back)."""
-    async with CRIClient(lab.socket) as direct:
-        return (await direct.container_status(cid)).status.resources.linux.cpuset_cpus
-
-
 async def test_widening_reaches_the_kernel_while_containerd_refuses_it_and_its_record_follows(
         lab: ContainerdLab, machine_cpus: str, short_tmp: Path) -> None:
     """containerd answering UNAVAILABLE to the widening after a release (e.g. restarting): the kernel has the
@@ -158,6 +187,7 @@ async def test_widening_reaches_the_kernel_while_containerd_refuses_it_and_its_r
         db_sid, db = await start_pod(k, "db", 1000, 1000)
         web_pid = await pid_of(k, web)
         assert cpus_of(web_pid) == (SHARED, SHARED)
+        await until_recorded(lab, web, SHARED)
         faults.refusing = True
         await k.stop_container(db, 0)
         await k.stop_pod_sandbox(db_sid)  # releases CPU 1: containerd refuses the widening

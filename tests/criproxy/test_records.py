@@ -51,7 +51,7 @@ class Containerd:
 async def test_updates_of_one_container_land_one_at_a_time_and_the_newest_last() -> None:
     random.seed(5)
     c = Containerd()
-    q = RecordQueue(c.send, fanout=3)
+    q = RecordQueue(c.send, fanout=3, delay=0)
     ts = [tracked(i) for i in range(10)]
     for value in ("0", "0-1", "0-2", "0-3"):
         for t in ts:
@@ -65,7 +65,7 @@ async def test_updates_of_one_container_land_one_at_a_time_and_the_newest_last()
 
 async def test_refused_updates_are_sent_again_for_live_containers_only() -> None:
     c = Containerd()
-    q = RecordQueue(c.send)
+    q = RecordQueue(c.send, delay=0)
     c.refusing = True
     a, b = tracked(1), tracked(2)
     q.put(Record(a, CPUSet.parse("0"), None))
@@ -80,7 +80,7 @@ async def test_refused_updates_are_sent_again_for_live_containers_only() -> None
 
 async def test_quiesce_waits_only_for_an_update_that_could_widen() -> None:
     c = Containerd(auto=False)
-    q = RecordQueue(c.send, timeout=5)
+    q = RecordQueue(c.send, delay=0, timeout=5)
     t = tracked(1)
     q.put(Record(t, CPUSet.parse("0-3"), None))  # a widening at containerd
     await asyncio.sleep(0)
@@ -100,7 +100,7 @@ async def test_quiesce_waits_only_for_an_update_that_could_widen() -> None:
 
 async def test_a_value_not_sent_yet_is_replaced_and_drop_forgets_it() -> None:
     c = Containerd(auto=False)
-    q = RecordQueue(c.send, fanout=1)
+    q = RecordQueue(c.send, fanout=1, delay=0)
     a, b = tracked(1), tracked(2)
     q.put(Record(a, CPUSet.parse("0"), None))
     await asyncio.sleep(0)
@@ -112,3 +112,23 @@ async def test_a_value_not_sent_yet_is_replaced_and_drop_forgets_it() -> None:
     c.gates[0].set()
     assert await q.settle(5)
     assert c.landed == {"c1": ["0", "0-2"]}
+
+
+async def test_records_wait_their_delay_and_refused_ones_go_at_once_when_retried() -> None:
+    c = Containerd()
+    q = RecordQueue(c.send, delay=2.0)
+    t = tracked(1)
+    q.put(Record(t, CPUSet.parse("0"), None))
+    await asyncio.sleep(0.01)
+    assert c.landed == {} and q.pending == 1  # the start that caused the narrowing goes first
+    assert await q.settle(10)
+    assert c.landed == {"c1": ["0"]}
+    q.delay = 0
+    c.refusing = True
+    q.put(Record(t, CPUSet.parse("0-1"), None))
+    assert await q.settle(5) and q.pending == 1
+    c.refusing = False
+    q.delay = 600  # a retry does not wait for it
+    q.retry(["c1"])
+    assert await q.settle(5)
+    assert c.landed == {"c1": ["0", "0-1"]}
