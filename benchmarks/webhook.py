@@ -110,6 +110,31 @@ def realistic_pod(name: str) -> dict[str, Any]:
     }
 
 
+def large_pod(name: str, size: int) -> dict[str, Any]:
+    """``realistic_pod`` grown to about ``size`` bytes of JSON the way large pods grow: many environment variables
+    (small objects, the costliest kind of JSON to parse)."""
+    pod = realistic_pod(name)
+    apps = pod["spec"]["containers"]
+    base = len(json.dumps(pod))
+    per_var = len(json.dumps({"name": "VAR_00000_000", "value": "v" * 48})) + 2
+    count = max(0, (size - base) // per_var)
+    for i in range(count):
+        apps[i % len(apps)]["env"].append({"name": f"VAR_{i // 1000:05d}_{i % 1000:03d}", "value": "v" * 48})
+    return pod
+
+
+def large_update_review(size: int) -> bytes:
+    """A pods UPDATE review of about ``size`` bytes: object and oldObject each a pod of half of it (the API server
+    sends at most about 2 x 3 MiB)."""
+    pod = large_pod("big-0", size // 2)
+    return review({
+        "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "shop",
+        "name": pod["metadata"]["name"], "operation": "UPDATE", "object": pod, "oldObject": pod, "dryRun": False,
+        "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+    })
+
+
 def review(request: dict[str, Any]) -> bytes:
     return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}).encode()
 

@@ -164,10 +164,10 @@ class WebhookServer:
     async def _judge(self, endpoint: str, request: web.Request) -> tuple[web.StreamResponse, str]:
         try:
             if request.content.is_eof():  # all of it arrived with the headers (most reviews): nothing to time
-                raw = await request.read()
+                raw = await self._read(request)
             else:
                 async with asyncio.timeout(self.limits.body_timeout):
-                    raw = await request.read()
+                    raw = await self._read(request)
         except TimeoutError:
             # the body did not arrive in time: drop the connection and what it holds
             return _closing(408, f"request body not received within {self.limits.body_timeout} s"), "timeout"
@@ -206,6 +206,20 @@ class WebhookServer:
         if not verdict.allowed:
             log.info("%s denied %s: %s", endpoint, req.describe(), verdict.message)
         return web.Response(body=json_bytes(respond(req, verdict)), content_type="application/json"), verdict.label
+
+    async def _read(self, request: web.Request) -> list[bytes]:
+        """The body in the pieces it arrived in: a large one is never joined on the event loop (the parser process
+        gets the pieces). Raises HTTPRequestEntityTooLarge past ``max_body`` bytes (after decompression)."""
+        pieces: list[bytes] = []
+        size = 0
+        while True:
+            piece = await request.content.readany()
+            if not piece:
+                return pieces
+            size += len(piece)
+            if size > self.config.max_body:
+                raise web.HTTPRequestEntityTooLarge(max_size=self.config.max_body, actual_size=size)
+            pieces.append(piece)
 
     # -- probes ---------------------------------------------------------------------------------------------
     async def _healthz(self, request: web.Request) -> web.StreamResponse:
@@ -285,7 +299,7 @@ class WebhookServer:
         if self.listener is not None:
             self.listener.abort_all()
             self.listener = None
-        self.parser.close()
+        await self.parser.close()
 
 
 def _closing(status: int, message: str) -> web.Response:
