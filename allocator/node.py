@@ -76,10 +76,6 @@ class NodeConfig:
     topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
     require_reserved_cpus: bool = False
 
-    def validate(self) -> None:
-        """Raise ConfigError (naming the kubelet setting) for what kubelet would refuse at startup."""
-        build_node(self)
-
 
 @dataclass(frozen=True)
 class NodeParts:
@@ -230,6 +226,7 @@ class NodeAllocator:
         """``config``: a configuration (built and checked here, ConfigError) or parts ``build_node`` made.
         ``state``: the state to start from (copied; CheckpointError when it does not fit the node)."""
         parts = config if isinstance(config, NodeParts) else build_node(config)
+        self.parts = parts
         self.config = parts.config
         self.topology = parts.config.topology
         self.policy = parts.static_policy
@@ -237,6 +234,10 @@ class NodeAllocator:
         work = state.copy() if state is not None else CPUState()
         self.policy.start(work)
         self.state: CPUState = work
+
+    def copy(self) -> NodeAllocator:
+        """Another allocator of the same node (the same parts: nothing is built again) on a copy of the state."""
+        return NodeAllocator(self.parts, self.state)
 
     # -- queries ----------------------------------------------------------------------
     @property

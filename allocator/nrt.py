@@ -15,9 +15,8 @@ One document per node, named after the node. Layout (what ``build_nrt`` writes a
   know when the CPUs of pods it just let bind are in the published counts).
 - ``topologyPolicies`` (deprecated upstream) is still written for older readers.
 
-``parse_nrt`` turns a document into a ``NodeTopology`` value; ``NodeTopology.synthetic_topology()`` and
-``NodeTopology.synthetic_state()`` rebuild an approximate machine for the webhook's simulation (see their
-docstrings for what is approximated). Nothing here does I/O.
+``parse_nrt`` turns a document into a ``NodeTopology`` value (the webhook rebuilds an approximate machine from it
+for its simulation: ``webhook/synthetic_node.py``). Nothing here does I/O.
 
 ``parse_nrt`` reads any valid v1alpha2 document, including those of the ecosystem's exporters (NFD's
 topology-updater, the resource-topology-exporter), which carry ``topologyManagerPolicy``/``topologyManagerScope``
@@ -38,8 +37,7 @@ from typing import Any
 
 from .cpuset import CPUSet
 from .errors import TopologyError
-from .state import CPUState
-from .topology import CPUInfo, Topology
+from .topology import Topology
 from .topology_manager import POLICIES, SCOPES
 
 __all__ = [
@@ -48,7 +46,6 @@ __all__ = [
     "NRT_KIND",
     "NRT_PLURAL",
     "NRT_VERSION",
-    "OCCUPIED_POD_UID",
     "NUMAZone",
     "NodeTopology",
     "build_nrt",
@@ -60,9 +57,6 @@ NRT_VERSION = "v1alpha2"
 NRT_API_VERSION = f"{NRT_GROUP}/{NRT_VERSION}"
 NRT_KIND = "NodeResourceTopology"
 NRT_PLURAL = "noderesourcetopologies"
-
-# pod uid under which synthetic_state() records CPUs other pods hold on the node
-OCCUPIED_POD_UID = "numapin.io/occupied"
 
 _TM_POLICIES = POLICIES
 _TM_SCOPES = SCOPES
@@ -204,6 +198,7 @@ class NodeTopology:
     threads_per_core: int = 1
     labels: Mapping[str, str] = field(default_factory=dict)
     state_version: str | None = None  # numapinStateVersion: a new value on every allocation change
+    reserved_cpus: CPUSet | None = None  # numapinReservedCPUs: the node's reserved CPU ids (numapin's documents)
     # what parse_nrt derived or assumed because the document did not say it (empty for numapin's own documents)
     assumptions: tuple[str, ...] = ()
 
@@ -250,104 +245,6 @@ class NodeTopology:
         return to earlier counts; the version does not)."""
         return (self.state_key, self.state_version)
 
-    # -- synthetic machine for the simulation ----------------------------------------------------------------
-    def synthetic_topology(self) -> Topology:
-        """A machine with the node's NUMA nodes and CPU counts, rebuilt from counts alone.
-
-        Approximations (an NRT carries counts, not the CPU ids): NUMA node ``n`` gets ``capacity`` consecutive CPU
-        ids; every ``threads_per_core`` consecutive ids form a core (one thread per core when a NUMA node's count is
-        not a multiple of it); a NUMA node sits on its ``numapinSocket`` socket (its own socket when absent); the
-        L3 (uncore) id is the socket id; NUMA distances come from the zones' costs (none when any is missing).
-        """
-        tpc = self.threads_per_core if self.threads_per_core > 0 else 1
-        if any(z.capacity % tpc for z in self.zones):
-            tpc = 1
-        cpus: list[CPUInfo] = []
-        base = 0
-        for z in self.zones:
-            socket = z.numa if z.socket is None else z.socket
-            for i in range(z.capacity):
-                cpu = base + i
-                core = base + (i // tpc) * tpc
-                cpus.append(CPUInfo(cpu=cpu, core=core, socket=socket, numa=z.numa, uncore=socket))
-            base += z.capacity
-        nodes = tuple(z.numa for z in self.zones)
-        distances: dict[int, tuple[int, ...]] | None = None
-        if self.zones and all(z.distances is not None and set(z.distances) >= set(nodes) for z in self.zones):
-            distances = {z.numa: tuple(z.distances[m] for m in nodes) for z in self.zones}  # type: ignore[index]
-        return Topology(cpus=tuple(cpus), numa_nodes=nodes, numa_distances=distances)
-
-    def synthetic_reserved(self, topology: Topology) -> CPUSet:
-        """Reserved CPUs of the synthetic machine: per NUMA node, its lowest CPU ids (kubelet takes reserved CPUs
-        by ascending core id)."""
-        mask = 0
-        for z in self.zones:
-            for cpu in list(topology.cpus_in_numa(z.numa))[: z.reserved]:
-                mask |= 1 << cpu
-        return CPUSet.from_mask(mask)
-
-    def synthetic_state(self, topology: Topology, *, occupied: bool = True) -> CPUState:
-        """The CPU state of the synthetic machine: CPUs other pods hold are assigned to the pseudo pod
-        ``OCCUPIED_POD_UID`` (one pseudo container per NUMA node), the rest is the shared (default) pool.
-
-        Which CPUs are taken is an approximation: per NUMA node, from its highest ids down, leaving
-        ``numapinAvailableCores`` whole free cores (all free CPUs as whole cores when the attribute is absent) and
-        the remaining free CPUs as lone threads of otherwise busy cores. With ``occupied=False`` the node is empty
-        (for "could this node ever admit the pod").
-        """
-        reserved = self.synthetic_reserved(topology)
-        assignments: dict[str, CPUSet] = {}
-        if occupied:
-            for z in self.zones:
-                taken = self._occupied_cpus(topology, z, reserved)
-                if taken:
-                    assignments[f"numa-{z.numa}"] = taken
-        assigned = 0
-        for cpus in assignments.values():
-            assigned |= cpus.mask
-        state = CPUState(default_cpuset=CPUSet.from_mask(topology.all_cpus.mask & ~assigned))
-        for name, cpus in assignments.items():
-            state.set(OCCUPIED_POD_UID, name, cpus, "exclusive")
-        return state
-
-    @staticmethod
-    def _occupied_cpus(topology: Topology, z: NUMAZone, reserved: CPUSet) -> CPUSet:
-        if z.occupied <= 0:
-            return CPUSet()
-        allocatable = topology.cpus_in_numa(z.numa) - reserved
-        # cores of the NUMA node that hold no reserved CPU, highest first
-        cores: list[CPUSet] = []
-        seen: set[int] = set()
-        for cpu in sorted(allocatable, reverse=True):
-            core = topology.cpu(cpu).core
-            if core in seen:
-                continue
-            seen.add(core)
-            cores.append(topology.cpus_in_core(core) & allocatable)
-        cores.reverse()  # ascending: free whole cores come first, busy ones at the top
-        free_total = z.available
-        whole = free_total // topology.threads_per_core if topology.threads_per_core else free_total
-        if z.available_cores is not None:
-            whole = min(whole, z.available_cores)
-        free = 0
-        left = free_total
-        idx = 0
-        for _ in range(whole):
-            if idx >= len(cores) or left < len(cores[idx]):
-                break
-            free |= cores[idx].mask
-            left -= len(cores[idx])
-            idx += 1
-        # the remaining free CPUs: one thread of each following core, then fill up
-        extra = []
-        for threads in cores[idx:]:
-            extra.append(threads.min())
-        for threads in cores[idx:]:
-            extra.extend(c for c in threads if c != threads.min())
-        for cpu in extra[:left]:
-            free |= 1 << cpu
-        return CPUSet.from_mask(allocatable.mask & ~free)
-
 
 def _field_error(path: str, msg: str) -> TopologyError:
     return TopologyError(f"NodeResourceTopology {path}: {msg}")
@@ -388,6 +285,16 @@ def _attributes(raw: Any, path: str) -> dict[str, str]:
         value = item.get("value", "")
         out[item["name"]] = value if isinstance(value, str) else str(value)
     return out
+
+
+def _cpuset_attr(attrs: Mapping[str, str], key: str, path: str) -> CPUSet | None:
+    text = attrs.get(key)
+    if text is None:
+        return None
+    try:
+        return CPUSet.parse(text)
+    except ValueError as e:
+        raise _field_error(f"{path}.{key}", f"must be a CPU list, got {text!r}: {e}") from None
 
 
 def _int_attr(attrs: Mapping[str, str], key: str, path: str) -> int | None:
@@ -543,5 +450,6 @@ def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None
         name=name, zones=tuple(zones), topology_manager_policy=policy, topology_manager_scope=scope,
         topology_manager_policy_options=tm_options, cpu_manager_policy_options=cpu_options,
         threads_per_core=tpc, labels=node_labels, state_version=attrs.get("numapinStateVersion"),
+        reserved_cpus=_cpuset_attr(attrs, "numapinReservedCPUs", "attributes"),
         assumptions=tuple(assumed),
     )

@@ -1,4 +1,4 @@
-"""The long form of the seeded kubelet-like churn (criproxy.lab.churn): thousands of operations against a
+"""The long form of the seeded kubelet-like churn (numapin_lab.cri.churn): thousands of operations against a
 real containerd and ``numapin criproxy``, with proxy kills and containerd restarts, every invariant judged
 from the kernel. Prints the JSON report; exit status 1 on any violation. Needs root, containerd, runc and
 busybox-static.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from criproxy.lab.churn import main
+from numapin_lab.cri.churn import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from criproxy.lab.client import CRIClient  # noqa: E402
-from criproxy.lab.lab import ContainerdLab  # noqa: E402
-from criproxy.lab.proxy_process import ProxyProcess  # noqa: E402
+from numapin_lab.cri.client import CRIClient  # noqa: E402
+from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
+from numapin_lab.cri.proxy_process import ProxyProcess  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:

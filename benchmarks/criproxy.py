@@ -3,16 +3,18 @@
 
 Prints one JSON document, each figure beside its direct (or anchor) counterpart:
 - ``unary``: p50/p99 latency of small unary calls (Version, ContainerStatus) against the in-memory runtime, direct
-  and through the proxy (calls alternate between the two, so both see the same machine load), and the CPU time
-  the proxy process spends per 1,000 relayed calls beside the runtime's own per 1,000 calls it answers (from
-  /proc/<pid>/stat: user + system, all threads);
+  and through a proxy with each relay (``--relay frames`` and ``--relay grpc``, two proxy processes in front of the
+  same runtime; calls rotate between direct and the two proxies, so all see the same machine load), and the CPU
+  time each proxy process spends per 1,000 relayed calls beside the runtime's own per 1,000 calls it answers
+  (from /proc/<pid>/stat: user + system, all threads);
 - ``list_containers_1000``: the same for ListContainers returning 1000 containers (in-memory runtime);
 - ``kubelet_steady_state``: 110 pods (220 containers); kubelet's calls at kubelet's rates (PLEG relist every second:
   ListPodSandbox + ListContainers; every pod synced once a minute: ListPodSandbox, PodSandboxStatus and
   ListContainers filtered to the pod, ContainerStatus of each container; Status every 5 s; ListContainerStats,
-  ListPodSandboxStats and ImageFsInfo every 10 s) through the proxy for ``--steady-seconds``: the proxy's CPU as a
-  percentage of one core, beside the runtime's (the proxy with ``--converge-period 0``: the lab runtime's containers
-  have no processes for the kernel-truth pass to read);
+  ListPodSandboxStats and ImageFsInfo every 10 s) for ``--steady-seconds``, through a proxy with each relay at
+  the same time (two kubelets, each with its own proxy, one runtime): each proxy's CPU as a percentage of one
+  core, beside the runtime's (which answers both) (the proxies with ``--converge-period 0``: the lab runtime's
+  containers have no processes for the kernel-truth pass to read);
 - ``create_remove_containerd``: CreateContainer + RemoveContainer against a real containerd (lab);
 - ``concurrent_pods_containerd``: 20 pods created at once (RunPodSandbox + CreateContainer + StartContainer each)
   on a real containerd, direct and through the proxy: wall time of the burst (median of rounds) and the ratio;
@@ -47,8 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from criproxy.lab.client import CRIClient, pb  # noqa: E402
-from criproxy.lab.lab import ContainerdLab  # noqa: E402
+from numapin_lab.cri.client import CRIClient, pb  # noqa: E402
+from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -65,7 +67,7 @@ def _wait_socket(path: str, proc: subprocess.Popen, what: str, timeout: float = 
 
 
 def start_runtime(path: str, bulk: int = 0, pods: int = 0) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-m", "criproxy.lab.memory_runtime", path, "--bulk", str(bulk),
+    p = subprocess.Popen([sys.executable, "-m", "numapin_lab.cri.memory_runtime", path, "--bulk", str(bulk),
                           "--pods", str(pods)],
                          cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert p.stdout is not None
@@ -108,28 +110,40 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def alternating(direct: Callable[[], Awaitable[object]], via: Callable[[], Awaitable[object]], n: int,
-                      proxy_pid: int, runtime_pid: int, warmup: int = 20) -> dict:
-    """``n`` calls each way, alternating, and the CPU both processes spent meanwhile."""
+Call = Callable[[], Awaitable[object]]
+
+
+async def alternating(direct: Call, vias: dict[str, tuple[Call, int]], n: int, runtime_pid: int,
+                      warmup: int = 20) -> dict:
+    """``n`` calls direct and through each proxy (``vias``: relay -> (call, proxy pid)), in rotation, and the CPU
+    each process spent meanwhile."""
     for _ in range(warmup):
         await direct()
-        await via()
-    d, p = [], []
-    c_proxy, c_rt = cpu_seconds(proxy_pid), cpu_seconds(runtime_pid)
+        for via, _ in vias.values():
+            await via()
+    d: list[float] = []
+    p: dict[str, list[float]] = {name: [] for name in vias}
+    c_proxy = {name: cpu_seconds(pid) for name, (_, pid) in vias.items()}
+    c_rt = cpu_seconds(runtime_pid)
     for _ in range(n):
         t0 = time.perf_counter()
         await direct()
-        t1 = time.perf_counter()
-        await via()
-        p.append(time.perf_counter() - t1)
-        d.append(t1 - t0)
-    out = compare(d, p)
-    out["p50_ratio"] = round(out["proxy"]["p50_ms"] / out["direct"]["p50_ms"], 3)
-    out["p99_ratio"] = round(out["proxy"]["p99_ms"] / out["direct"]["p99_ms"], 3)
-    out["cpu_ms_per_1000_calls"] = {
-        "proxy": round((cpu_seconds(proxy_pid) - c_proxy) / n * 1e6, 1),
-        # the runtime answered 2n calls (n direct, n relayed)
-        "runtime_anchor": round((cpu_seconds(runtime_pid) - c_rt) / (2 * n) * 1e6, 1)}
+        d.append(time.perf_counter() - t0)
+        for name, (via, _) in vias.items():
+            t0 = time.perf_counter()
+            await via()
+            p[name].append(time.perf_counter() - t0)
+    c_rt = cpu_seconds(runtime_pid) - c_rt
+    out: dict = {"direct": stats(d)}
+    for name, (_, pid) in vias.items():
+        r = compare(d, p[name])
+        del r["direct"]
+        r["p50_ratio"] = round(r["proxy"]["p50_ms"] / out["direct"]["p50_ms"], 3)
+        r["p99_ratio"] = round(r["proxy"]["p99_ms"] / out["direct"]["p99_ms"], 3)
+        r["proxy_cpu_ms_per_1000_calls"] = round((cpu_seconds(pid) - c_proxy[name]) / n * 1e6, 1)
+        out[name] = r
+    # the runtime answered n calls per path
+    out["runtime_cpu_ms_per_1000_calls_anchor"] = round(c_rt / ((1 + len(vias)) * n) * 1e6, 1)
     return out
 
 
@@ -166,28 +180,53 @@ def metric(port: int, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+RELAYS = ("frames", "grpc")
+
+
+def start_proxies(work: Path, rt_sock: str) -> dict[str, subprocess.Popen]:
+    """A proxy with each relay in front of ``rt_sock`` (``work/<relay>/proxy.sock``)."""
+    proxies: dict[str, subprocess.Popen] = {}
+    try:
+        for relay in RELAYS:
+            (work / relay).mkdir(exist_ok=True)
+            # --converge-period 0: see bench_steady
+            proxies[relay] = start_proxy(work / relay, rt_sock, 0, "--converge-period", "0", "--relay", relay)
+    except BaseException:
+        for p in proxies.values():
+            stop(p)
+        raise
+    return proxies
+
+
 async def bench_memory(work: Path, n: int) -> dict:
     rt_sock = str(work / "rt.sock")
     rt = start_runtime(rt_sock, bulk=1000)
-    proxy = start_proxy(work, rt_sock, 0, "--converge-period", "0")  # see bench_steady
+    proxies: dict[str, subprocess.Popen] = {}
     try:
-        direct, via = CRIClient(rt_sock), CRIClient(str(work / "proxy.sock"))
+        proxies = start_proxies(work, rt_sock)
+        direct = CRIClient(rt_sock)
+        vias = {relay: CRIClient(str(work / relay / "proxy.sock")) for relay in RELAYS}
         await ready(direct)
-        await ready(via)
-        await asyncio.sleep(5)  # the proxy's start-up reconcile of the 1000 containers is over
+        for via in vias.values():
+            await ready(via)
+        await asyncio.sleep(5)  # the proxies' start-up reconcile of the 1000 containers is over
         cid = (await direct.list_containers())[0].id
         out: dict = {}
         for name, make in (("Version", lambda c: c.version),
                            ("ContainerStatus", lambda c: (lambda: c.container_status(cid)))):
-            out[name] = await alternating(make(direct), make(via), n, proxy.pid, rt.pid)
-        big = await alternating(direct.list_containers, via.list_containers, max(n // 10, 20), proxy.pid, rt.pid,
-                                warmup=3)
-        big["containers"] = len(await via.list_containers())
+            out[name] = await alternating(make(direct), {r: (make(c), proxies[r].pid) for r, c in vias.items()}, n,
+                                          rt.pid)
+        big = await alternating(direct.list_containers,
+                                {r: (c.list_containers, proxies[r].pid) for r, c in vias.items()},
+                                max(n // 10, 20), rt.pid, warmup=3)
+        big["containers"] = len(await direct.list_containers())
         await direct.close()
-        await via.close()
-        return {"unary": out, "list_containers_1000": big}
+        for via in vias.values():
+            await via.close()
+        return {"unary": out, "list_containers_1000": big, "load_average": os.getloadavg()}
     finally:
-        stop(proxy)
+        for p in proxies.values():
+            stop(p)
         stop(rt)
 
 
@@ -233,21 +272,30 @@ async def bench_steady(work: Path, seconds: float, pods: int = 110) -> dict:
     rt = start_runtime(rt_sock, pods=pods)
     # the in-memory runtime's containers have no processes: the kernel-truth pass would retry locating them for
     # ever (an artefact); it runs on changes only here, and its cost on a real node is not part of this figure
-    proxy = start_proxy(work, rt_sock, 0, "--converge-period", "0")
+    proxies: dict[str, subprocess.Popen] = {}
     try:
-        async with CRIClient(str(work / "proxy.sock")) as k:
+        proxies = start_proxies(work, rt_sock)
+        kubelets = {relay: CRIClient(str(work / relay / "proxy.sock")) for relay in RELAYS}
+        for k in kubelets.values():
             await ready(k)
-            await asyncio.sleep(2)  # the proxy's start-up reconcile is over
-            c_proxy, c_rt, t0 = cpu_seconds(proxy.pid), cpu_seconds(rt.pid), time.monotonic()
-            calls = await kubelet_load(k, seconds)
-            elapsed = time.monotonic() - t0
-            return {"pods": pods, "containers": 2 * pods, "seconds": round(elapsed, 1),
-                    "calls_per_second": round(calls / elapsed, 1),
-                    "cpu_percent_of_one_core": {
-                        "proxy": round((cpu_seconds(proxy.pid) - c_proxy) / elapsed * 100, 2),
-                        "runtime_anchor": round((cpu_seconds(rt.pid) - c_rt) / elapsed * 100, 2)}}
+        await asyncio.sleep(2)  # the proxies' start-up reconcile is over
+        c_proxy = {relay: cpu_seconds(p.pid) for relay, p in proxies.items()}
+        c_rt, t0 = cpu_seconds(rt.pid), time.monotonic()
+        calls = await asyncio.gather(*(kubelet_load(k, seconds) for k in kubelets.values()))
+        elapsed = time.monotonic() - t0
+        cpu = {relay: round((cpu_seconds(p.pid) - c_proxy[relay]) / elapsed * 100, 2) for relay, p in proxies.items()}
+        for k in kubelets.values():
+            await k.close()
+        return {"pods": pods, "containers": 2 * pods, "seconds": round(elapsed, 1),
+                "calls_per_second_per_kubelet": round(calls[0] / elapsed, 1),
+                "cpu_percent_of_one_core": {
+                    **{f"proxy_{relay}": v for relay, v in cpu.items()},
+                    # the runtime answers both kubelets: its share for one
+                    "runtime_anchor_per_kubelet": round((cpu_seconds(rt.pid) - c_rt) / elapsed * 100 / 2, 2)},
+                "load_average": os.getloadavg()}
     finally:
-        stop(proxy)
+        for p in proxies.values():
+            stop(p)
         stop(rt)
 
 

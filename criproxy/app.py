@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc.aio
 
 from allocator.checkpoint import CheckpointStore, import_kubelet_state
-from allocator.node import NodeAllocator, NodeConfig
+from allocator.node import NodeAllocator, NodeConfig, NodeParts, build_node
 from allocator.nrt import build_nrt
 from allocator.topology import Topology
 
@@ -20,6 +22,7 @@ from .control import ControlServer
 from .converge import Converger, Decision, decision_of
 from .cri_api import RuntimeApi
 from .cri_pods import rebuild_cri_pods
+from .http_server import ProxyHttpServer
 from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
 from .mode_apply import ModeApplier
@@ -30,17 +33,19 @@ from .pod_watch import NodePodWatch
 from .reconcile import ReconcileReport, reconcile
 from .registry import Registry, Tracked
 from .relay import RelayHandler, Upstream
-from .server import RelayServer, SocketInUseError, listen_path, start_relay_server
+from .relay_frames import FrameRelayServer
+from .relays import start_relay
+from .server import RelayServer, SocketInUseError, listen_path
 from .starts import StartGuard
-from .status import status_from_thread
+from .status import status_document
 
-__all__ = ["CriProxy", "node_config_of"]
+__all__ = ["CriProxy", "node_parts_of"]
 
 log = logging.getLogger("numapin.criproxy")
 
 
-def node_config_of(config: ProxyConfig) -> NodeConfig:
-    """The allocator's node configuration (validated: raises ConfigError / TopologyError)."""
+def node_parts_of(config: ProxyConfig) -> NodeParts:
+    """The proxy's node, read from sysfs and built once (``build_node``: raises ConfigError / TopologyError)."""
     topology = Topology.from_sysfs(config.sysfs)
     nc = NodeConfig(topology=topology, reserved_cpus=config.reserved_cpus, num_reserved_cpus=config.num_reserved_cpus,
                     cpu_manager_policy_options=dict(config.cpu_manager_policy_options),
@@ -48,23 +53,43 @@ def node_config_of(config: ProxyConfig) -> NodeConfig:
                     topology_manager_scope=config.topology_manager_scope,
                     topology_manager_policy_options=dict(config.topology_manager_policy_options),
                     require_reserved_cpus=True)  # kubelet's start-up rule for a node with the static policy
-    nc.validate()
-    return nc
+    return build_node(nc)
+
+
+@dataclass(frozen=True)
+class ProxyParts:
+    """What ``CriProxy.start`` builds from the machine (its topology, the state file, the cgroup layout) and the
+    runtime's endpoint."""
+
+    node_config: NodeConfig
+    store: CheckpointStore
+    allocator: NodeAllocator
+    upstream: Upstream
+    pusher: CpusetPusher
+    converger: Converger
+    starts: StartGuard
+    pinning: Pinning
+    modes: ModeApplier
 
 
 class CriProxy:
-    """``await CriProxy(config).start()`` … ``await proxy.stop()``."""
+    """``await CriProxy(config).start()`` … ``await proxy.stop()``. The parts built by ``start`` are read through
+    properties (``proxy.allocator``, ``proxy.pinning``, …) that raise ``RuntimeError`` before it. ``node``: the node
+    already built from ``config`` (``node_parts_of``, as the command line does to check it before it starts), else
+    ``start`` builds it."""
 
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, node: NodeParts | None = None) -> None:
         self.config = config
+        self._node = node
         self.metrics = ProxyMetrics()
         self.registry = Registry()
         self.api = RuntimeApi()  # the runtime's CRI version, for the proxy's own calls
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
-        self._server: RelayServer | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.http = ProxyHttpServer(self.metrics.registry, lambda: status_document(self))
+        self._server: RelayServer | FrameRelayServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # the background tasks (``_spawn``), all cancelled by stop()
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
         self._control: ControlServer | None = None
@@ -72,42 +97,85 @@ class CriProxy:
         # numapinStateVersion of the published NRT: unique to this process, bumped on every publication
         self._nrt_epoch = uuid.uuid4().hex[:12]
         self._nrt_generation = 0
+        self._parts: ProxyParts | None = None  # built by start()
+
+    def _started(self) -> ProxyParts:
+        if self._parts is None:
+            raise RuntimeError("the proxy is not started (await CriProxy.start() first)")
+        return self._parts
+
+    @property
+    def node_config(self) -> NodeConfig:
+        return self._started().node_config
+
+    @property
+    def store(self) -> CheckpointStore:
+        return self._started().store
+
+    @property
+    def allocator(self) -> NodeAllocator:
+        return self._started().allocator
+
+    @property
+    def upstream(self) -> Upstream:
+        return self._started().upstream
+
+    @property
+    def pusher(self) -> CpusetPusher:
+        return self._started().pusher
+
+    @property
+    def converger(self) -> Converger:
+        return self._started().converger
+
+    @property
+    def starts(self) -> StartGuard:
+        return self._started().starts
+
+    @property
+    def pinning(self) -> Pinning:
+        return self._started().pinning
+
+    @property
+    def modes(self) -> ModeApplier:
+        return self._started().modes
 
     async def start(self) -> CriProxy:
         cfg = self.config
-        self.node_config = await asyncio.to_thread(node_config_of, cfg)
-        self.store = CheckpointStore(cfg.state_file, "numapin")
+        node = self._node or await asyncio.to_thread(node_parts_of, cfg)
+        node_config = node.config
+        store = CheckpointStore(cfg.state_file, "numapin")
         cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
-        for leftover in await asyncio.to_thread(self.store.clean_leftovers):
+        for leftover in await asyncio.to_thread(store.clean_leftovers):
             log.info("removed %s (a state write interrupted by a kill)", leftover)
-        state = await asyncio.to_thread(self.store.load)
+        state = await asyncio.to_thread(store.load)
         if state is None and cfg.import_kubelet_state:
             state = await asyncio.to_thread(import_kubelet_state, cfg.import_kubelet_state)
             log.info("imported kubelet's CPU manager state from %s", cfg.import_kubelet_state)
-        self.allocator = NodeAllocator(self.node_config, state)
-        await asyncio.to_thread(self.store.save, self.allocator.state)
-        self.upstream = Upstream(cfg.runtime_endpoint)
-        self.pusher = CpusetPusher(self.upstream, self.registry, on_resized=lambda: self.converger.kick(),
-                                   api=self.api)
+        allocator = NodeAllocator(node, state)
+        await asyncio.to_thread(store.save, allocator.state)
         layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
         problem = await asyncio.to_thread(layout.problem)
         if problem is not None:
             log.warning("converge: %s; running containers' cpusets cannot be checked in the kernel", problem)
-        self.converger = Converger(self.upstream, self.registry, self.pusher, layout, self.decide,
-                                   period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
-                                   on_pass=self.metrics.observe_converge)
-        self.starts = StartGuard(self.registry, self.converger, self.decide,
-                                 on_refusal=self.metrics.observe_start_refusal)
-        self.pinning = Pinning(
-            self.node_config, self.allocator, self.store, self.pusher, self.registry,
+        # from here to the parts, nothing waits: stop() closes what start() opened, however far it got
+        upstream = Upstream(cfg.runtime_endpoint)
+        pusher = CpusetPusher(upstream, self.registry, on_resized=lambda: self.converger.kick(), api=self.api)
+        converger = Converger(upstream, self.registry, pusher, layout, self.decide,
+                              period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
+                              on_pass=self.metrics.observe_converge)
+        starts = StartGuard(self.registry, converger, self.decide, on_refusal=self.metrics.observe_start_refusal)
+        pinning = Pinning(
+            node_config, allocator, store, pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid),
             api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
-            on_change=self._state_changed, on_decision=self.metrics.observe_decision,
-            on_narrow=self.metrics.observe_narrowing)
-        self.modes = ModeApplier(self.pinning, self.upstream, self.registry, self.converger,
-                                 lift_cfs_quota=cfg.lift_cfs_quota, on_transition=self.metrics.observe_mode_change,
-                                 on_refusal=self.metrics.observe_mode_refusal)
+            on_change=self._state_changed, on_admitted=self.metrics.observe_admission,
+            on_rejected=self.metrics.observe_rejection, on_narrow=self.metrics.observe_narrowing)
+        modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
+                            on_transition=self.metrics.observe_mode_change,
+                            on_refusal=self.metrics.observe_mode_refusal)
+        self._parts = ProxyParts(node_config, store, allocator, upstream, pusher, converger, starts, pinning, modes)
         interceptors = dict(self.pinning.interceptors())
         interceptors["StartContainer"] = self.starts.start_container
         # kubelet's own cpuset-bearing update is sent with the pool gate held (shared): never between a
@@ -118,20 +186,30 @@ class CriProxy:
             self._api = ApiPublisher(cfg.kubeconfig)
         endpoint = cfg.metrics_endpoint()
         if endpoint is not None:
-            loop = asyncio.get_running_loop()
-            self.metrics_port = self.metrics.serve(*endpoint, status=lambda: status_from_thread(self, loop))
+            self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_relay_server(listen_path(cfg.listen), handler)
-        log.info("numapin criproxy listening on %s, runtime %s, topology manager %s/%s, reserved %s",
-                 cfg.listen, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
+        self._server = await start_relay(listen_path(cfg.listen), handler, cfg.relay)
+        log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s",
+                 cfg.listen, cfg.relay, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
         self._nrt_dirty.set()
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._reconcile_loop()))
-        self._tasks.append(loop.create_task(self._nrt_loop()))
-        self._tasks.append(loop.create_task(self._modes_loop()))
+        self._spawn(self._reconcile_loop(), "reconcile")
+        self._spawn(self._nrt_loop(), "nrt")
+        self._spawn(self._modes_loop(), "modes")
         return self
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """The one place background tasks start: each is kept until it ends and cancelled by ``stop``; one that
+        fails is logged at once (not when the proxy stops)."""
+        task = asyncio.get_running_loop().create_task(work, name=f"numapin-criproxy-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=task.exception())
 
     async def _modes_loop(self) -> None:
         """Changes of a running pod's mode: from the local control socket and the API watch, once the start-up
@@ -148,15 +226,15 @@ class CriProxy:
                 self._control = None
         if cfg.watch_pods:
             watch = NodePodWatch(cfg.node_name, self.modes.request, kubeconfig=cfg.kubeconfig)
-            self._tasks.append(asyncio.get_running_loop().create_task(watch.run(self._stop_watch)))
+            self._spawn(watch.run(self._stop_watch), "pod-watch")
             log.info("watching the pods of node %s for changes of their CPU mode", cfg.node_name)
         await self.modes.run()
 
     def _state_changed(self) -> None:
         """The allocation changed: publish the NodeResourceTopology again, retry refused changes of mode."""
         self._nrt_dirty.set()
-        if hasattr(self, "modes"):
-            self.modes.kick()
+        if self._parts is not None:
+            self._parts.modes.kick()
 
     def decide(self, t: Tracked) -> Decision | None:
         """What the container must run on now (its pinned CPUs, else the shared pool)."""
@@ -188,7 +266,7 @@ class CriProxy:
                 await self.reconcile_once()
                 await self.starts.note_unstarted()
                 self.reconciled.set()
-                self._tasks.append(asyncio.get_running_loop().create_task(self.converger.run()))
+                self._spawn(self.converger.run(), "converge")
                 break
             except grpc.aio.AioRpcError as e:
                 log.warning("reconcile: runtime not reachable (%s: %s); retrying in %.1f s", e.code().name,
@@ -232,21 +310,24 @@ class CriProxy:
             await self._server.wait_for_termination()
 
     async def stop(self, grace: float | None = 1.0) -> None:
+        """Stop serving, cancel every background task and wait for it: nothing of the proxy runs afterwards."""
+        await self.http.stop()
         self._stop_watch.set()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        self._tasks.clear()
+        while self._tasks:  # a task being cancelled may not start another (``_spawn``), but be sure
+            tasks = list(self._tasks)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._tasks.difference_update(tasks)
         if self._control is not None:
             await self._control.stop()
             self._control = None
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+        if self._parts is not None:  # after the relay: no create can abandon CPUs any more
+            await self._parts.pinning.stop_background(1.0 if grace is None else grace)
         if self._api is not None:
             await self._api.close()
-        if hasattr(self, "upstream"):
-            await self.upstream.close()
-        self.metrics.close()
+        if self._parts is not None:
+            await self._parts.upstream.close()

@@ -7,11 +7,14 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocator.errors import AllocatorError
 
-from .config import DEFAULTS, load_config
+from .config import DEFAULTS, ProxyConfig, load_config
+
+if TYPE_CHECKING:
+    from allocator.node import NodeParts
 
 HELP = "run the CRI proxy that pins containers (kubelet's runtime endpoint)"
 DESCRIPTION = """\
@@ -58,11 +61,16 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
                                              "with --watch-pods)"}),
     ("--control-socket", "control_socket", {"help": "root-only unix socket for `numapin mode`, empty to disable "
                                                      "(default: control.sock next to --listen)"}),
-    ("--metrics-address", "metrics_address", {"help": "HOST:PORT for /metrics, empty to disable "
+    ("--metrics-address", "metrics_address", {"help": "HOST:PORT for /metrics and /status ([::1]:PORT for IPv6, "
+                                                       "port 0: any free port), empty to disable "
                                                        f"(default {DEFAULTS.metrics_address})"}),
     ("--import-kubelet-state", "import_kubelet_state",
      {"help": "kubelet's cpu_manager_state to import once when numapin has no state yet"}),
     ("--log-level", "log_level", {"help": "DEBUG, INFO, WARNING (default INFO)"}),
+    ("--relay", "relay", {"choices": ("frames", "grpc"),
+                          "help": "how calls reach the runtime: frames (HTTP/2 frames copied between kubelet's "
+                                  "and the runtime's connections, decoded only for the intercepted methods) or "
+                                  f"grpc (a gRPC server and channel in the proxy) (default {DEFAULTS.relay})"}),
 )
 
 
@@ -88,10 +96,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides)
         config.metrics_endpoint()
-        from allocator.node import NodeAllocator
-
-        from .app import node_config_of
-        NodeAllocator(node_config_of(config))  # topology and policy problems surface here, before anything starts
+        from .app import node_parts_of
+        parts = node_parts_of(config)  # topology and policy problems surface here, before anything starts
     except (AllocatorError, ValueError) as e:
         print(f"numapin criproxy: {e}", file=sys.stderr)
         return 2
@@ -100,16 +106,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"numapin criproxy: log-level: unknown level {config.log_level!r}", file=sys.stderr)
         return 2
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(_serve(config))
+    return asyncio.run(_serve(config, parts))
 
 
-async def _serve(config) -> int:
+async def _serve(config: ProxyConfig, parts: NodeParts) -> int:
     from allocator.errors import CheckpointError
 
     from .app import CriProxy
     from .server import SocketInUseError
 
-    proxy = CriProxy(config)
+    proxy = CriProxy(config, parts)
     try:
         await proxy.start()
     except (SocketInUseError, CheckpointError, AllocatorError, OSError) as e:

@@ -66,16 +66,23 @@ class ProxyConfig:
     self_pod_name: str | None = None
     self_pod_uid: str | None = None
     log_level: str = "INFO"
+    relay: str = "grpc"           # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
 
     @property
     def state_file(self) -> Path:
         return Path(self.state_dir) / "cpu_manager_state"
 
     @property
+    def nrt_dir(self) -> Path:
+        """Where the NodeResourceTopology goes by default, one ``<node name>.json`` (a directory the webhook can
+        read)."""
+        return Path(self.state_dir) / "nrt"
+
+    @property
     def nrt_path(self) -> Path:
         if self.nrt_file:
             return Path(self.nrt_file)
-        return Path(self.state_dir) / "nrt" / f"{self.node_name or 'node'}.json"  # a directory the webhook can read
+        return self.nrt_dir / f"{self.node_name or 'node'}.json"
 
     @property
     def control_path(self) -> str | None:
@@ -95,9 +102,12 @@ class ProxyConfig:
             return None
         host, _, port = self.metrics_address.rpartition(":")
         try:
-            return (host or "127.0.0.1", int(port))
+            number = int(port)
         except ValueError:
             raise ConfigError(f"metrics-address: expected HOST:PORT, got {self.metrics_address!r}") from None
+        if not 0 <= number <= 65535:
+            raise ConfigError(f"metrics-address: port {number} is not in 0-65535 (0: any free port)")
+        return (host.removeprefix("[").removesuffix("]") or "127.0.0.1", number)
 
 
 DEFAULTS = ProxyConfig()
@@ -139,6 +149,10 @@ def _coerce(name: str, value: Any) -> Any:
         if str(value).lower() in ("false", "0", "no"):
             return False
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if name == "relay":
+        if value not in ("frames", "grpc"):
+            raise ConfigError(f"{where}: expected frames or grpc, got {value!r}")
+        return value
     if value is not None and not isinstance(value, str):
         raise ConfigError(f"{where}: expected a string, got {value!r}")
     return value

@@ -15,7 +15,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from allocator.cfs import quota_to_milli_cpu, shares_to_milli_cpu
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import (
@@ -28,6 +27,7 @@ from allocator.pod import (
 )
 from protos import cri_pb2
 
+from .cfs import quota_to_milli_cpu, shares_to_milli_cpu
 from .pod_roles import PodRoles
 
 __all__ = ["PodIdentity", "SelfPod", "container_from_cri", "identity_of", "pod_from_cri", "qos_from_cgroup_parent"]

@@ -1,17 +1,11 @@
-"""Prometheus metrics of the proxy, in a registry of its own, served on a local port."""
+"""Prometheus metrics of the proxy, in a registry of its own (served by ``http_server`` on ``/metrics``)."""
 
 from __future__ import annotations
 
-import json
-import socket
-import threading
-from collections.abc import Callable, Mapping
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from collections.abc import Mapping
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["ProxyMetrics"]
 
@@ -48,16 +42,15 @@ class ProxyMetrics:
                                      ["reason"], registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
-        self._server = None
 
     def observe_call(self, method: str, seconds: float, code: grpc.StatusCode) -> None:
         self.relay_seconds.labels(method.rsplit("/", 1)[-1], code.name).observe(seconds)
 
-    def observe_decision(self, mode: str, outcome: str) -> None:
-        if outcome == "admitted":
-            self.allocations.labels(mode).inc()
-        else:
-            self.rejections.labels(mode).inc()
+    def observe_admission(self, mode: str) -> None:
+        self.allocations.labels(mode).inc()
+
+    def observe_rejection(self, reason: str) -> None:
+        self.rejections.labels(reason).inc()
 
     def observe_narrowing(self, seconds: float) -> None:
         self.narrowing_seconds.observe(seconds)
@@ -80,47 +73,3 @@ class ProxyMetrics:
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():
             self.free_cpus.labels(str(node)).set(n)
-
-    def serve(self, address: str, port: int, status: Callable[[], Mapping[str, Any]] | None = None) -> int:
-        """Serve /metrics on ``address:port`` (port 0: any free port), and ``/status`` (JSON of ``status()``)
-        when given; returns the port."""
-        if status is None:
-            server, _thread = start_http_server(port, addr=address, registry=self.registry)
-            self._server = server
-            return server.server_port
-        metrics_app = make_wsgi_app(self.registry)
-
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-            if environ.get("PATH_INFO") != "/status":
-                return metrics_app(environ, start_response)  # type: ignore[no-any-return]
-            try:
-                body, code = json.dumps(status(), indent=1).encode() + b"\n", "200 OK"
-            except Exception as e:  # the proxy is stopping or busy: say so, never crash the server thread
-                body, code = json.dumps({"error": f"status unavailable: {e!r}"}).encode(), "503 Service Unavailable"
-            start_response(code, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-            return [body]
-
-        server_class = _ThreadingServer6 if ":" in address else _ThreadingServer
-        httpd = make_server(address, port, app, server_class, handler_class=_QuietHandler)
-        threading.Thread(target=httpd.serve_forever, daemon=True, name="numapin-metrics").start()
-        self._server = httpd
-        return httpd.server_port
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _ThreadingServer6(_ThreadingServer):
-    address_family = socket.AF_INET6
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass

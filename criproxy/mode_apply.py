@@ -35,7 +35,6 @@ from dataclasses import replace
 import grpc
 import grpc.aio
 
-from allocator.cfs import milli_cpu_to_quota
 from allocator.cpuset import CPUSet
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
@@ -43,6 +42,7 @@ from allocator.mode_change import KUBELET_RULE, ModeChange, parse_target
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, QOSClass, qos_class
 from protos import cri_pb2
 
+from .cfs import milli_cpu_to_quota
 from .converge import Converger
 from .cri_api import UNLIMITED_QUOTA
 from .cri_intent import container_from_cri, qos_from_cgroup_parent

@@ -20,7 +20,6 @@ import grpc.aio
 
 from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
-from allocator.devices import devices_numa_nodes
 from allocator.errors import AllocatorError, PodSpecError
 from allocator.intent import INTENT_ANNOTATION
 from allocator.node import NodeAllocator, NodeConfig, PodDecision
@@ -38,6 +37,7 @@ from .cri_api import (
     RuntimeApi,
 )
 from .cri_intent import PodIdentity, SelfPod, identity_of, pod_from_cri
+from .devices import devices_numa_nodes
 from .narrowing import CpusetPusher
 from .pod_roles import KIND_ANNOTATION, Instance
 from .registry import CriPod, Registry, Tracked, TrackedMode
@@ -90,7 +90,8 @@ class Pinning:
                  api: RuntimeApi | None = None,
                  ready: asyncio.Event | None = None,
                  on_change: Callable[[], None] | None = None,
-                 on_decision: Callable[[str, str], None] | None = None,
+                 on_admitted: Callable[[TrackedMode], None] | None = None,
+                 on_rejected: Callable[[str], None] | None = None,
                  on_narrow: Callable[[float], None] | None = None) -> None:
         self.allocator = allocator
         self.store = store
@@ -109,7 +110,8 @@ class Pinning:
         # (pod uid, container) decided and at the runtime, not registered yet: reconcile keeps their CPUs
         self.creating: set[tuple[str, str]] = set()
         self.on_change = on_change or (lambda: None)
-        self.on_decision = on_decision or (lambda mode, outcome: None)
+        self.on_admitted = on_admitted or (lambda mode: None)  # a container created, with its mode
+        self.on_rejected = on_rejected or (lambda reason: None)  # a create refused, with kubelet's reason
         self.on_narrow = on_narrow or (lambda seconds: None)
         self.config = config
         self.policy = config.topology_manager_policy
@@ -152,6 +154,16 @@ class Pinning:
         task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def stop_background(self, timeout: float) -> None:
+        """Let the background work (CPUs given back for creates their caller abandoned) finish within ``timeout``
+        seconds, then cancel the rest: nothing runs afterwards (a give-back lost so is redone by the next start's
+        reconcile, which drops assignments of containers that do not exist)."""
+        if self._background:
+            _, pending = await asyncio.wait(set(self._background), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     def _pod_lock(self, uid: str) -> asyncio.Lock:
         """The pod's lock; every call is paired with one ``_drop_pod_lock`` (the lock goes with its last user)."""
@@ -235,7 +247,7 @@ class Pinning:
         try:
             await asyncio.wait_for(self.ready.wait(), max(budget, 0.0))
         except TimeoutError:
-            self.on_decision("NotReconciled", "rejected")
+            self.on_rejected("NotReconciled")
             raise Rejection(grpc.StatusCode.UNAVAILABLE,
                             f"numapin: pod {ident.ref} container {name} not admitted yet: the proxy "
                             "has not finished its start-up reconcile with the runtime (is the runtime reachable? "
@@ -254,7 +266,7 @@ class Pinning:
             was_init = cri_pod.roles.on_create(name, req.config.annotations.get(KIND_ANNOTATION), others)
             pod = pod_from_cri(req, cri_pod.resources, cri_pod.roles)
         except PodSpecError as e:
-            self.on_decision("InvalidIntent", "rejected")
+            self.on_rejected("InvalidIntent")
             raise Rejection(grpc.StatusCode.INVALID_ARGUMENT,
                             f"numapin: pod {ident.ref} container {name}: {e}") from None
         if was_init and self._passed_on(ident.uid, name):
@@ -324,7 +336,7 @@ class Pinning:
             decision = await asyncio.to_thread(self.allocator.admit_pod, pod,
                                                devices={name: devices} if devices else None, reallocate=reallocate)
         except AllocatorError as e:
-            self.on_decision(getattr(e, "reason", type(e).__name__), "rejected")
+            self.on_rejected(getattr(e, "reason", type(e).__name__))
             raise Rejection(grpc.StatusCode.FAILED_PRECONDITION,
                             f"numapin: pod {ident.ref} container {name}: {e}") from None
         if not decision.admitted:
@@ -431,12 +443,12 @@ class Pinning:
             resources = cri_pb2.LinuxContainerResources()
             resources.CopyFrom(req.config.linux.resources)
             self.registry.pods.setdefault(ident.uid, CriPod()).resources[name] = resources
-        self.on_decision(placement.mode, "admitted")
+        self.on_admitted(placement.mode)
         log.info("decision pod=%s container=%s id=%s mode=%s cpus=%s mems=%s reason=%s", ident.ref, name,
                  cid[:13], placement.mode, placement.cpus, placement.mems, placement.reason)
 
     def _reject(self, decision: PodDecision, ident: PodIdentity, name: str) -> None:
-        self.on_decision(decision.reason or "Rejected", "rejected")
+        self.on_rejected(decision.reason or "Rejected")
         code = (grpc.StatusCode.RESOURCE_EXHAUSTED if decision.reason == "UnexpectedAdmissionError"
                 else grpc.StatusCode.FAILED_PRECONDITION)
         msg = (f"numapin: pod {ident.ref} container {name} rejected ({decision.reason}) by topology manager "

@@ -18,7 +18,7 @@ from typing import Any
 from allocator.errors import PodSpecError
 from allocator.mode_change import parse_target
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo
-from webhook.sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, watch_until_stopped
+from webhook.sources import api_client, run_watches, watch_events
 
 from .mode_request import ModeRequest, ModeSink
 
@@ -44,19 +44,12 @@ class NodePodWatch:
     async def run(self, stop: asyncio.Event) -> None:
         api = await api_client(self.kubeconfig)
         try:
-            task = asyncio.create_task(watch_until_stopped(lambda: self._once(api), stop, self.retry_seconds,
-                                                           f"pods of node {self.node_name}"))
-            stopped = asyncio.create_task(stop.wait())
-            await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
-            for t in (task, stopped):
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+            await run_watches({f"pods of node {self.node_name}": lambda: self._once(api)}, stop, self.retry_seconds)
         finally:
             await api.close()
 
     async def _once(self, api: Any) -> None:
-        from kubernetes_asyncio import client, watch
+        from kubernetes_asyncio import client
 
         core = client.CoreV1Api(api)
         selector = f"spec.nodeName={self.node_name}"
@@ -69,14 +62,9 @@ class NodePodWatch:
             del self._seen[uid]
         self.synced.set()
         rv = listing.get("metadata", {}).get("resourceVersion")
-        w = watch.Watch()
-        async with w.stream(core.list_pod_for_all_namespaces, field_selector=selector, resource_version=rv,
-                            timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT) as stream:
-            async for event in stream:
-                obj = event.get("raw_object")
-                kind = event.get("type")
-                if not isinstance(obj, Mapping) or kind == "BOOKMARK":
-                    continue
+        async with contextlib.aclosing(watch_events(core.list_pod_for_all_namespaces, field_selector=selector,
+                                                    resource_version=rv)) as events:
+            async for kind, obj in events:
                 if kind == "DELETED":
                     self._seen.pop(str(obj.get("metadata", {}).get("uid", "")), None)
                 else:

@@ -33,9 +33,11 @@ __all__ = [
     "UNARY_METHODS",
     "Forward",
     "Interceptor",
+    "Outcome",
     "Rejection",
     "RelayHandler",
     "Upstream",
+    "intercept",
     "normalize_endpoint",
 ]
 
@@ -195,7 +197,7 @@ def caller_timeout(context: grpc.ServicerContext) -> float | None:
 
 
 @dataclass(frozen=True)
-class _Outcome:
+class Outcome:
     """How an intercepted call ends: a response, or an error status."""
 
     response: bytes = b""
@@ -203,6 +205,26 @@ class _Outcome:
     details: str = ""
     initial: Metadata = ()
     trailing: Metadata = ()
+
+
+async def intercept(method: str, interceptor: Interceptor, request: bytes, forward: Forward, replies: _Replies
+                    ) -> Outcome:
+    """Run ``interceptor`` on ``request``; its response, or the status it ends with (a runtime error passed on,
+    a rejection, a request that cannot be parsed, a bug in numapin)."""
+    name = method.rsplit("/", 1)[-1]
+    try:
+        response = await interceptor(request, forward)
+    except grpc.aio.AioRpcError as e:
+        return Outcome(code=e.code(), details=e.details() or "", trailing=tuple(e.trailing_metadata() or ()))
+    except Rejection as e:
+        return Outcome(code=e.code, details=e.message)
+    except (DecodeError, WireError) as e:
+        return Outcome(code=grpc.StatusCode.INVALID_ARGUMENT, details=f"numapin: cannot parse the {name} request: {e}")
+    except Exception as e:
+        log.exception("%s: unexpected error in numapin's interceptor", method)
+        return Outcome(code=grpc.StatusCode.INTERNAL,
+                       details=f"numapin: internal error handling {name}: {type(e).__name__}: {e}")
+    return Outcome(response=response, initial=replies.initial, trailing=replies.trailing)
 
 
 def _answer(context: grpc.ServicerContext, initial: Metadata, trailing: Metadata) -> None:
@@ -281,7 +303,7 @@ class RelayHandler(grpc.GenericRpcHandler):
                               ) -> Callable[[bytes, grpc.ServicerContext], bytes]:
         def behavior(request: bytes, context: grpc.ServicerContext) -> bytes:
             t0 = time.perf_counter()
-            outcome = _Outcome(code=grpc.StatusCode.INTERNAL)
+            outcome = Outcome(code=grpc.StatusCode.INTERNAL)
             try:
                 outcome = self._on_loop(self._intercept(method, interceptor, request, caller_metadata(context),
                                                         caller_timeout(context)))
@@ -294,41 +316,28 @@ class RelayHandler(grpc.GenericRpcHandler):
 
         return behavior
 
-    def _on_loop(self, coro: Awaitable[_Outcome]) -> _Outcome:
+    def _on_loop(self, coro: Awaitable[Outcome]) -> Outcome:
         """Run ``coro`` on the proxy's event loop and wait for it (the caller going away does not stop it: a
         decision is carried through)."""
         loop = self.loop
         if loop is None or loop.is_closed():
             coro.close()  # type: ignore[attr-defined]
-            return _Outcome(code=grpc.StatusCode.UNAVAILABLE, details="numapin: the proxy is stopping")
+            return Outcome(code=grpc.StatusCode.UNAVAILABLE, details="numapin: the proxy is stopping")
         future = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
         while True:
             try:
                 return future.result(timeout=1.0)
             except concurrent.futures.TimeoutError:
                 if loop.is_closed():
-                    return _Outcome(code=grpc.StatusCode.UNAVAILABLE, details="numapin: the proxy is stopping")
+                    return Outcome(code=grpc.StatusCode.UNAVAILABLE, details="numapin: the proxy is stopping")
             except concurrent.futures.CancelledError:
-                return _Outcome(code=grpc.StatusCode.UNAVAILABLE, details="numapin: the proxy is stopping")
+                return Outcome(code=grpc.StatusCode.UNAVAILABLE, details="numapin: the proxy is stopping")
 
     async def _intercept(self, method: str, interceptor: Interceptor, request: bytes, metadata: Metadata,
-                         timeout: float | None) -> _Outcome:
-        name = method.rsplit("/", 1)[-1]
+                         timeout: float | None) -> Outcome:
         replies = _Replies()
-        try:
-            response = await interceptor(request, Forward(self.upstream, method, metadata, timeout, replies))
-        except grpc.aio.AioRpcError as e:
-            return _Outcome(code=e.code(), details=e.details() or "", trailing=tuple(e.trailing_metadata() or ()))
-        except Rejection as e:
-            return _Outcome(code=e.code, details=e.message)
-        except (DecodeError, WireError) as e:
-            return _Outcome(code=grpc.StatusCode.INVALID_ARGUMENT,
-                            details=f"numapin: cannot parse the {name} request: {e}")
-        except Exception as e:
-            log.exception("%s: unexpected error in numapin's interceptor", method)
-            return _Outcome(code=grpc.StatusCode.INTERNAL,
-                            details=f"numapin: internal error handling {name}: {type(e).__name__}: {e}")
-        return _Outcome(response=response, initial=replies.initial, trailing=replies.trailing)
+        return await intercept(method, interceptor, request, Forward(self.upstream, method, metadata, timeout, replies),
+                               replies)
 
     def _stream_behavior(self, method: str) -> Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]:
         forward = self.upstream.sync_channel.stream_stream(method)

@@ -129,3 +129,4 @@ async def start_relay_server(path: str, handler: RelayHandler, *, threads: int =
         os.umask(old)
     os.chmod(path, SOCKET_MODE)
     return RelayServer(server, executor)
+

@@ -1,24 +1,46 @@
-"""The proxy's ``/status`` document (JSON, served next to ``/metrics``): what ``numapin status`` shows.
+"""The proxy's ``/status`` document (JSON, served next to ``/metrics`` by ``http_server``): what ``numapin status``
+shows.
 
-Built on the event loop (the allocator and the registry are only touched there); the metrics server's thread
-asks for it with ``status_from_thread``.
+Built on the event loop (the allocator and the registry are only touched there), from anything shaped like the
+running proxy (``ProxyView``: ``app.CriProxy`` is one) — this module does not import the app.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .app import CriProxy
+from allocator.node import NodeAllocator, NodeConfig
 
-__all__ = ["STATUS_VERSION", "status_document", "status_from_thread"]
+from .config import ProxyConfig
+from .mode_apply import ModeApplier
+from .registry import Registry
+
+__all__ = ["STATUS_VERSION", "ProxyView", "status_document"]
 
 STATUS_VERSION = 1
 
 
-def status_document(proxy: CriProxy) -> dict[str, Any]:
-    """A snapshot of the proxy's view of the node (call on the proxy's event loop)."""
+class ProxyView(Protocol):
+    """What the status document is made of (the running proxy's parts)."""
+
+    @property
+    def config(self) -> ProxyConfig: ...
+    @property
+    def node_config(self) -> NodeConfig: ...
+    @property
+    def allocator(self) -> NodeAllocator: ...
+    @property
+    def registry(self) -> Registry: ...
+    @property
+    def reconciled(self) -> asyncio.Event: ...
+    @property
+    def modes(self) -> ModeApplier: ...
+
+
+def status_document(proxy: ProxyView) -> dict[str, Any]:
+    """A snapshot of the proxy's view of the node (call on the proxy's event loop). The values are new objects
+    (strings, numbers, lists and dicts of them): the document may be encoded in another thread."""
     cfg = proxy.config
     nc = proxy.node_config
     alloc = proxy.allocator
@@ -56,11 +78,3 @@ def status_document(proxy: CriProxy) -> dict[str, Any]:
         "podModes": proxy.modes.modes(),
     }
 
-
-def status_from_thread(proxy: CriProxy, loop: asyncio.AbstractEventLoop, timeout: float = 10.0) -> dict[str, Any]:
-    """``status_document`` from another thread (the metrics server's), computed on ``loop``."""
-
-    async def build() -> dict[str, Any]:
-        return status_document(proxy)
-
-    return asyncio.run_coroutine_threadsafe(build(), loop).result(timeout)

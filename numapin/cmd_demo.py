@@ -68,11 +68,23 @@ def _fail(msg: str) -> int:
     return 2
 
 
+def _no_demo(e: ModuleNotFoundError) -> int:
+    """The demo lives in numapin_lab and needs the ``demo`` extra; an installation without them (the container
+    image) says so instead of a traceback."""
+    package = (e.name or "").split(".")[0]
+    if package not in ("numapin_lab", "jsonpatch", "jsonpointer"):
+        raise e
+    return _fail(f"this installation has no demo (module {package} is missing): pip install 'numapin[demo]'")
+
+
 def run_in_vm(args: argparse.Namespace) -> int:
     """``numapin demo`` again, inside a VM of ``args.topology`` (its work directory on the guest's /run: a tmpfs
     containerd's snapshots can use), its output streamed here."""
-    from .numa_vm import VM_FAILURE, VMError, VMSpec, find_numa_vm, topology_spec
-    from .numa_vm import run_in_vm as run_vm
+    try:
+        from numapin_lab.numa_vm import VM_FAILURE, VMError, VMSpec, find_numa_vm, topology_spec
+        from numapin_lab.numa_vm import run_in_vm as run_vm
+    except ModuleNotFoundError as e:
+        return _no_demo(e)
 
     try:
         topology_spec(args.topology)
@@ -108,10 +120,12 @@ def run(args: argparse.Namespace) -> int:
     from allocator.cpuset import CPUSet
     from allocator.errors import AllocatorError
     from allocator.topology import Topology
-    from criproxy.lab.lab import ContainerdLab, LabError
-
-    from .demo_play import Demo, say
-    from .stack import LocalStack, StackError, StackOptions
+    try:
+        from numapin_lab.cri.containerd import ContainerdLab, LabError
+        from numapin_lab.demo.play import Demo, say
+        from numapin_lab.demo.stack import LocalStack, StackError, StackOptions
+    except ModuleNotFoundError as e:
+        return _no_demo(e)
 
     try:
         topology = Topology.from_sysfs(args.sysfs)

@@ -150,19 +150,15 @@ def run(args: argparse.Namespace) -> int:
 
 def plan(scenario: Scenario) -> tuple[NodeAllocator, list[PodDecision]]:
     """Admit every pod of the scenario in order; ScenarioError/AllocatorError for a node that cannot start."""
-    from allocator.errors import AllocatorError, CheckpointError, ConfigError
+    from allocator.errors import AllocatorError
     from allocator.node import NodeAllocator
 
     from .scenario import ScenarioError
 
-    try:
-        node = NodeAllocator(scenario.config, scenario.state)
-    except CheckpointError as e:  # the state does not fit this node (kubelet's validateState)
+    try:  # the node was built and checked when the scenario was read (allocator.node.build_node)
+        node = NodeAllocator(scenario.parts, scenario.state)
+    except AllocatorError as e:  # the state does not fit this node (kubelet's validateState)
         raise ScenarioError(f"state: {e}") from None
-    except ConfigError as e:  # names the kubelet setting (allocator.node.build_node)
-        raise ScenarioError(str(e)) from None
-    except AllocatorError as e:
-        raise ScenarioError(f"configuration: {e}") from None
     decisions: list[PodDecision] = []
     for i, pod in enumerate(scenario.pods):
         try:

@@ -24,8 +24,10 @@ from typing import Any
 from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError
+from allocator.nrt import parse_nrt
 from allocator.state import CPUState
 from allocator.topology import Topology
+from criproxy.config import ProxyConfig
 
 from .cri_view import RuntimeContainer
 from .proc_cpus import process_cpus
@@ -33,16 +35,12 @@ from .proc_cpus import process_cpus
 __all__ = ["Assignment", "CheckedContainer", "NodeStatus", "StatusError", "check_runtime", "from_proxy_status",
            "from_state_dir", "render_text"]
 
-STATE_FILE = "cpu_manager_state"
-NRT_DIR = "nrt"                      # the proxy's default: <state-dir>/nrt/<node name>.json
-OLD_NRT_FILE = "noderesourcetopology.json"
-
-
 def default_nrt_file(state_dir: str | Path) -> Path:
-    """Where the proxy publishes by default: the newest ``<state-dir>/nrt/*.json`` (one per node name)."""
-    d = Path(state_dir)
-    found = sorted((d / NRT_DIR).glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-    return found[0] if found else d / OLD_NRT_FILE if (d / OLD_NRT_FILE).exists() else d / NRT_DIR / "<node>.json"
+    """Where the proxy publishes by default (``ProxyConfig.nrt_path``, named after the node): the newest
+    ``*.json`` of its NodeResourceTopology directory."""
+    nrt_dir = ProxyConfig(state_dir=str(state_dir)).nrt_dir
+    found = sorted(nrt_dir.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return found[0] if found else nrt_dir / "<node>.json"
 
 
 class StatusError(Exception):
@@ -168,18 +166,10 @@ def from_proxy_status(doc: Mapping[str, Any], source: str) -> NodeStatus:
         raise StatusError(f"{source}: unexpected status document ({type(e).__name__}: {e})") from None
 
 
-def _nrt_attributes(doc: Mapping[str, Any]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for a in doc.get("attributes") or []:
-        if isinstance(a, Mapping) and isinstance(a.get("name"), str):
-            out[a["name"]] = str(a.get("value", ""))
-    return out
-
-
 def from_state_dir(state_dir: str | Path, *, sysfs: str = "/sys", nrt_file: str | Path | None = None,
                    reserved: CPUSet | None = None) -> NodeStatus:
     """The proxy's view from its files: the state checkpoint and the published NodeResourceTopology."""
-    state_path = Path(state_dir) / STATE_FILE
+    state_path = ProxyConfig(state_dir=str(state_dir)).state_file
     try:
         state = CheckpointStore(state_path, "numapin").load()
     except AllocatorError as e:
@@ -202,23 +192,15 @@ def from_state_dir(state_dir: str | Path, *, sysfs: str = "/sys", nrt_file: str 
     except (OSError, ValueError) as e:
         nrt = None
         notes.append(f"{nrt_path}: cannot read the NodeResourceTopology: {e}")
-    if isinstance(nrt, Mapping):
-        attrs = _nrt_attributes(nrt)
-        node = str((nrt.get("metadata") or {}).get("name", ""))
-        policy = attrs.get("topologyManagerPolicy", "none")
-        scope = attrs.get("topologyManagerScope", "container")
-        if reserved is None and "numapinReservedCPUs" in attrs:
-            with contextlib.suppress(ValueError):
-                reserved = CPUSet.parse(attrs["numapinReservedCPUs"])
-        free = {}
-        for z in nrt.get("zones") or []:
-            name = str(z.get("name", "")) if isinstance(z, Mapping) else ""
-            if not name.startswith("node-") or not name[5:].isdigit():
-                continue
-            for r in z.get("resources") or []:
-                if isinstance(r, Mapping) and r.get("name") == "cpu":
-                    with contextlib.suppress(ValueError):
-                        free[int(name[5:])] = int(str(r.get("available", "0")))
+    if nrt is not None:
+        try:
+            published = parse_nrt(nrt)
+        except AllocatorError as e:
+            notes.append(f"{nrt_path}: cannot read the NodeResourceTopology: {e}")
+        else:
+            node, policy, scope = published.name, published.topology_manager_policy, published.topology_manager_scope
+            reserved = reserved if reserved is not None else published.reserved_cpus
+            free = {z.numa: z.available for z in published.zones}
     if reserved is not None:
         free = _free_per_numa(topology, state, reserved)
     elif free is None:

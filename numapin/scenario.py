@@ -29,7 +29,7 @@ import yaml
 from allocator.checkpoint import parse_checkpoint
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, CheckpointError, PodSpecError, TopologyError
-from allocator.node import NodeConfig
+from allocator.node import NodeConfig, NodeParts, build_node
 from allocator.pod import PodInfo
 from allocator.state import CPUState
 from allocator.topology import Topology
@@ -58,12 +58,16 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True)
 class Scenario:
-    config: NodeConfig
+    parts: NodeParts  # the node, built once (allocator.node.build_node)
     state: CPUState | None
     pods: tuple[PodInfo, ...]
     devices: Mapping[str, Mapping[str, Mapping[str, tuple[int, ...]]]] = field(default_factory=dict)
     description: str = ""
     expect: Any = None  # free-form expectations (used by the examples' test)
+
+    @property
+    def config(self) -> NodeConfig:
+        return self.parts.config
 
 
 def _read_document(path: Path, what: str) -> Any:
@@ -211,7 +215,7 @@ def parse_scenario(doc: Any, base: Path | None = None) -> Scenario:
         require_reserved_cpus=True,  # kubelet would not start without
     )
     try:
-        config.validate()
+        parts = build_node(config)
     except AllocatorError as e:
         raise ScenarioError(str(e)) from None
 
@@ -239,7 +243,7 @@ def parse_scenario(doc: Any, base: Path | None = None) -> Scenario:
     if not isinstance(description, str):
         raise ScenarioError("description must be a string")
     return Scenario(
-        config=config,
+        parts=parts,
         state=_state(doc.get("state")),
         pods=tuple(pods),
         devices=_devices(doc.get("devices")),

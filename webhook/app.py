@@ -22,7 +22,7 @@ from .tls import CertReloader
 from .unjudged import UnjudgedAction, UnjudgedRule
 from .validate import PodValidator
 
-__all__ = ["WebhookApp", "WebhookOptions", "build_server"]
+__all__ = ["WebhookApp", "WebhookOptions"]
 
 log = logging.getLogger("numapin.webhook")
 
@@ -131,7 +131,3 @@ class WebhookApp:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
-
-
-def build_server(opts: WebhookOptions) -> WebhookApp:
-    return WebhookApp(opts)

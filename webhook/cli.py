@@ -67,7 +67,7 @@ def _fail(msg: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .app import WebhookOptions, build_server
+    from .app import WebhookApp, WebhookOptions
     from .limits import ServerLimits
     from .pods_cache import DEFAULT_POD_CACHE_BYTES
     from .server import DEFAULT_MAX_BODY
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                      f"({opts.max_body}) parsed, i.e. at least {opts.max_body * 8}")
 
     async def main() -> int:
-        app = build_server(opts)
+        app = WebhookApp(opts)
         try:
             await app.start()
         except CertError as e:

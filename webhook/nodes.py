@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from allocator.errors import TopologyError
 from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
 
 from .node_index import NodeIndex, ShapeGroup
-from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, watch_until_stopped
+from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, run_watches, watch_events
 
 __all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
 
@@ -309,22 +309,16 @@ class APISource:
     async def run(self, stop: asyncio.Event) -> None:
         api = await self._client()
         try:
-            tasks = [asyncio.create_task(watch_until_stopped(lambda: self._nrt_once(api), stop, self.retry_seconds,
-                                                             "NodeResourceTopologies"))]
+            watches: dict[str, Callable[[], Awaitable[None]]] = {
+                "NodeResourceTopologies": lambda: self._nrt_once(api)}
             if self.watch_nodes:
-                tasks.append(asyncio.create_task(watch_until_stopped(lambda: self._nodes_once(api), stop,
-                                                                     self.retry_seconds, "Nodes")))
-            await stop.wait()
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+                watches["Nodes"] = lambda: self._nodes_once(api)
+            await run_watches(watches, stop, self.retry_seconds)
         finally:
             await api.close()
 
     async def _nrt_once(self, api: Any) -> None:
-        from kubernetes_asyncio import client, watch
+        from kubernetes_asyncio import client
 
         custom = client.CustomObjectsApi(api)
         listing = await custom.list_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL)
@@ -342,14 +336,9 @@ class APISource:
             self.store.put(n)
         self.store.mark_synced(self.name)
         rv = listing.get("metadata", {}).get("resourceVersion")
-        w = watch.Watch()
-        async with w.stream(custom.list_cluster_custom_object, NRT_GROUP, NRT_VERSION, NRT_PLURAL,
-                            resource_version=rv, timeout_seconds=WATCH_SECONDS,
-                            _request_timeout=WATCH_REQUEST_TIMEOUT) as stream:
-            async for event in stream:
-                kind, obj = event.get("type"), event.get("raw_object")
-                if not isinstance(obj, Mapping) or kind == "BOOKMARK":
-                    continue
+        async with contextlib.aclosing(watch_events(custom.list_cluster_custom_object, NRT_GROUP, NRT_VERSION,
+                                                    NRT_PLURAL, resource_version=rv)) as events:
+            async for kind, obj in events:
                 name = obj.get("metadata", {}).get("name")
                 if kind == "DELETED" and isinstance(name, str):
                     self.store.delete(name)

@@ -32,7 +32,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import PodInfo
 
 from .nodes import load_documents
-from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, watch_until_stopped
+from .sources import api_client, poll_until_stopped, run_watches, watch_events
 
 __all__ = ["DEFAULT_POD_CACHE_BYTES", "CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "PodFinder",
            "pod_model"]
@@ -229,21 +229,13 @@ class PodAPISource:
         api = await api_client(self.kubeconfig)
         self._api = api
         try:
-            # the watch blocks until the server ends it: run it beside ``stop`` so that setting ``stop`` ends it
-            task = asyncio.create_task(watch_until_stopped(lambda: self._once(api), stop, self.retry_seconds,
-                                                           "pending pods"))
-            stopped = asyncio.create_task(stop.wait())
-            await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
-            for t in (task, stopped):
-                t.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+            await run_watches({"pending pods": lambda: self._once(api)}, stop, self.retry_seconds)
         finally:
             self._api = None
             await api.close()
 
     async def _once(self, api: Any) -> None:
-        from kubernetes_asyncio import client, watch
+        from kubernetes_asyncio import client
 
         core = client.CoreV1Api(api)
         selector = "spec.nodeName="
@@ -258,16 +250,12 @@ class PodAPISource:
         self.cache.drop_source(self.name, keep)
         self.synced = True
         rv = listing.get("metadata", {}).get("resourceVersion")
-        w = watch.Watch()
-        async with w.stream(core.list_pod_for_all_namespaces, field_selector=selector, resource_version=rv,
-                            timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT) as stream:
-            async for event in stream:
-                obj = event.get("raw_object")
-                if not isinstance(obj, Mapping) or event.get("type") == "BOOKMARK":
-                    continue
+        async with contextlib.aclosing(watch_events(core.list_pod_for_all_namespaces, field_selector=selector,
+                                                    resource_version=rv)) as events:
+            async for kind, obj in events:
                 meta = obj.get("metadata", {})
                 ns, name = meta.get("namespace", ""), meta.get("name", "")
-                if event.get("type") == "DELETED":
+                if kind == "DELETED":
                     self.cache.delete(ns, name)
                 else:
                     self.cache.remember(obj, namespace=ns, source=self.name)

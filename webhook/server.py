@@ -1,11 +1,13 @@
-"""The HTTPS server: routes, body limits, content types, and the rule that nothing ends in a 500.
+"""The HTTPS server: routes, body limits, content types, and what an internal error is answered.
 
 ``/mutate`` and ``/validate`` take AdmissionReviews (POST, ``application/json``) and hand the parsed request to
 the decision callables; ``/healthz``, ``/readyz`` and ``/metrics`` are for the kubelet and Prometheus. A body that
 is not UTF-8 JSON or not an AdmissionReview gets 400 with the reason, another content type 415, a body over the
 limit 413, a body not sent within the body timeout 408 (``request_body``, ``review``). A decision that raises is
 logged, counted (``numapin_webhook_internal_errors_total``) and answered by the operator's rule for requests that
-cannot be judged (``unjudged``: allowed with a warning, or denied).
+cannot be judged (``unjudged``: allowed with a warning, or denied). Any other exception while answering is not the
+client's fault: logged, counted the same way and answered 500, on /mutate and /validate with an AdmissionReview
+naming the error (kube-apiserver applies the webhook's ``failurePolicy`` to any answer that is not 2xx).
 
 Connections are accepted by ``listener.Listener`` within ``limits.ServerLimits`` (connection cap, handshake, header,
 idle and body timeouts, a budget of bytes in flight); with ``client_ca`` set, /mutate and /validate answer only
@@ -84,7 +86,7 @@ class WebhookServer:
     # -- app ------------------------------------------------------------------------------------------------
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.max_body,
-                              middlewares=[self._connection_state, self._client_cert, self._never_500])
+                              middlewares=[self._connection_state, self._client_cert, self._internal_error_500])
         app.router.add_post("/mutate", self._admission("mutate"))
         app.router.add_post("/validate", self._admission("validate"))
         app.router.add_get("/healthz", self._healthz)
@@ -118,18 +120,20 @@ class WebhookServer:
         return await handler(request)
 
     @web.middleware
-    async def _never_500(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                         ) -> web.StreamResponse:
+    async def _internal_error_500(self, request: web.Request,
+                                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                                  ) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException:
             raise
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as e:
             log.exception("unhandled error answering %s %s", request.method, request.path)
             self.metrics.internal_errors.labels(request.path.strip("/") or "root").inc()
-            return _text(400, "the request could not be processed")
+            return _internal_error(request.path, f"internal error answering {request.method} {request.path}: "
+                                                 f"{type(e).__name__} (see the webhook's log)")
 
     def _admission(self, endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -300,6 +304,17 @@ class WebhookServer:
             self.listener.abort_all()
             self.listener = None
         await self.parser.close()
+
+
+def _internal_error(path: str, message: str) -> web.Response:
+    """500: on an admission path an AdmissionReview whose response is a failed ``Status`` (``InternalError``) with
+    ``message`` (its uid is empty: the request may not have been read), elsewhere plain text."""
+    if path not in ("/mutate", "/validate"):
+        return _text(500, message)
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+        "uid": "", "allowed": False,
+        "status": {"status": "Failure", "code": 500, "reason": "InternalError", "message": message}}}
+    return web.Response(status=500, body=json_bytes(review), content_type="application/json")
 
 
 def _closing(status: int, message: str) -> web.Response:

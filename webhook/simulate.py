@@ -1,6 +1,6 @@
 """Ask a node's topology manager, as numapin's allocator emulates it, whether it would admit a pod.
 
-The node is rebuilt from its NodeResourceTopology (``allocator.nrt``: a synthetic machine with the node's NUMA
+The node is rebuilt from its NodeResourceTopology (``synthetic_node``: a synthetic machine with the node's NUMA
 nodes, CPU counts, reserved and occupied CPUs) and the pod goes through ``NodeAllocator.admit_pod(dry_run=True)``.
 Answers depend only on the node's shape (and free CPUs, for "now") and on the pod's resources, so they are cached
 by those keys: a thousand identical nodes cost one simulation. Allocators are cached too (dry runs leave them as
@@ -20,6 +20,8 @@ from typing import Any
 from allocator.errors import AllocatorError
 from allocator.nrt import NodeTopology
 from allocator.pod import PodInfo
+
+from .synthetic_node import synthetic_config, synthetic_state, synthetic_topology
 
 __all__ = ["Simulation", "Simulator", "pod_key"]
 
@@ -130,22 +132,14 @@ class Simulator:
         return _named(result, pod)
 
     def _allocator(self, node: NodeTopology, occupied: bool) -> Any:
-        from allocator.node import NodeAllocator, NodeConfig
+        from allocator.node import NodeAllocator, build_node
 
         akey = (node.state_key if occupied else node.shape_key, occupied)
         alloc = self._allocators.get(akey)
         if alloc is None:
-            topology = node.synthetic_topology()
-            config = NodeConfig(
-                topology=topology,
-                reserved_cpus=node.synthetic_reserved(topology),
-                cpu_manager_policy_options=dict(node.cpu_manager_policy_options),
-                topology_manager_policy=node.topology_manager_policy,
-                topology_manager_scope=node.topology_manager_scope,
-                topology_manager_policy_options=dict(node.topology_manager_policy_options),
-            )
-            config.validate()
-            alloc = NodeAllocator(config, node.synthetic_state(topology, occupied=occupied))
+            topology = synthetic_topology(node)
+            parts = build_node(synthetic_config(node, topology))
+            alloc = NodeAllocator(parts, synthetic_state(node, topology, occupied=occupied))
             self._allocators.put(akey, alloc)
         return alloc
 
@@ -162,7 +156,7 @@ class Simulator:
         try:
             alloc = self._allocator(node, occupied)
             if prior:
-                alloc = type(alloc)(alloc.config, alloc.state.copy())
+                alloc = alloc.copy()
                 for i, p in enumerate(prior):
                     with contextlib.suppress(AllocatorError):
                         alloc.admit_pod(replace(pod_key(p), uid=f"numapin.io/prior-{i}"))

@@ -1,14 +1,16 @@
-"""What the webhook's data sources (node topologies, pods) share: a directory poll loop and an API client."""
+"""What the webhook's data sources (node topologies, pods) share, and the proxy's pod watch too: a directory poll
+loop, an API client and the list/watch loops."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["WATCH_REQUEST_TIMEOUT", "WATCH_SECONDS", "api_client", "poll_until_stopped", "watch_until_stopped"]
+__all__ = ["WATCH_REQUEST_TIMEOUT", "WATCH_SECONDS", "api_client", "poll_until_stopped", "run_watches",
+           "watch_events", "watch_until_stopped"]
 
 log = logging.getLogger("numapin.webhook.sources")
 
@@ -52,6 +54,40 @@ async def watch_until_stopped(once: Callable[[], Awaitable[None]], stop: asyncio
             log.warning("watching %s failed (%s); retrying in %ss", what, e, retry_seconds)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=retry_seconds)
+
+
+async def run_watches(watches: Mapping[str, Callable[[], Awaitable[None]]], stop: asyncio.Event,
+                      retry_seconds: float) -> None:
+    """``watch_until_stopped`` for each ``{what: once}`` until ``stop`` is set. A watch blocks until the server ends
+    it, so the loops run beside ``stop`` and are cancelled when it is set (or when one of them ends: only by an
+    error, which is raised here)."""
+    tasks = [asyncio.create_task(watch_until_stopped(once, stop, retry_seconds, what))
+             for what, once in watches.items()]
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait((*tasks, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (*tasks, stopped):
+            t.cancel()
+        for t in (*tasks, stopped):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+
+async def watch_events(list_call: Callable[..., Any], *args: Any, resource_version: str | None,
+                       **kwargs: Any) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+    """The events of a watch of ``list_call(*args, **kwargs)`` from ``resource_version`` (the list's), as (type,
+    object as the API server sent it); bookmarks are skipped. The server ends it after ``WATCH_SECONDS``. Iterate
+    it under ``contextlib.aclosing`` so that the stream is closed when the loop body raises."""
+    from kubernetes_asyncio import watch
+
+    async with watch.Watch().stream(list_call, *args, resource_version=resource_version,
+                                    timeout_seconds=WATCH_SECONDS, _request_timeout=WATCH_REQUEST_TIMEOUT,
+                                    **kwargs) as stream:
+        async for event in stream:
+            obj, kind = event.get("raw_object"), event.get("type")
+            if isinstance(obj, Mapping) and kind != "BOOKMARK":
+                yield str(kind), obj
 
 
 async def api_client(kubeconfig: str | None) -> Any:

@@ -1,6 +1,7 @@
 # Shared set-up for scripts/test.sh and scripts/demo.sh (sourced, not run).
 # numapin_setup [test|demo]: installs the Debian packages numapin needs when missing, then a virtualenv
-# ($NUMAPIN_VENV, default ./.venv) with numapin installed in editable mode (with test extras for "test").
+# ($NUMAPIN_VENV, default ./.venv) with numapin installed in editable mode (with the test extras for "test", the
+# demo's for "demo").
 
 NUMAPIN_VENV=${NUMAPIN_VENV:-$PWD/.venv}
 export NUMAPIN_VENV
@@ -50,7 +51,7 @@ numapin_setup() {
         python3 -m venv "$NUMAPIN_VENV"
     fi
     local extra=""
-    [ "$want" = test ] && extra="[test]"
+    case "$want" in test) extra="[test]" ;; demo) extra="[demo]" ;; esac
     local stamp="$NUMAPIN_VENV/.numapin-installed$extra"
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         _numapin_log "installing numapin$extra into $NUMAPIN_VENV"

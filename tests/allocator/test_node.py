@@ -245,10 +245,10 @@ def test_config_validation(xeon, tmp_path):
          "negative-count", "scope", "cpu-option"],
 )
 def test_one_construction_path_names_the_setting(xeon, config, message):
-    """NodeConfig.validate, build_node and NodeAllocator build the node the same way and raise one ConfigError
-    naming the kubelet setting; the reserved-CPU checks are the static policy's."""
+    """build_node and NodeAllocator (which calls it for a bare configuration) raise one ConfigError naming the
+    kubelet setting; the reserved-CPU checks are the static policy's."""
     cfg = NodeConfig(topology=xeon, **({"reserved_cpus": S("0,56")} | config))
-    for build_it in (cfg.validate, lambda: build_node(cfg), lambda: NodeAllocator(cfg)):
+    for build_it in (lambda: build_node(cfg), lambda: NodeAllocator(cfg)):
         with pytest.raises(ConfigError) as e:
             build_it()
         assert str(e.value).startswith(message), str(e.value)
@@ -260,7 +260,7 @@ def test_zero_reserved_cpus_only_where_a_node_is_configured(xeon):
     n = NodeAllocator(NodeConfig(topology=xeon, reserved_cpus=None))
     assert n.reserved_cpus == S("") and n.shared_pool() == xeon.all_cpus
     with pytest.raises(ConfigError, match="numReservedCPUs: the static policy requires"):
-        NodeConfig(topology=xeon, require_reserved_cpus=True).validate()
+        build_node(NodeConfig(topology=xeon, require_reserved_cpus=True))
 
 
 def test_built_parts_are_handed_to_the_allocator(xeon):
@@ -268,6 +268,18 @@ def test_built_parts_are_handed_to_the_allocator(xeon):
     n = NodeAllocator(parts)
     assert n.policy is parts.static_policy and n.topology_manager is parts.topology_manager
     assert n.reserved_cpus == S("0,56") and n.topology_manager.policy.name == "restricted"
+
+
+def test_a_copy_shares_the_parts_not_the_state(xeon):
+    """What the webhook's simulation does for pods bound but not yet published: admit them on a copy, never built
+    again, and leave the original as it was."""
+    n = NodeAllocator(build_node(NodeConfig(topology=xeon, reserved_cpus=S("0,56"))))
+    before = n.state.copy()
+    c = n.copy()
+    assert c.parts is n.parts and c.policy is n.policy and c.topology_manager is n.topology_manager
+    assert c.admit_pod(pod("a", container("app", "4"))).admitted
+    assert n.state == before and c.state != before
+    assert len(n.shared_pool() - c.shared_pool()) == 4
 
 
 def test_bad_state_refused(xeon):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.lab.client import CRIClient
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import RelayHandler, Upstream
-from criproxy.server import start_relay_server
+from criproxy.relays import RELAYS, start_relay
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 
 @pytest.fixture
@@ -28,12 +28,18 @@ async def runtime(short_tmp: Path) -> AsyncIterator[MemoryRuntime]:
     await rt.stop()
 
 
+@pytest.fixture(params=RELAYS)
+def relay_kind(request: pytest.FixtureRequest) -> str:
+    """Each relay the proxy can run (``--relay``): tests using it run once with each."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def relay(short_tmp: Path, runtime: MemoryRuntime) -> AsyncIterator[str]:
+async def relay(short_tmp: Path, runtime: MemoryRuntime, relay_kind: str) -> AsyncIterator[str]:
     """A plain relay (no interceptors) in front of the in-process runtime; yields its socket path."""
     upstream = Upstream(runtime.socket_path)
     path = str(short_tmp / "proxy.sock")
-    server = await start_relay_server(path, RelayHandler(upstream))
+    server = await start_relay(path, RelayHandler(upstream), relay_kind)
     yield path
     await server.stop(0)
     await upstream.close()

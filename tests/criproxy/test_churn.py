@@ -1,4 +1,4 @@
-"""The seeded kubelet-like churn (criproxy.lab.churn) in its CI form: a fixed number of operations against a
+"""The seeded kubelet-like churn (numapin_lab.cri.churn) in its CI form: a fixed number of operations against a
 real containerd and ``numapin criproxy`` as a child process, with proxy kills (often mid-narrowing),
 containerd restarts and cpusets written behind the proxy's back; every invariant judged from the kernel.
 The long form: ``python benchmarks/churn.py --ops 2000 --seed N``."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.lab.churn import ChurnConfig, run_churn
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.churn import ChurnConfig, run_churn
+from numapin_lab.cri.containerd import ContainerdLab
 
 pytestmark = pytest.mark.containerd
 

@@ -46,6 +46,7 @@ def test_bad_file_names_the_setting(tmp_path: Path, content: str, needle: str) -
     (["--topology-manager-scope", "galaxy"], "galaxy"),
     (["--cpu-manager-policy-options", "no-such-option=true"], "no-such-option"),
     (["--metrics-address", "nowhere"], "metrics-address"),
+    (["--metrics-address", "127.0.0.1:70000"], "port 70000 is not in 0-65535"),
     (["--config", "/does/not/exist.yaml"], "/does/not/exist.yaml"),
     ([], "requires systemreserved.cpu + kubereserved.cpu to be greater than zero"),  # kubelet's start-up rule
 ])

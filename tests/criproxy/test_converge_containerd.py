@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from criproxy.lab.client import CRIClient
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.containerd import ContainerdLab
 
 from . import test_e2e_containerd as e2e
 from .test_e2e_containerd import EXCL, SHARED, ProxyProcess, cpus_of, pid_of, start_pod
@@ -125,7 +125,7 @@ async def test_widening_refused_with_unavailable_is_retried_until_it_holds(lab: 
     server = await start_relay_server(str(short_tmp / "faulty.sock"), RelayHandler(upstream, {
         "UpdateContainerResources": update}))
     (short_tmp / "p").mkdir()
-    p = ProxyProcess(short_tmp / "p", str(short_tmp / "faulty.sock"))
+    p = ProxyProcess(short_tmp / "p", str(short_tmp / "faulty.sock"), reserved_cpus=SHARED)
     try:
         await asyncio.to_thread(p.start)
         async with CRIClient(p.socket) as k:

@@ -22,8 +22,8 @@ import grpc.aio
 import pytest
 
 from allocator.cpuset import CPUSet
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 ROOT = Path(__file__).resolve().parents[2]
 

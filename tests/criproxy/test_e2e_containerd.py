@@ -12,9 +12,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -26,8 +23,9 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from criproxy.lab.client import CRIClient
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.containerd import ContainerdLab, scratch_lab
+from numapin_lab.cri.proxy_process import ProxyProcess
 
 pytestmark = pytest.mark.containerd
 
@@ -36,14 +34,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[ContainerdLab]:
-    d = tempfile.mkdtemp(prefix="npx-lab-", dir="/tmp")
-    lab = ContainerdLab(Path(d) / "ctrd")
-    lab.start()
-    try:
+    with scratch_lab("npx-lab-") as lab:
         yield lab
-    finally:
-        lab.stop()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 ALL = Topology.from_sysfs("/sys").all_cpus
@@ -57,60 +49,11 @@ def machine_cpus() -> str:
     return str(ALL)
 
 
-class ProxyProcess:
-    """``python -m numapin criproxy`` in front of the lab's containerd."""
-
-    def __init__(self, directory: Path, runtime_socket: str) -> None:
-        self.dir = directory
-        self.socket = str(directory / "proxy.sock")
-        self.log = directory / "proxy.log"
-        self.state_dir = directory / "state"
-        self.runtime_socket = runtime_socket
-        self.extra: list[str] = []  # more flags for the proxy
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        mark = self.log.read_text().count("reconcile:") if self.log.exists() else 0
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "numapin", "criproxy", "--listen", self.socket,
-                 "--runtime-endpoint", f"unix://{self.runtime_socket}", "--state-dir", str(self.state_dir),
-                 "--sysfs", "/sys", "--reserved-cpus", SHARED, "--metrics-address", "", "--node-name", "lab",
-                 *self.extra],
-                cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=log)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"proxy exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            if self.log.read_text().count("reconcile:") > mark:
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"proxy did not reconcile within 60 s:\n{self.log.read_text()[-3000:]}")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-            self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-    def state(self) -> dict:
-        return json.loads((self.state_dir / "cpu_manager_state").read_text())
-
-
-@pytest.fixture
-async def proxy(lab: ContainerdLab) -> AsyncIterator[ProxyProcess]:
+@pytest.fixture(params=["frames", "grpc"])
+async def proxy(lab: ContainerdLab, request: pytest.FixtureRequest) -> AsyncIterator[ProxyProcess]:
+    """The proxy process with each relay (``--relay``)."""
     d = Path(tempfile.mkdtemp(prefix="npx-p-", dir="/tmp"))
-    p = ProxyProcess(d, lab.socket)
+    p = ProxyProcess(d, lab.socket, reserved_cpus=SHARED, extra_args=("--relay", request.param))
     await asyncio.to_thread(p.start)
     try:
         yield p
@@ -229,7 +172,7 @@ async def test_proxy_killed_and_restarted_in_the_middle_of_a_pods_life(
     web_pid, db_pid = await pid_of(kubelet, web), await pid_of(kubelet, db)
     proxy.kill()
     async with CRIClient(lab.socket) as direct:  # while the proxy is dead, the web container drifts back
-        from criproxy.lab.client import pb
+        from numapin_lab.cri.client import pb
         await direct.update_container_resources(web, pb.LinuxContainerResources(cpuset_cpus=machine_cpus))
     assert cpus_of(web_pid)[0] == machine_cpus
     await asyncio.to_thread(proxy.start)

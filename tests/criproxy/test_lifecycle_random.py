@@ -15,8 +15,8 @@ import pytest
 from allocator.cpuset import CPUSet
 from criproxy.app import CriProxy
 from criproxy.config import load_config
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 ALL = CPUSet.parse("0-7")
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.lab.client import CRIClient
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.containerd import ContainerdLab
 from tests.webhook.fake_kube import PODS_PATH, FakeKubeAPI
 
 from . import test_e2e_containerd as e2e
@@ -36,12 +35,6 @@ MODE = "qos.gocrane.io/cpu-manager"
 def numapin_mode(p: ProxyProcess, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "numapin", "mode", *args, "--socket", str(p.dir / "control.sock")],
                           capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str) -> str:
@@ -83,10 +76,7 @@ async def test_every_transition_with_a_shared_container_beside(
 
 async def test_a_transition_the_node_cannot_satisfy_is_refused_and_changes_nothing(
         kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
-    proxy.stop()
-    port = free_port()
-    proxy.extra = ["--metrics-address", f"127.0.0.1:{port}"]
-    await asyncio.to_thread(proxy.start)
+    port = proxy.port  # its /metrics and /status
     _, big = await start_pod(kubelet, "big", 1000, 1000)                           # holds CPU 1
     _, db = await start_pod(kubelet, "db", 1000, 1000, annotations={MODE: "none"})
     db_pid = await pid_of(kubelet, db)
@@ -195,7 +185,7 @@ async def test_kubectl_annotate_through_the_api_watch(
         kubelet: CRIClient, proxy: ProxyProcess, kube: FakeKubeAPI, machine_cpus: str, tmp_path: Path) -> None:
     ALL = machine_cpus
     proxy.stop()
-    proxy.extra = ["--watch-pods", "--kubeconfig", str(kube.write_kubeconfig(tmp_path / "kubeconfig"))]
+    proxy.extra_args = ("--watch-pods", "--kubeconfig", str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
     await asyncio.to_thread(proxy.start)
     _, web = await start_pod(kubelet, "web", 200, qos="burstable")
     uid = f"uid-api-db-{time.monotonic_ns()}"

@@ -16,9 +16,9 @@ import pytest
 from allocator.cpuset import CPUSet
 from criproxy.app import CriProxy
 from criproxy.config import load_config
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.mode_request import ModeRequest
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 from .test_lifecycle_random import check
 

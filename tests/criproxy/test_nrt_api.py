@@ -12,8 +12,8 @@ from aiohttp import web
 
 from criproxy.app import CriProxy
 from criproxy.config import load_config
-from criproxy.lab.client import CRIClient
-from criproxy.lab.memory_runtime import MemoryRuntime
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 BASE = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
 

@@ -17,8 +17,8 @@ from allocator.intent import INTENT_ANNOTATION, encode_intent
 from allocator.pod import ContainerInfo, PodInfo
 from criproxy.app import CriProxy
 from criproxy.config import load_config
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 
 def proxy_config(tmp: Path, runtime: MemoryRuntime, sysfs: Path, **over):

@@ -15,8 +15,8 @@ from allocator.cpuset import CPUSet
 from allocator.intent import INTENT_ANNOTATION, encode_intent
 from allocator.pod import ContainerInfo, PodInfo
 from criproxy.app import CriProxy
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 from tests.criproxy.test_pinning import created_resources, proxy_config, run_pod, state_file
 
 S = CPUSet.parse

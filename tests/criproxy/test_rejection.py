@@ -12,10 +12,10 @@ import grpc
 import grpc.aio
 import pytest
 
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import Rejection, RelayHandler, Upstream
-from criproxy.server import start_relay_server
+from criproxy.relays import start_relay
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 
 @contextlib.asynccontextmanager
@@ -23,15 +23,15 @@ async def gate() -> AsyncIterator[None]:
     yield
 
 
-async def test_rejection_raised_inside_a_context_manager_keeps_its_status(short_tmp: Path,
-                                                                         runtime: MemoryRuntime) -> None:
+async def test_rejection_raised_inside_a_context_manager_keeps_its_status(short_tmp: Path, runtime: MemoryRuntime,
+                                                                         relay_kind: str) -> None:
     async def status(request: bytes, forward: object) -> bytes:
         async with gate():
             raise Rejection(grpc.StatusCode.UNAVAILABLE, "numapin: not started yet")
 
     upstream = Upstream(runtime.socket_path)
     path = str(short_tmp / "r.sock")
-    server = await start_relay_server(path, RelayHandler(upstream, {"Status": status}))
+    server = await start_relay(path, RelayHandler(upstream, {"Status": status}), relay_kind)
     try:
         async with CRIClient(path) as c:
             with pytest.raises(grpc.aio.AioRpcError) as err:

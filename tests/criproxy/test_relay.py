@@ -11,10 +11,11 @@ import grpc
 import grpc.aio
 import pytest
 
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import RelayHandler, Upstream
-from criproxy.server import SocketInUseError, start_relay_server
+from criproxy.relays import start_relay
+from criproxy.server import SocketInUseError
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 
 async def test_unary_call_answers_like_the_runtime(runtime: MemoryRuntime, client: CRIClient) -> None:
@@ -115,13 +116,14 @@ async def test_v1alpha2_is_relayed(runtime: MemoryRuntime, relay: str) -> None:
     assert runtime.calls[-1].method == "Version"
 
 
-async def test_socket_is_0660_and_refuses_a_live_owner(relay: str, runtime: MemoryRuntime) -> None:
+async def test_socket_is_0660_and_refuses_a_live_owner(relay: str, runtime: MemoryRuntime, relay_kind: str) -> None:
     assert stat.S_IMODE(os.stat(relay).st_mode) == 0o660
     with pytest.raises(SocketInUseError, match="another server is listening"):
-        await start_relay_server(relay, RelayHandler(Upstream(runtime.socket_path)))
+        await start_relay(relay, RelayHandler(Upstream(runtime.socket_path)), relay_kind)
 
 
-async def test_stale_socket_is_replaced_and_non_socket_refused(short_tmp: Path, runtime: MemoryRuntime) -> None:
+async def test_stale_socket_is_replaced_and_non_socket_refused(short_tmp: Path, runtime: MemoryRuntime,
+                                                               relay_kind: str) -> None:
     import socket
 
     path = str(short_tmp / "stale.sock")
@@ -129,7 +131,7 @@ async def test_stale_socket_is_replaced_and_non_socket_refused(short_tmp: Path, 
     s.bind(path)
     s.close()  # a socket file nobody listens on: what a SIGKILLed proxy leaves behind
     upstream = Upstream(runtime.socket_path)
-    server = await start_relay_server(path, RelayHandler(upstream))
+    server = await start_relay(path, RelayHandler(upstream), relay_kind)
     try:
         async with CRIClient(path) as c:
             assert (await c.version()).runtime_name == "memory"
@@ -139,15 +141,15 @@ async def test_stale_socket_is_replaced_and_non_socket_refused(short_tmp: Path, 
     regular = short_tmp / "file.sock"
     regular.write_text("not a socket")
     with pytest.raises(SocketInUseError, match="not a socket"):
-        await start_relay_server(str(regular), RelayHandler(Upstream(runtime.socket_path)))
+        await start_relay(str(regular), RelayHandler(Upstream(runtime.socket_path)), relay_kind)
     assert regular.read_text() == "not a socket"
 
 
-async def test_runtime_down_fails_fast_then_reconnects(short_tmp: Path) -> None:
+async def test_runtime_down_fails_fast_then_reconnects(short_tmp: Path, relay_kind: str) -> None:
     rt_path = str(short_tmp / "late.sock")
     upstream = Upstream(rt_path)
     path = str(short_tmp / "p.sock")
-    server = await start_relay_server(path, RelayHandler(upstream))
+    server = await start_relay(path, RelayHandler(upstream), relay_kind)
     client = CRIClient(path)
     try:
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -173,7 +175,7 @@ async def test_runtime_down_fails_fast_then_reconnects(short_tmp: Path) -> None:
 
 
 async def test_interceptors_run_on_the_event_loop_and_their_outcomes_reach_the_caller(
-        short_tmp: Path, runtime: MemoryRuntime) -> None:
+        short_tmp: Path, runtime: MemoryRuntime, relay_kind: str) -> None:
     """An interceptor (a coroutine of the proxy's loop) forwards changed bytes, rejects with a status, or fails;
     meanwhile relayed calls go on (they do not wait for the loop)."""
     from criproxy.relay import Rejection
@@ -198,8 +200,8 @@ async def test_interceptors_run_on_the_event_loop_and_their_outcomes_reach_the_c
 
     upstream = Upstream(runtime.socket_path)
     path = str(short_tmp / "i.sock")
-    server = await start_relay_server(path, RelayHandler(upstream, {
-        "Version": version, "Status": status, "ListImages": list_images, "StopContainer": stop_container}))
+    server = await start_relay(path, RelayHandler(upstream, {
+        "Version": version, "Status": status, "ListImages": list_images, "StopContainer": stop_container}), relay_kind)
     try:
         async with CRIClient(path) as c:
             assert (await c.version()).runtime_name == "memory"

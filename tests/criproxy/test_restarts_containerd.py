@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from criproxy.lab.client import CRIClient, pb
+from numapin_lab.cri.client import CRIClient, pb
 
 from . import test_e2e_containerd as e2e
 from .test_e2e_containerd import EXCL, ProxyProcess, cpus_of, pid_of

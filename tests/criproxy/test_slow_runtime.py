@@ -8,10 +8,10 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from criproxy.lab.client import CRIClient
-from criproxy.lab.memory_runtime import MemoryRuntime
 from criproxy.relay import RelayHandler, Upstream
-from criproxy.server import start_server
+from criproxy.relays import start_relay
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 DELAY = 1.5  # seconds before a new connection is served (longer than the 100 ms the channel once gave it)
 
@@ -45,11 +45,12 @@ class SlowFront:
             self.server.close()
 
 
-async def test_relay_waits_for_a_runtime_slow_to_accept(short_tmp: Path, runtime: MemoryRuntime) -> None:
+async def test_relay_waits_for_a_runtime_slow_to_accept(short_tmp: Path, runtime: MemoryRuntime,
+                                                        relay_kind: str) -> None:
     front = SlowFront(runtime.socket_path, str(short_tmp / "slow.sock"), DELAY)
     await front.start()
     upstream = Upstream(front.path)
-    server = await start_server(str(short_tmp / "proxy.sock"), [RelayHandler(upstream)])
+    server = await start_relay(str(short_tmp / "proxy.sock"), RelayHandler(upstream), relay_kind)
     try:
         async with CRIClient(str(short_tmp / "proxy.sock")) as kubelet:
             version = await kubelet.version()

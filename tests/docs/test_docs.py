@@ -22,7 +22,7 @@ from numapin.cli import SUBCOMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-SOURCES = ("allocator", "criproxy", "webhook", "numapin")
+SOURCES = ("allocator", "criproxy", "webhook", "numapin", "numapin_lab")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The whole stack for the end-to-end tests: a private containerd, ``numapin criproxy`` and ``numapin webhook`` as
-real processes (numapin.stack), driven like a cluster: pods through the webhook over HTTPS, then through the proxy
-as kubelet drives them. These tests FAIL (never skip) when containerd, runc or busybox-static is missing."""
+real processes (numapin_lab.demo.stack), driven like a cluster: pods through the webhook over HTTPS, then through the
+proxy as kubelet drives them. These tests FAIL (never skip) when containerd, runc or busybox-static is missing."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from criproxy.lab.client import CRIClient
-from numapin.admission import AdmissionAnswer, AdmissionClient
 from numapin.cri_view import list_runtime_containers
-from numapin.demo_play import make_pod, webhook_sees_published
 from numapin.node_status import NodeStatus, check_runtime, fetch_proxy_status, from_proxy_status
-from numapin.pod_runner import PodRunner, RunningPod
 from numapin.proc_cpus import process_cpus
-from numapin.stack import SERVER_NAME, LocalStack, StackOptions
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.demo.admission import AdmissionAnswer, AdmissionClient
+from numapin_lab.demo.play import make_pod, webhook_sees_published
+from numapin_lab.demo.pod_runner import PodRunner, RunningPod
+from numapin_lab.demo.stack import SERVER_NAME, LocalStack, StackOptions
 
 __all__ = ["Cluster", "make_pod"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from numapin.stack import cgroup_mounts
+from numapin_lab.demo.stack import cgroup_mounts
 
 pytestmark = pytest.mark.containerd
 

@@ -23,11 +23,11 @@ from allocator.checkpoint import serialize_checkpoint
 from allocator.cpuset import CPUSet
 from allocator.state import CPUState
 from allocator.topology import Topology
-from criproxy.lab.client import CRIClient
-from criproxy.lab.lab import ContainerdLab
-from numapin.pod_runner import PodRunner, RunningPod, cgroup_parent
 from numapin.proc_cpus import process_cpus
-from numapin.stack import ManagedProcess, cgroup_mounts
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.containerd import ContainerdLab
+from numapin_lab.demo.pod_runner import PodRunner, RunningPod, cgroup_parent
+from numapin_lab.demo.stack import ManagedProcess, cgroup_mounts
 
 pytestmark = pytest.mark.containerd
 

@@ -1,4 +1,4 @@
-"""End to end: webhook + proxy + a real containerd, driven like a cluster (numapin.stack, real processes).
+"""End to end: webhook + proxy + a real containerd, driven like a cluster (numapin_lab.demo.stack, real processes).
 
 The machine's real topology is used (2 CPUs here, one NUMA node): with CPU 0 reserved, one CPU can be pinned at a
 time, so the pods of each mode take turns; topology manager policy single-numa-node."""
@@ -23,9 +23,9 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from criproxy.lab.client import CRIClient, pb
-from numapin.admission import AdmissionClient
-from numapin.stack import SERVER_NAME, LocalStack, StackOptions, cgroup_mounts
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.demo.admission import AdmissionClient
+from numapin_lab.demo.stack import SERVER_NAME, LocalStack, StackOptions, cgroup_mounts
 
 from .conftest import Cluster, make_pod
 

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.containerd import ContainerdLab, scratch_lab
 
 pytestmark = pytest.mark.containerd
 
@@ -55,14 +55,8 @@ def image_archive() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[ContainerdLab]:
-    d = tempfile.mkdtemp(prefix="npx-img-", dir="/tmp")
-    lab = ContainerdLab(Path(d) / "ctrd")
-    lab.start()
-    try:
+    with scratch_lab("npx-img-") as lab:
         yield lab
-    finally:
-        lab.stop()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _free_port() -> int:

@@ -1,4 +1,4 @@
-"""Run a pytest selection inside a multi-NUMA VM (numapin.numa_vm) and read back each test's outcome.
+"""Run a pytest selection inside a multi-NUMA VM (numapin_lab.numa_vm) and read back each test's outcome.
 
 The guest's pytest writes a JUnit XML file to a host directory shared read-write with the VM; the host side
 turns it into one result per guest test, so each check fails on its own with its own message. Generic: any
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from numapin.numa_vm import VMSpec, run_in_vm
+from numapin_lab.numa_vm import VMSpec, run_in_vm
 from tests.numa.shapes import IN_VM_ENV
 
 __all__ = ["CaseResult", "GuestRun", "run_pytest_in_vm"]

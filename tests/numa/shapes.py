@@ -1,4 +1,4 @@
-"""The multi-NUMA machines the end-to-end tests boot (numapin.numa_vm), and what each must look like.
+"""The multi-NUMA machines the end-to-end tests boot (numapin_lab.numa_vm), and what each must look like.
 
 A shape is a numa-vm.sh topology (``<S>s<C>c<T>t<N>n``) plus the cgroup layout, memory per node, an optional PCI
 device on a NUMA node, and the guest test files (tests/numa/guest) run in one boot of it. ``expected_topology``
@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 
 from allocator.topology import CPUInfo, Topology
-from numapin.numa_vm import topology_spec
+from numapin_lab.numa_vm import topology_spec
 
 __all__ = ["DEVICE_PORT", "SHAPES", "SHAPE_ENV", "Shape", "current_shape", "expected_topology"]
 

@@ -1,9 +1,9 @@
 """numapin on real multi-NUMA Linux kernels: each shape of tests/numa/shapes.py is booted once in a QEMU VM
-(numapin.numa_vm), the checks of tests/numa/guest run inside it against a private containerd and ``numapin
+(numapin_lab.numa_vm), the checks of tests/numa/guest run inside it against a private containerd and ``numapin
 criproxy``, and every check is reported here as its own test with its own failure.
 
 These tests FAIL (never skip) when no VM can be run (numa-vm.sh or QEMU missing: scripts/test.sh installs the
-packages). A VM that hangs while booting is booted again (numapin.numa_vm); one that cannot be run at all fails
+packages). A VM that hangs while booting is booted again (numapin_lab.numa_vm); one that cannot be run at all fails
 every check of its shape with numa-vm.sh's message.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from numapin.numa_vm import VM_FAILURE, VMSpec, pci_device_args
+from numapin_lab.numa_vm import VM_FAILURE, VMSpec, pci_device_args
 from tests.numa.guest.node import OPLOG_ENV
 from tests.numa.harness import GuestRun, run_pytest_in_vm
 from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape

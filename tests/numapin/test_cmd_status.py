@@ -17,9 +17,9 @@ from allocator.intent import INTENT_ANNOTATION, encode_intent
 from allocator.pod import ContainerInfo, PodInfo
 from criproxy.app import CriProxy
 from criproxy.config import load_config
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.memory_runtime import MemoryRuntime
 from numapin.cli import main
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 from tests.criproxy.conftest import make_sysfs
 
 
@@ -110,6 +110,20 @@ async def test_files_only_and_runtime_down(proxy: CriProxy, tmp: Path, capsys: p
     code, out = await status("--state-dir", str(tmp / "state"), "--sysfs", str(tmp / "sys"), "--no-runtime",
                              capsys=capsys)
     assert code == 0 and "pinned containers:\n  uid-db app: exclusive" in out
+    # the reserved CPUs, the node and the policy come from the published NodeResourceTopology
+    assert "node node-a (from state files" in out and "policy single-numa-node, scope container; reserved CPUs 0" in out
+    [published] = (tmp / "state" / "nrt").glob("*.json")
+    published.write_text(published.read_text()[:40])  # cut short by a crash of its writer
+    code, out = await status("--state-dir", str(tmp / "state"), "--sysfs", str(tmp / "sys"), "--no-runtime",
+                             capsys=capsys)
+    assert code == 0 and f"note: {published}: cannot read the NodeResourceTopology" in out
+    assert "reserved CPUs unknown" in out
+    published.write_text(json.dumps({"kind": "NodeResourceTopology", "apiVersion": "topology.node.k8s.io/v1alpha2",
+                                     "metadata": {"name": "node-a"}, "zones": [{"name": "node-0", "type": "Node",
+                                                                                "resources": "lots"}]}))
+    code, out = await status("--state-dir", str(tmp / "state"), "--sysfs", str(tmp / "sys"), "--no-runtime",
+                             capsys=capsys)
+    assert code == 0 and "zones[0].resources: must be a list" in out
     code, out = await status("--state-dir", str(tmp / "state"), "--sysfs", str(tmp / "sys"),
                              "--runtime-endpoint", f"unix://{tmp}/nothing.sock", capsys=capsys)
     assert code == 3 and "not reachable" in out

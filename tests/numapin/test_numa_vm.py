@@ -1,4 +1,4 @@
-"""numapin.numa_vm's command line for numa-vm.sh and ``numapin demo --topology``'s bad input (no VM is booted
+"""numapin_lab.numa_vm's command line for numa-vm.sh and ``numapin demo --topology``'s bad input (no VM is booted
 here: tests/numa boots them)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from numapin.numa_vm import NUMA_VM_ENV, VMError, VMSpec, find_numa_vm, pci_device_args, topology_spec
+from numapin_lab.numa_vm import NUMA_VM_ENV, VMError, VMSpec, find_numa_vm, pci_device_args, topology_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 
 from tests.webhook.helpers import PKI, Client, make_pki
-from webhook.app import WebhookOptions, build_server
+from webhook.app import WebhookApp, WebhookOptions
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def pods_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 async def server(pki: PKI, nrt_dir: Path, pods_dir: Path) -> AsyncIterator[object]:
     logging.getLogger("numapin").setLevel(logging.INFO)
-    srv = build_server(WebhookOptions(cert=pki.cert, key=pki.key, host="127.0.0.1", port=0, nrt_dir=nrt_dir,
+    srv = WebhookApp(WebhookOptions(cert=pki.cert, key=pki.key, host="127.0.0.1", port=0, nrt_dir=nrt_dir,
                                       pods_dir=pods_dir, cert_poll_seconds=0.05, nrt_poll_seconds=0.05,
                                       max_body=256 * 1024))
     await srv.start()

@@ -3,7 +3,6 @@ sends them."""
 
 from __future__ import annotations
 
-import base64
 import json
 import ssl
 import uuid
@@ -12,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import jsonpatch
 
-from numapin.admission import binding_request as binding_request  # one builder for the demo and the tests
+from numapin_lab.demo import admission
+from numapin_lab.demo.admission import binding_request as binding_request  # one builder for the demo and the tests
 from webhook.certs import make_ca, make_serving_cert, service_dns_names
 
 SERVICE, NAMESPACE = "numapin-webhook", "numapin"
@@ -62,27 +61,12 @@ def review(request: dict[str, Any], api_version: str = "admission.k8s.io/v1") ->
 
 def pod_request(pod: dict[str, Any], *, operation: str = "CREATE", old: dict[str, Any] | None = None,
                 with_uid: bool = False, dry_run: bool = False) -> dict[str, Any]:
-    """``request`` of a pods CREATE/UPDATE review as kube-apiserver builds it."""
+    """``request`` of a pods CREATE/UPDATE review as kube-apiserver builds it (the demo's builder); ``with_uid``
+    gives the pod a uid first, as the API server has by the time a pods/binding is judged."""
     meta = pod.setdefault("metadata", {})
-    ns = meta.get("namespace", "default")
     if with_uid:
         meta.setdefault("uid", str(uuid.uuid4()))
-    return {
-        "uid": str(uuid.uuid4()),
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-        "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-        "name": meta.get("name", ""),
-        "namespace": ns,
-        "operation": operation,
-        "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
-        "object": pod,
-        "oldObject": old,
-        "dryRun": dry_run,
-        "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions" if operation == "CREATE"
-                    else "UpdateOptions"},
-    }
+    return admission.pod_request(pod, operation=operation, old=old, dry_run=dry_run)
 
 
 
@@ -151,8 +135,7 @@ class Client:
 
 
 def apply_patch(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
-    if "patch" not in response:
-        return obj
-    assert response["patchType"] == "JSONPatch"
-    ops = json.loads(base64.b64decode(response["patch"]))
-    return jsonpatch.JsonPatch(ops).apply(obj)
+    """``obj`` with the JSON patch of an AdmissionReview ``response`` applied (the jsonpatch library, through the
+    demo's applier)."""
+    result: dict[str, Any] = admission.apply_patch(obj, admission.AdmissionAnswer.of(response).patch)
+    return result

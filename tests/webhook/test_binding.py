@@ -14,7 +14,7 @@ import yaml
 
 from tests.webhook.helpers import PKI, Client, apply_patch, binding_request, container, make_pod, pod_request
 from tests.webhook.nrt_fixtures import machine, nrt, write_docs
-from webhook.app import WebhookApp, WebhookOptions, build_server
+from webhook.app import WebhookApp, WebhookOptions
 
 BIG = machine(2, 14)  # 2 NUMA nodes x 28 CPUs; NUMA 0 = cores 0-13 (cpus 0-13, 28-41), NUMA 1 = cores 14-27
 
@@ -151,7 +151,7 @@ async def test_forged_admission_review_does_not_change_the_cached_pod(nodes: Web
 async def test_unjudged_deny_refuses_what_cannot_be_judged(pki: PKI, nrt_dir: Path, pods_dir: Path) -> None:
     write_docs(nrt_dir / "busy.yaml", [nrt("busy", BIG, reserved="0,28", busy="1-8,29-36,14-21,42-49")])
     (pods_dir / "p.yaml").write_text(yaml.safe_dump(make_pod("p", [container("c", "4")])))
-    app = build_server(WebhookOptions(cert=pki.cert, key=pki.key, host="127.0.0.1", port=0, nrt_dir=nrt_dir,
+    app = WebhookApp(WebhookOptions(cert=pki.cert, key=pki.key, host="127.0.0.1", port=0, nrt_dir=nrt_dir,
                                       pods_dir=pods_dir, unjudged="deny"))
     await app.start()
     try:

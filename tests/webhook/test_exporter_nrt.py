@@ -21,6 +21,7 @@ from allocator.nrt import parse_nrt
 from tests.webhook.helpers import Client, apply_patch, binding_request, container, make_pod, pod_request
 from tests.webhook.nrt_fixtures import write_docs
 from webhook.app import WebhookApp
+from webhook.synthetic_node import synthetic_reserved, synthetic_topology
 
 GIB = 1024**3
 
@@ -95,8 +96,8 @@ def test_reserved_cpus_are_derived_from_allocatable() -> None:
     assert [z.reserved for z in n.zones] == [2, 2] and n.largest_numa is not None
     assert n.largest_numa.allocatable == 26
     assert "reserved CPUs = capacity - allocatable (node-0: 2, node-1: 2)" in n.assumptions
-    topo = n.synthetic_topology()
-    assert len(n.synthetic_reserved(topo)) == 4
+    topo = synthetic_topology(n)
+    assert len(synthetic_reserved(n, topo)) == 4
 
 
 def test_numapins_own_documents_assume_nothing(tmp_path: Path) -> None:

@@ -4,8 +4,9 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.errors import TopologyError
-from allocator.nrt import NRT_API_VERSION, OCCUPIED_POD_UID, build_nrt, parse_nrt
+from allocator.nrt import NRT_API_VERSION, build_nrt, parse_nrt
 from allocator.topology import CPUInfo, Topology
+from webhook.synthetic_node import OCCUPIED_POD_UID, synthetic_reserved, synthetic_state, synthetic_topology
 
 
 def two_numa_smt() -> Topology:
@@ -42,18 +43,19 @@ def test_build_and_parse_round_trip() -> None:
     assert (z0.capacity, z0.allocatable, z0.available, z0.available_cores, z0.socket) == (16, 14, 10, 5, 0)
     assert (z1.capacity, z1.allocatable, z1.available, z1.available_cores) == (16, 16, 8, 0)
     assert n.largest_numa == z1
+    assert n.reserved_cpus == CPUSet.parse("0,16")
 
 
 def test_synthetic_machine_matches_the_counts() -> None:
     t = two_numa_smt()
     doc = build_nrt("w", t, free_cpus=CPUSet.parse("1-5,17-21,8-15"), reserved_cpus=CPUSet.parse("0,16"))
     n = parse_nrt(doc)
-    st = n.synthetic_topology()
+    st = synthetic_topology(n)
     assert st.num_cpus == 32 and st.threads_per_core == 2 and st.cpu_numa_nodes == (0, 1)
     assert st.distance(0, 1) == 21
-    reserved = n.synthetic_reserved(st)
+    reserved = synthetic_reserved(n, st)
     assert len(reserved) == 2 and st.numa_of(reserved) == CPUSet([0])
-    state = n.synthetic_state(st)
+    state = synthetic_state(n, st)
     free = state.default_cpuset - reserved
     for z in n.zones:
         in_numa = free & st.cpus_in_numa(z.numa)
@@ -61,7 +63,7 @@ def test_synthetic_machine_matches_the_counts() -> None:
         whole = sum(1 for core in st.cores if st.cpus_in_core(core).issubset(in_numa))
         assert whole == z.available_cores
     assert set(state.assignments) == {OCCUPIED_POD_UID}
-    empty = n.synthetic_state(st, occupied=False)
+    empty = synthetic_state(n, st, occupied=False)
     assert empty.assignments == {} and empty.default_cpuset == st.all_cpus
 
 
@@ -71,6 +73,8 @@ def test_synthetic_machine_matches_the_counts() -> None:
     (lambda d: d["zones"][0]["resources"][0].update(available="99"), "zones[0].resources[0].available"),
     (lambda d: d["zones"][0]["resources"][0].update(capacity="lots"), "zones[0].resources[0].capacity"),
     (lambda d: d["attributes"][0].update(value="sometimes"), "attributes.topologyManagerPolicy"),
+    (lambda d: d["attributes"].append({"name": "numapinReservedCPUs", "value": "3-1"}),
+     "attributes.numapinReservedCPUs"),
 ])
 def test_bad_documents_name_the_field(mutate, field) -> None:  # type: ignore[no-untyped-def]
     doc = build_nrt("w", two_numa_smt(), free_cpus=CPUSet.parse("1-15"), reserved_cpus=CPUSet.parse("0"))
@@ -112,7 +116,7 @@ def test_documents_the_node_proxy_publishes_are_understood() -> None:
     assert (n.topology_manager_policy, n.topology_manager_scope) == ("single-numa-node", "pod")
     assert n.topology_manager_policy_options == {"prefer-closest-numa-nodes": "true"}
     assert {z.numa: z.available for z in n.zones} == node.free_cpus_per_numa()
-    st = n.synthetic_topology()
+    st = synthetic_topology(n)
     assert st.distance(0, 1) == 21
-    state = n.synthetic_state(st)
-    assert len(state.default_cpuset - n.synthetic_reserved(st)) == sum(node.free_cpus_per_numa().values())
+    state = synthetic_state(n, st)
+    assert len(state.default_cpuset - synthetic_reserved(n, st)) == sum(node.free_cpus_per_numa().values())

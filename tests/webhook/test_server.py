@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 from pathlib import Path
 
@@ -159,6 +160,58 @@ async def test_decision_errors_are_answered_not_500(pki: PKI) -> None:
             resp = await c.admit("/mutate", pod_request(make_pod("p", [container("c")])))
             assert resp["allowed"] is True and "internal error" in resp["warnings"][0]
         assert metrics.internal_error_count() == 1
+    finally:
+        await srv.stop()
+
+
+async def test_an_internal_error_is_a_500_inside_an_admission_review(pki: PKI,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """An exception that is not the client's fault, outside the decision (here: a verdict whose patch cannot be
+    written as JSON, a bug), is answered 500 with an AdmissionReview naming the error, over real TLS; the probes
+    answer plain text; the server keeps serving."""
+    from webhook.metrics import WebhookMetrics
+    from webhook.review import AdmissionRequest, Verdict
+    from webhook.server import ServerConfig, WebhookServer
+    from webhook.tls import CertReloader
+
+    async def unwritable(req: AdmissionRequest) -> Verdict:
+        return Verdict.allow(patch=({"op": "add", "path": "/metadata/labels", "value": object()},))
+
+    async def allow(req: AdmissionRequest) -> Verdict:
+        return Verdict.allow()
+
+    ready_calls: list[int] = []
+
+    def broken_check() -> tuple[bool, str]:
+        ready_calls.append(1)
+        if len(ready_calls) == 1:
+            raise ZeroDivisionError("bug")
+        return True, "ok"
+
+    metrics = WebhookMetrics()
+    srv = WebhookServer(reloader=CertReloader(pki.cert, pki.key), mutate=unwritable, validate=allow, metrics=metrics,
+                        config=ServerConfig(host="127.0.0.1", port=0), ready_checks=(broken_check,))
+    await srv.start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            c = Client(srv.port, pki, s)  # type: ignore[arg-type]
+            status, body = await c.post("/mutate", review(pod_request(make_pod("p", [container("c")]))))
+            assert status == 500
+            assert body == {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+                "uid": "", "allowed": False, "status": {
+                    "status": "Failure", "code": 500, "reason": "InternalError",
+                    "message": "internal error answering POST /mutate: TypeError (see the webhook's log)"}}}
+            async with s.post(c.base + "/mutate", data=json.dumps(review(pod_request(make_pod("p", [container("c")])))),
+                              headers={"Content-Type": "application/json"}, ssl=c.ctx,
+                              server_hostname=SERVER_NAME) as r:
+                assert r.status == 500 and r.content_type == "application/json"
+            assert await c.get("/readyz") == (500, "internal error answering GET /readyz: ZeroDivisionError (see the "
+                                                   "webhook's log)\n")
+            # the same server goes on answering
+            assert (await c.admit("/validate", pod_request(make_pod("p", [container("c")]))))["allowed"] is True
+            assert await c.get("/readyz") == (200, "ok\n")
+        assert metrics.internal_error_count() == 3
+        assert "unhandled error answering POST /mutate" in caplog.text and "TypeError" in caplog.text
     finally:
         await srv.stop()
 

@@ -24,12 +24,12 @@ import grpc.aio
 
 from allocator.cpuset import CPUSet
 from allocator.quantity import cpu_milli
-from criproxy.lab.client import CRIClient, pb
-from criproxy.lab.lab import ContainerdLab
-from numapin.demo_play import make_pod
-from numapin.pod_runner import PodRunner, RunningPod
 from numapin.proc_cpus import cgroup_file, process_cpus
-from numapin.stack import ManagedProcess
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.containerd import ContainerdLab
+from numapin_lab.demo.play import make_pod
+from numapin_lab.demo.pod_runner import PodRunner, RunningPod
+from numapin_lab.demo.stack import ManagedProcess
 from webhook.mutate import mutate_pod
 
 __all__ = ["OPLOG_ENV", "WORK", "GuestNode", "Kernel", "NodeConfig", "Refusal"]

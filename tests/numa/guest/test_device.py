@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from allocator.cpuset import CPUSet
-from allocator.devices import device_numa_node
 from allocator.topology import Topology
+from criproxy.devices import device_numa_node
 from tests.numa.guest.node import GuestNode, NodeConfig
 from tests.numa.shapes import DEVICE_PORT, Shape
 

@@ -20,10 +20,12 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["BUSYBOX_IMAGE", "PAUSE_IMAGE", "ContainerdLab", "LabError"]
+__all__ = ["BUSYBOX_IMAGE", "PAUSE_IMAGE", "ContainerdLab", "LabError", "scratch_lab"]
 
 BUSYBOX_IMAGE = "localhost/busybox:latest"
 PAUSE_IMAGE = "localhost/pause:latest"
@@ -312,3 +314,15 @@ disabled_plugins = [{disabled}]
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def scratch_lab(prefix: str) -> Iterator[ContainerdLab]:
+    """A started lab in a new directory ``/tmp/<prefix>*`` (short: unix socket paths), stopped and the directory
+    removed afterwards."""
+    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        with ContainerdLab(d / "ctrd") as lab:
+            yield lab
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import grpc
 import grpc.aio
 
-from ..server import start_server
+from criproxy.server import start_server
+
 from . import cri_full_pb2 as pb
 
 __all__ = ["MemoryRuntime", "RecordedCall"]

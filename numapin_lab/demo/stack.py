@@ -1,4 +1,4 @@
-"""numapin's whole stack on one machine, as real processes: a private containerd (the lab of criproxy.lab),
+"""numapin's whole stack on one machine, as real processes: a private containerd (the lab of numapin_lab.cri),
 ``numapin criproxy`` in front of it, and ``numapin webhook`` over HTTPS with certificates made by ``numapin certs``.
 The proxy publishes the node's NodeResourceTopology into a directory the webhook reads.
 
@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from criproxy.lab.lab import ContainerdLab
+from numapin_lab.cri.containerd import ContainerdLab
 
 __all__ = ["LocalStack", "ManagedProcess", "StackError", "StackOptions", "cgroup_mounts"]
 
 SERVICE, NAMESPACE = "numapin-webhook", "numapin"
 SERVER_NAME = f"{SERVICE}.{NAMESPACE}.svc"
-_SRC_ROOT = Path(__file__).resolve().parents[1]
+_SRC_ROOT = Path(__file__).resolve().parents[2]
 
 
 class StackError(RuntimeError):

@@ -19,14 +19,14 @@ from allocator.cpuset import CPUSet
 from allocator.intent import INTENT_ANNOTATION
 from allocator.pod import CPU_MANAGER_ANNOTATION
 from allocator.topology import Topology
-from criproxy.lab.client import CRIClient
+from numapin.cri_view import list_runtime_containers
+from numapin.node_status import NodeStatus, check_runtime, fetch_proxy_status, from_proxy_status, marks_of, render_text
+from numapin.proc_cpus import process_cpus
+from numapin.render import render_topology
+from numapin_lab.cri.client import CRIClient
 
 from .admission import AdmissionAnswer, AdmissionClient
-from .cri_view import list_runtime_containers
-from .node_status import NodeStatus, check_runtime, fetch_proxy_status, from_proxy_status, marks_of, render_text
 from .pod_runner import PodRunner, RunningPod
-from .proc_cpus import process_cpus
-from .render import render_topology
 from .stack import SERVER_NAME, LocalStack
 
 __all__ = ["Demo", "make_pod", "say"]

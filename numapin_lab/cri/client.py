@@ -13,7 +13,8 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from ..relay import CHANNEL_OPTIONS, normalize_endpoint
+from criproxy.relay import CHANNEL_OPTIONS, normalize_endpoint
+
 from . import cri_full_pb2 as pb
 
 __all__ = ["CRIClient", "pb"]
@@ -78,7 +79,7 @@ class CRIClient:
                          command: Sequence[str] = ("sleep", "3600"), image: str = BUSYBOX, attempt: int = 0,
                          devices: Sequence[pb.Device] = (), cpuset_cpus: str = "") -> pb.ContainerConfig:
         """A container config as kubelet sends it (no cpuset with cpuManagerPolicy none)."""
-        from allocator.cfs import milli_cpu_to_quota, milli_cpu_to_shares
+        from criproxy.cfs import milli_cpu_to_quota, milli_cpu_to_shares
         shares = milli_cpu_to_shares(cpu_milli or 0)
         period = 100000
         quota = milli_cpu_to_quota(limit_milli, period) if limit_milli else 0

@@ -21,9 +21,9 @@ every running container and the cgroup files (``kernel_truth``), against the pro
 (d) every call returns within its deadline with a clear gRPC status;
 (e) after a kill -9 the state file is whole, pinned containers keep their CPUs, no leftovers.
 
-``python -m criproxy.lab.churn --seed 7 --ops 2000`` prints a JSON report (operations, calls by code, kills,
+``python -m numapin_lab.cri.churn --seed 7 --ops 2000`` prints a JSON report (operations, calls by code, kills,
 restarts, repairs, violations); exit status 1 when there is a violation. Needs root, containerd, runc and
-busybox-static (see ``criproxy.lab.lab``).
+busybox-static (see ``numapin_lab.cri.containerd``).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ from allocator.pod import CPU_MANAGER_ANNOTATION, ContainerInfo, PodInfo
 from allocator.topology import Topology
 
 from .client import CRIClient, pb
+from .containerd import ContainerdLab
 from .kernel_truth import ContainerTruth, KernelTruth
-from .lab import ContainerdLab
 from .proxy_process import ProxyProcess
 
 __all__ = ["ChurnConfig", "ChurnReport", "main", "run_churn"]
@@ -714,7 +714,7 @@ async def run_churn(cfg: ChurnConfig, lab: ContainerdLab, workdir: Path) -> Chur
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m criproxy.lab.churn", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m numapin_lab.cri.churn", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=1, help="the seed of the operations (default 1)")
     p.add_argument("--ops", type=int, default=2000, help="number of operations (default 2000)")

@@ -16,7 +16,7 @@ from typing import Any
 
 from allocator.pod import PodInfo
 from allocator.quantity import cpu_milli
-from criproxy.lab.client import CRIClient
+from numapin_lab.cri.client import CRIClient
 
 __all__ = ["PodRunner", "RunningPod", "cgroup_parent"]
 
