@@ -56,6 +56,7 @@ class ServerConfig:
     shutdown_grace_seconds: float = 5.0
     limits: ServerLimits = dataclasses.field(default_factory=ServerLimits)  # its max_body is replaced by ``max_body``
     client_ca: str | None = None            # PEM file: require client certificates on /mutate and /validate
+    reuse_port: bool = False                # one of several worker processes on the same port (--workers)
 
 
 def _text(status: int, message: str) -> web.Response:
@@ -265,7 +266,8 @@ class WebhookServer:
         assert self._runner.server is not None
         self.listener = Listener(host=self.config.host, port=self.config.port, ssl_context=self.reloader.context,
                                  factory=self._runner.server, limits=self.limits,
-                                 on_close=lambda why: self.metrics.connections_closed.labels(why).inc())
+                                 on_close=lambda why: self.metrics.connections_closed.labels(why).inc(),
+                                 reuse_port=self.config.reuse_port)
         self.metrics.connections.set_function(lambda: self.listener.connections if self.listener else 0)
         self.metrics.body_budget_bytes.set_function(lambda: self.budget.used)
         self.port = await self.listener.start()
