@@ -12,7 +12,6 @@ much as a TLS handshake; ``benchmarks/webhook_large.py`` reports it.)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.client
 import json
 import threading
@@ -23,35 +22,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.webhook import large_update_review
+from benchmarks.webhook_large import LoopProbe
 from tests.webhook.helpers import PKI
 from tests.webhook.nrt_fixtures import write_cluster
 from webhook.app import WebhookApp, WebhookOptions
 from webhook.request_body import parse_slim
-
-
-class LoopProbe:
-    """Ticks the loop (``sleep(0)``) and keeps the longest CPU time the loop's thread spent between two ticks."""
-
-    def __init__(self) -> None:
-        self.longest = 0.0
-        self.ticks = 0
-        self._task: asyncio.Task[None] | None = None
-
-    async def _run(self) -> None:
-        while True:
-            before = time.thread_time()
-            await asyncio.sleep(0)
-            self.longest = max(self.longest, time.thread_time() - before)
-            self.ticks += 1
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        assert self._task is not None
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
 
 
 def _post(port: int, pki: PKI, body: bytes) -> tuple[int, bytes]:
