@@ -327,3 +327,20 @@ async def test_stop_while_requests_are_in_flight(short_tmp: Path, two_numa_sysfs
     for outcome in await asyncio.gather(*requests, return_exceptions=True):
         assert isinstance(outcome, OSError) or outcome[0] == 200, outcome
     assert await leftovers(tasks) == []
+
+
+async def test_a_connection_without_a_request_is_closed() -> None:
+    """A client that connects and sends nothing, or only part of a request head, does not hold its connection:
+    the server closes it after its idle timeout (0.5 s here; the wait below is only an upper bound)."""
+    server = ProxyHttpServer(CollectorRegistry(), dict, idle_timeout=0.5)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        for sent in (b"", b"GET /status HTTP/1.1\r\nHost: x\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(sent)
+            assert await asyncio.wait_for(reader.read(), 30) == b""  # closed, nothing answered
+            writer.close()
+        code, _, _ = await aget(f"http://127.0.0.1:{port}/status")
+        assert code == 200
+    finally:
+        await server.stop()
