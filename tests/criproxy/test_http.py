@@ -220,14 +220,16 @@ async def leftovers(before: set[asyncio.Task[Any]]) -> list[str]:
             if t is not asyncio.current_task()]
 
 
-async def test_nothing_runs_after_stop(short_tmp: Path, two_numa_sysfs: Path) -> None:
+@pytest.mark.parametrize("relay", ["grpc", "frames"])
+async def test_nothing_runs_after_stop(short_tmp: Path, two_numa_sysfs: Path, relay: str) -> None:
     """Every attribute of the proxy exists from __init__; every task it started is gone after stop (the runtime,
     a gRPC server too, is stopped as well: its tasks look like the proxy's); the port is closed; no thread is left
     but the loop's worker pool."""
     tasks = asyncio.all_tasks()
     runtime = await MemoryRuntime(str(short_tmp / "own-rt.sock")).start()
     threads = {t.name for t in threading.enumerate()}  # grpc.aio's poller thread (process-wide) runs from here
-    p = CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs, reconcile_period=0.05, converge_period=0.05))
+    p = CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs, reconcile_period=0.05, converge_period=0.05,
+                              relay=relay))
     with pytest.raises(RuntimeError, match="not started"):
         p.allocator  # noqa: B018
     attributes = set(vars(p))
