@@ -69,7 +69,7 @@ class ProxyConfig:
     self_pod_name: str | None = None
     self_pod_uid: str | None = None
     log_level: str = "INFO"
-    relay: str = "grpc"           # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
+    relay: str = "frames"         # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
 
     @property
     def state_file(self) -> Path:

@@ -319,6 +319,33 @@ async def test_padded_frames_relayed_to_containerd(short_tmp: Path) -> None:
         await asyncio.to_thread(lab.stop)
 
 
+@pytest.mark.containerd
+async def test_a_grpc_go_client_through_the_relay(short_tmp: Path) -> None:
+    """containerd's own ``ctr`` (a grpc-go client, as kubelet is) against containerd (a grpc-go server) through the
+    frame relay: its non-CRI services pass untouched, answers as direct; CRI from a Python client on the same relay."""
+    from numapin_lab.cri.containerd import ContainerdLab
+
+    lab = ContainerdLab(short_tmp / "ctrd")
+    await asyncio.to_thread(lab.start)
+    try:
+        async with frame_relay(short_tmp, lab.socket, {"Version": grow(2)}) as (relay, server):
+            async def ctr(address: str, *args: str) -> str:
+                p = await asyncio.create_subprocess_exec("ctr", "--address", address, *args,
+                                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                out, err = await asyncio.wait_for(p.communicate(), 60)
+                assert p.returncode == 0, err.decode()
+                return out.decode()
+
+            for args in (("version",), ("namespaces", "ls"), ("-n", "k8s.io", "images", "ls"), ("plugins", "ls")):
+                assert await ctr(relay, *args) == await ctr(lab.socket, *args)
+            async with CRIClient(relay) as k:
+                assert (await k.version()).runtime_version.endswith("rr")
+                assert [i.repo_tags for i in await k.list_images()]
+            await eventually(lambda: server.connections == 0, "the clients' connections close")
+    finally:
+        await asyncio.to_thread(lab.stop)
+
+
 async def test_bad_preface_closes_that_connection_only(short_tmp: Path, runtime: MemoryRuntime) -> None:
     async with frame_relay(short_tmp, runtime.socket_path) as (relay, server):
         for garbage in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n" + b"\0" * 30):
@@ -334,6 +361,37 @@ async def test_bad_preface_closes_that_connection_only(short_tmp: Path, runtime:
         await eventually(lambda: server.connections == 0, "the bad connections are forgotten")
         async with CRIClient(relay) as k:
             assert (await k.version()).runtime_name == "memory"
+
+
+async def test_intercepted_request_beyond_the_held_limit_closes_that_connection(
+        short_tmp: Path, runtime: MemoryRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An intercepted request is held in memory until complete, its data credited back at once: one larger than the
+    limit (64 MiB + 5 in production, 64 KiB here) closes that connection before the decision; others go on."""
+    from criproxy import relay_frames
+    monkeypatch.setattr(relay_frames, "MAX_HELD", 64 * 1024)
+    entered = asyncio.Event()
+
+    async def version(request: bytes, forward: Forward) -> bytes:
+        entered.set()
+        return await forward(request)
+
+    async with frame_relay(short_tmp, runtime.socket_path, {"Version": version}) as (relay, server):
+        c = await RawClient.connect(relay)
+        _, frames = c.request_frames(VERSION, pb.VersionRequest(version="x" * 100_000).SerializeToString())
+        c.writer.write(b"".join(frames))
+        await c.writer.drain()
+        rest = await asyncio.wait_for(c.reader.read(), 20)  # the proxy closes the connection
+        pos = 0
+        while pos < len(rest):
+            hi, lo, ftype, _, _ = h2.FRAME_HEADER.unpack_from(rest, pos)
+            assert ftype not in (h2.HEADERS, h2.DATA), rest[:200]  # never answered
+            pos += 9 + (hi << 16 | lo)
+        await c.close()
+        assert not entered.is_set() and not runtime.requests("Version")
+        await eventually(lambda: server.connections == 0, "the connection is forgotten")
+        async with CRIClient(relay) as k:
+            assert (await k.version()).runtime_name == "memory"
+        assert entered.is_set()
 
 
 async def test_client_vanishing_mid_request_and_mid_decision(short_tmp: Path, runtime: MemoryRuntime) -> None:
