@@ -45,6 +45,7 @@ import hpack
 from . import h2wire as h2
 from .relay import (
     CRI_SERVICES,
+    MAX_MESSAGE,
     UNARY_METHODS,
     Forward,
     Interceptor,
@@ -72,6 +73,9 @@ _CONNECT_TIMEOUT = 20.0
 _CACHE_LIMIT = 1024
 # the largest header list accepted (grpc-go's default for servers, which kubelet's runtime is)
 _MAX_HEADER_LIST = 16 << 20
+# the largest intercepted message (request or answer) held in memory, with gRPC's 5-byte prefix: the gRPC relay's
+# limit; beyond it the connection is closed (the proxy credits held data back at once, so nothing else bounds it)
+MAX_HELD = MAX_MESSAGE + 5
 # what the gRPC library sets itself: not the caller's metadata (as relay.caller_metadata)
 _TRANSPORT_KEYS = frozenset({b"user-agent", b"content-type", b"te", b"host", b"grpc-timeout", b"grpc-encoding",
                              b"grpc-accept-encoding", b"grpc-message-type"})
@@ -644,6 +648,8 @@ class _Connection(asyncio.Protocol):
                 raise _ProtocolError("DATA frame: padding longer than the frame")
             payload = payload[1:len(payload) - payload[0]]
         h.request.extend(payload)
+        if len(h.request) > MAX_HELD:
+            raise _ProtocolError(f"{h.method} request on stream {h.sid} larger than {MAX_HELD} bytes")
         if length:  # the proxy is this data's receiver: credit the stream and the connection back to kubelet
             self.kube.write(h2.window_update(0, length) + h2.window_update(h.sid, length))
         if flags & _END_STREAM:
@@ -740,6 +746,8 @@ class _Connection(asyncio.Protocol):
                 raise _ProtocolError("DATA frame: padding longer than the frame")
             payload = payload[1:len(payload) - payload[0]]
         h.resp_data.extend(payload)
+        if len(h.resp_data) > MAX_HELD:
+            raise _ProtocolError(f"the runtime's {h.method} answer on stream {h.sid} larger than {MAX_HELD} bytes")
         if length:  # the proxy received it: credit it back to the runtime
             self.rt.write(h2.window_update(0, length) + h2.window_update(h.sid, length))
         if flags & _END_STREAM:

@@ -363,6 +363,37 @@ async def test_bad_preface_closes_that_connection_only(short_tmp: Path, runtime:
             assert (await k.version()).runtime_name == "memory"
 
 
+async def test_intercepted_request_beyond_the_held_limit_closes_that_connection(
+        short_tmp: Path, runtime: MemoryRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An intercepted request is held in memory until complete, its data credited back at once: one larger than the
+    limit (64 MiB + 5 in production, 64 KiB here) closes that connection before the decision; others go on."""
+    from criproxy import relay_frames
+    monkeypatch.setattr(relay_frames, "MAX_HELD", 64 * 1024)
+    entered = asyncio.Event()
+
+    async def version(request: bytes, forward: Forward) -> bytes:
+        entered.set()
+        return await forward(request)
+
+    async with frame_relay(short_tmp, runtime.socket_path, {"Version": version}) as (relay, server):
+        c = await RawClient.connect(relay)
+        _, frames = c.request_frames(VERSION, pb.VersionRequest(version="x" * 100_000).SerializeToString())
+        c.writer.write(b"".join(frames))
+        await c.writer.drain()
+        rest = await asyncio.wait_for(c.reader.read(), 20)  # the proxy closes the connection
+        pos = 0
+        while pos < len(rest):
+            hi, lo, ftype, _, _ = h2.FRAME_HEADER.unpack_from(rest, pos)
+            assert ftype not in (h2.HEADERS, h2.DATA), rest[:200]  # never answered
+            pos += 9 + (hi << 16 | lo)
+        await c.close()
+        assert not entered.is_set() and not runtime.requests("Version")
+        await eventually(lambda: server.connections == 0, "the connection is forgotten")
+        async with CRIClient(relay) as k:
+            assert (await k.version()).runtime_name == "memory"
+        assert entered.is_set()
+
+
 async def test_client_vanishing_mid_request_and_mid_decision(short_tmp: Path, runtime: MemoryRuntime) -> None:
     """A half-sent intercepted request is dropped; a complete one whose client leaves during the decision is carried
     through to the runtime; the connections are closed afterwards."""
