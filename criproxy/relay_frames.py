@@ -35,7 +35,8 @@ import base64
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -451,8 +452,8 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.resume(self.rt)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
