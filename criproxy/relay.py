@@ -99,16 +99,23 @@ def normalize_endpoint(endpoint: str) -> str:
 
 class Upstream:
     """The runtime's gRPC channels (each reconnects with back-off by itself; calls fail fast when it is down):
-    ``channel`` (grpc.aio) for the event loop — interceptors and the proxy's own calls —, and a synchronous one for
-    the relay's server threads."""
+    ``channel`` (grpc.aio) for the event loop — interceptors of the gRPC relay and the proxy's own calls —, and a
+    synchronous one for the gRPC relay's server threads."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         target = normalize_endpoint(endpoint)
         self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self.sync_channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._target = target
+        self._sync_channel: grpc.Channel | None = None  # made by the gRPC relay only (the frame relay needs none)
         self._unary: dict[str, grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]] = {}
         self._stream: dict[str, grpc.aio.StreamStreamMultiCallable[bytes, bytes]] = {}
+
+    @property
+    def sync_channel(self) -> grpc.Channel:
+        if self._sync_channel is None:
+            self._sync_channel = grpc.insecure_channel(self._target, options=CHANNEL_OPTIONS)
+        return self._sync_channel
 
     def unary(self, method: str) -> grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]:
         c = self._unary.get(method)
@@ -127,7 +134,8 @@ class Upstream:
         return await self.unary(method)(request, timeout=timeout)
 
     async def close(self) -> None:
-        self.sync_channel.close()
+        if self._sync_channel is not None:
+            self._sync_channel.close()
         await self.channel.close()
 
 

@@ -35,8 +35,8 @@ import base64
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -70,6 +70,8 @@ _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
 _CONNECT_TIMEOUT = 20.0
 _CACHE_LIMIT = 1024
+# the largest header list accepted (grpc-go's default for servers, which kubelet's runtime is)
+_MAX_HEADER_LIST = 16 << 20
 # what the gRPC library sets itself: not the caller's metadata (as relay.caller_metadata)
 _TRANSPORT_KEYS = frozenset({b"user-agent", b"content-type", b"te", b"host", b"grpc-timeout", b"grpc-encoding",
                              b"grpc-accept-encoding", b"grpc-message-type"})
@@ -313,6 +315,28 @@ def _message(payload: bytes) -> bytes:
     return b"\x00" + len(payload).to_bytes(4, "big") + payload
 
 
+def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """Start, end, type, flags and stream id of each whole frame in ``data`` from ``pos`` on."""
+    n = len(data)
+    while n - pos >= 9:
+        hi, lo, ftype, flags, sid = _FRAME(data, pos)
+        end = pos + 9 + (hi << 16 | lo)
+        if end > n:
+            return
+        yield pos, end, ftype, flags, sid & 0x7FFFFFFF
+        pos = end
+
+
+def _pass_on(peer: _Peer, data: bytes, start: int, pos: int, out: list[bytes]) -> None:
+    """Write to ``peer`` what a pass over ``data`` kept (``out``, then ``data[start:pos]``): ``data`` itself when
+    every frame went as it came."""
+    if start == 0 and pos == len(data):
+        peer.write(data)
+    else:
+        out.append(data[start:pos])
+        peer.write(b"".join(out))
+
+
 class _RuntimeSide(asyncio.Protocol):
     """The runtime connection's protocol: hands everything to its ``_Connection``."""
 
@@ -341,7 +365,6 @@ class _Server:
         self.statuses = _Statuses()
         self.observe: Observer | None = handler.observe
         self.connections: set[_Connection] = set()
-        self.stopping = False
 
 
 class _Connection(asyncio.Protocol):
@@ -353,7 +376,7 @@ class _Connection(asyncio.Protocol):
         self.rt = _Peer("runtime")
         self.held: dict[int, _Held] = {}
         self.calls: dict[int, tuple[str, float]] = {}  # relayed calls in flight, for the metrics
-        self.decoder = hpack.Decoder()                  # paired with kubelet's encoder
+        self.decoder = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST)  # paired with kubelet's encoder
         self.state = "connecting"                       # connecting, relaying, refusing, closed
         self.pending = bytearray()                      # kubelet's bytes before the runtime connection is up
         self.preface = False
@@ -371,8 +394,7 @@ class _Connection(asyncio.Protocol):
     # --- set-up and tear-down
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.kube.transport = transport
+        self.kube.transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's is no subclass)
         self.server.connections.add(self)
         self._spawn(self._connect())
 
@@ -416,6 +438,8 @@ class _Connection(asyncio.Protocol):
     def runtime_lost(self, exc: Exception | None) -> None:
         if self.state == "closed":
             return
+        log.info("frame relay: the runtime closed a connection (%s); closing kubelet's, with %d call(s) in flight",
+                 exc or "end of stream", len(self.calls) + len(self.held))
         error = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
                                      "numapin: the runtime closed the connection")
         for held in self.held.values():
@@ -483,19 +507,14 @@ class _Connection(asyncio.Protocol):
                 return
             self.preface = True
             pos = 24
-        n = len(data)
         start = 0
         out: list[bytes] = []
         rt = self.rt
         held = self.held
+        done = pos
         try:
-            while n - pos >= 9:
-                hi, lo, ftype, flags, sid = _FRAME(data, pos)
-                length = hi << 16 | lo
-                end = pos + 9 + length
-                if end > n:
-                    break
-                sid &= 0x7FFFFFFF
+            for pos, end, ftype, flags, sid in _frames(data, done):
+                length = end - pos - 9
                 if ftype == _DATA:
                     h = held.get(sid)
                     if h is None:
@@ -525,17 +544,12 @@ class _Connection(asyncio.Protocol):
                         h.kube_reset = True
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
-                pos = end
+                done = end
         except _ProtocolError as e:
             self._fail(str(e))
             return
-        if pos < n:
-            self.ktail = data[pos:]
-        if start == 0 and pos == n:
-            rt.write(data)
-            return
-        out.append(data[start:pos])
-        rt.write(b"".join(out))
+        self.ktail = data[done:]
+        _pass_on(rt, data, start, done, out)
 
     def _kubelet_settings(self, payload: bytes) -> bytes:
         """kubelet's SETTINGS as the runtime gets them: HEADER_TABLE_SIZE 0 (see the module doc)."""
@@ -593,6 +607,8 @@ class _Connection(asyncio.Protocol):
             if self.kcont is None or self.kcont[0] != sid:
                 raise _ProtocolError("CONTINUATION without its HEADERS")
             self.kcont[2].extend(payload)
+            if len(self.kcont[2]) > _MAX_HEADER_LIST:
+                raise _ProtocolError(f"a header block larger than {_MAX_HEADER_LIST} bytes")
             if not flags & _END_HEADERS:
                 return
             sid, flags, whole = self.kcont
@@ -645,19 +661,14 @@ class _Connection(asyncio.Protocol):
         if self.rtail:
             data = self.rtail + data
             self.rtail = b""
-        n = len(data)
         pos = start = 0
         out: list[bytes] = []
         kube = self.kube
         held = self.held
+        done = pos
         try:
-            while n - pos >= 9:
-                hi, lo, ftype, flags, sid = _FRAME(data, pos)
-                length = hi << 16 | lo
-                end = pos + 9 + length
-                if end > n:
-                    break
-                sid &= 0x7FFFFFFF
+            for pos, end, ftype, flags, sid in _frames(data, done):
+                length = end - pos - 9
                 if ftype == _DATA:
                     h = held.get(sid)
                     if h is None:
@@ -716,17 +727,12 @@ class _Connection(asyncio.Protocol):
                                                     f"numapin: the runtime reset the stream (HTTP/2 error {code})"))
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
-                pos = end
+                done = end
         except _ProtocolError as e:
             self._fail(str(e))
             return
-        if pos < n:
-            self.rtail = data[pos:]
-        if start == 0 and pos == n:
-            kube.write(data)
-            return
-        out.append(data[start:pos])
-        kube.write(b"".join(out))
+        self.rtail = data[done:]
+        _pass_on(kube, data, start, done, out)
 
     def _held_response_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
         if flags & _PADDED:
@@ -841,6 +847,7 @@ class _Connection(asyncio.Protocol):
             return
         self.state = "refusing"
         self.refusal = why
+        log.warning("frame relay: %s; kubelet's calls on this connection fail with UNAVAILABLE", why)
         self.kube.write(h2.settings_frame([]))
         self._refuse_calls()
         asyncio.get_running_loop().call_later(10.0, self._close)
@@ -852,13 +859,8 @@ class _Connection(asyncio.Protocol):
         if not data.startswith(h2.PREFACE):
             self._close()
             return
-        pos, n, answered = 24, len(data), False
-        while n - pos >= 9:
-            hi, lo, ftype, flags, sid = _FRAME(data, pos)
-            end = pos + 9 + (hi << 16 | lo)
-            if end > n:
-                break
-            sid &= 0x7FFFFFFF
+        done, answered = 24, False
+        for pos, end, ftype, flags, sid in _frames(data, done):
             if ftype == _SETTINGS and not flags & h2.ACK:
                 self.kube.write(h2.frame(_SETTINGS, h2.ACK, 0))
             elif ftype == _PING and not flags & h2.ACK:
@@ -869,8 +871,8 @@ class _Connection(asyncio.Protocol):
                                                                        self.refusal, trailers_only=True),
                                                   self.kube.max_frame, True))
                 answered = True
-            pos = end
-        self.pending = bytearray(data[pos:])
+            done = end
+        self.pending = bytearray(data[done:])
         self.pending[:0] = h2.PREFACE  # what is left parses the same next time
         if answered:
             self.kube.write(h2.goaway(self.last_sid))
@@ -895,7 +897,6 @@ class FrameRelayServer:
         seconds, then close every connection."""
         if self._stopped.is_set():
             return
-        self._shared.stopping = True
         self._server.close()
         conns = list(self._shared.connections)
         for c in conns:

@@ -11,6 +11,12 @@ are installed by ``scripts/lib/setup.sh``.
 Under software emulation (TCG) about one boot in 15-20 hangs in SMP bring-up: ``numa-vm.sh`` kills a boot that
 has not reached the command within ``boot_timeout`` seconds and boots again; a VM that fails anyway (exit 125) is
 booted once more here before the failure is reported.
+
+The guest's clock: under TCG the guest kernel calibrates the TSC against the emulated PIT at boot, and on a
+loaded host that calibration can come out wrong: one 2s4n boot's clock ran 2.8 times as fast as the host's, so
+every timeout inside it (containerd's, ctr's, the tests') was 2.8 times shorter than written. The command
+therefore runs with the guest's clocksource switched to the HPET (QEMU's, driven by the host's clock; a clock
+read costs about 2 µs more than the TSC's under emulation), unless ``VMSpec.hpet_clock`` is False.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import signal
 import subprocess
 import time
@@ -26,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-__all__ = ["VM_FAILURE", "VMError", "VMResult", "VMSpec", "find_numa_vm", "pci_device_args", "run_in_vm",
+__all__ = ["VM_FAILURE", "VM_TIMEOUT", "VMError", "VMResult", "VMSpec", "find_numa_vm", "pci_device_args", "run_in_vm",
            "topology_spec"]
 
 NUMA_VM_ENV = "NUMAPIN_NUMA_VM"
@@ -37,6 +44,10 @@ _CANDIDATES = (_SRC_ROOT.parent / "shared/numa-lab/numa-vm.sh", Path("/work/shar
 _PRESETS = {"2s4n": "2s2c2t4n", "1s2n": "1s2c2t2n", "1s2n-nosmt": "1s4c1t2n", "2s2n": "2s2c2t2n",
             "1s1n": "1s2c2t1n"}
 _SPEC = re.compile(r"^(\d+)s(\d+)c(\d+)t(\d+)n$")
+# run first in the guest: the HPET as the clocksource when the kernel offers it, then the command
+HPET_PRELUDE = ("cs=/sys/devices/system/clocksource/clocksource0; "
+                "if grep -qw hpet $cs/available_clocksource 2>/dev/null; then echo hpet > $cs/current_clocksource; "
+                "fi; exec \"$@\"")
 
 
 class VMError(RuntimeError):
@@ -89,6 +100,7 @@ class VMSpec:
     timeout: int = 900                     # whole run, seconds
     boot_timeout: int = 60                 # a boot that has not reached the command by then is retried
     boot_retries: int = 2
+    hpet_clock: bool = True                # the guest's clocksource switched to the HPET first (see above)
 
     def argv(self, numa_vm: Path, command: Sequence[str]) -> list[str]:
         topology_spec(self.topology)
@@ -105,6 +117,8 @@ class VMSpec:
             out += ["--env", f"{k}={v}"]
         for d in self.shares:
             out += ["--share", d]
+        if self.hpet_clock:
+            command = ["/bin/sh", "-c", HPET_PRELUDE, "numapin-vm", *command]
         return [*out, "--", *command]
 
 
@@ -122,6 +136,7 @@ class VMResult:
     returncode: int     # the command's, or 124 (timeout), 125 (the VM failed), 130 (interrupted)
     boots: int          # how many times numa-vm.sh was started (1, or 2 after a failed VM)
     seconds: float
+    cpu_seconds: float = 0.0   # CPU time of numa-vm.sh and QEMU (user + system): the work, whatever the host's load
 
 
 def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int | None = None,
@@ -132,6 +147,7 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
     SIGTERM and stops the VM too."""
     argv = spec.argv(find_numa_vm(), command)
     t0 = time.monotonic()
+    cpu0 = _children_cpu()
     rc = VM_FAILURE
     boots = 0
     for _ in range(max(1, attempts)):
@@ -151,4 +167,11 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
             raise
         if rc != VM_FAILURE:
             break
-    return VMResult(rc, boots, time.monotonic() - t0)
+    return VMResult(rc, boots, time.monotonic() - t0, _children_cpu() - cpu0)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children and their waited-for descendants (QEMU under numa-vm.sh).
+    Only meaningful as a difference, with no other child finishing meanwhile."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime

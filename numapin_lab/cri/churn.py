@@ -77,6 +77,7 @@ class ChurnConfig:
     max_pods: int = 6
     monitor_period: float = 0.2
     proxy_root: str | None = None   # another checkout's numapin to run as the proxy (e.g. to judge an old build)
+    time_scale: float = 1.0         # multiplies every deadline and bound (e.g. 5 under software emulation)
 
 
 @dataclass
@@ -90,6 +91,8 @@ class ChurnReport:
     containerd_restarts: int = 0
     drifts_written: int = 0
     pods_created: int = 0
+    exclusive_admissions: int = 0   # CreateContainer answered OK for a container that narrows the shared pool
+    exclusive_nodes: set[int] = field(default_factory=set)  # NUMA nodes the kernel ran exclusive containers on
     containers_started: int = 0
     restarts_attempt_plus_one: int = 0
     samples: int = 0
@@ -105,7 +108,8 @@ class ChurnReport:
                 "calls": dict(sorted(self.calls.items())), "proxyKills": self.proxy_kills,
                 "killsWhileAdmittingExclusive": self.kills_while_admitting_exclusive,
                 "containerdRestarts": self.containerd_restarts, "driftsWritten": self.drifts_written,
-                "podsCreated": self.pods_created, "containersStarted": self.containers_started,
+                "podsCreated": self.pods_created, "exclusiveAdmissions": self.exclusive_admissions,
+                "exclusiveNUMANodes": sorted(self.exclusive_nodes), "containersStarted": self.containers_started,
                 "restartsAttemptPlusOne": self.restarts_attempt_plus_one, "samples": self.samples,
                 "longestDisagreementSeconds": round(self.longest_disagreement_s, 3),
                 "repairsLogged": self.repairs_logged, "startRefusalsLogged": self.start_refusals_logged,
@@ -207,10 +211,15 @@ class Churn:
         self.proxy = proxy
         self.report = report
         self.rng = random.Random(cfg.seed)
+        # the operations' kinds come from their own generator: the same seed gives the same schedule of
+        # operations and faults whatever the timing (the main one is also drawn from by concurrent operations)
+        self.schedule = random.Random(f"schedule-{cfg.seed}")
+        self.repair_bound = REPAIR_BOUND * cfg.time_scale
+        self.slack = SLACK * cfg.time_scale
         self.topology = Topology.from_sysfs(cfg.sysfs)
         self.reserved = CPUSet.parse(cfg.reserved_cpus)
         self.allocatable = self.topology.all_cpus - self.reserved
-        self.kubelet = CRIClient(proxy.socket, timeout=CALL_DEADLINE)
+        self.kubelet = CRIClient(proxy.socket, timeout=CALL_DEADLINE * cfg.time_scale)
         self.truth = KernelTruth(lab.socket)
         self.pods: dict[str, PodRun] = {}
         self.index = 0
@@ -239,30 +248,32 @@ class Churn:
         self.report.trace.append(f"{self.op} {what} @{time.monotonic() - self.t0:.2f}")
 
     def drift_excused(self, cid: str) -> bool:
-        """A cgroup the harness itself wrote may be wrong until the proxy has had ``REPAIR_BOUND`` seconds of
+        """A cgroup the harness itself wrote may be wrong until the proxy has had ``repair_bound`` seconds of
         being up to repair it (invariant b judges that); invariant a must not count it meanwhile."""
         at = self._drifted.get(cid)
         if at is None:
             return False
         if self.up_since is None:
             return True
-        return time.monotonic() - max(at, self.up_since) <= REPAIR_BOUND
+        return time.monotonic() - max(at, self.up_since) <= self.repair_bound
 
     async def call(self, method: str, call: Awaitable[T], deadline: float = CALL_DEADLINE, *,
                    fine: tuple[grpc.StatusCode, ...] = ()) -> tuple[bool, T | None]:
         """One CRI call through the proxy, judged by invariant (d): (succeeded, result). Codes in ``fine``
-        count as success (NOT_FOUND for removals: already gone)."""
+        count as success (NOT_FOUND for removals: already gone). ``deadline`` is scaled by ``time_scale``."""
         epoch, t0 = self.fault_epoch, time.monotonic()
+        deadline *= self.cfg.time_scale
         try:
-            result = await asyncio.wait_for(call, deadline + 2 * SLACK)
+            result = await asyncio.wait_for(call, deadline + 2 * self.slack)
         except TimeoutError:
             self.report.calls[f"{method} HUNG"] += 1
-            self.violation("d", f"{method} did not return within {deadline + 2 * SLACK:g} s (deadline {deadline:g} s)")
+            self.violation("d", f"{method} did not return within {deadline + 2 * self.slack:g} s "
+                                f"(deadline {deadline:g} s)")
             return False, None
         except grpc.aio.AioRpcError as e:
             code, details = e.code(), e.details() or ""
             self.report.calls[f"{method} {code.name}"] += 1
-            late = time.monotonic() - t0 > deadline + SLACK
+            late = time.monotonic() - t0 > deadline + self.slack
             faulted = epoch != self.fault_epoch
             if late:
                 self.violation("d", f"{method} returned {code.name} after {time.monotonic() - t0:.1f} s "
@@ -275,7 +286,7 @@ class Churn:
                 self.violation("d", f"{method} {code.name} without a message")
             return code in fine, None
         self.report.calls[f"{method} OK"] += 1
-        if time.monotonic() - t0 > deadline + SLACK:
+        if time.monotonic() - t0 > deadline + self.slack:
             self.violation("d", f"{method} took {time.monotonic() - t0:.1f} s (deadline {deadline:g} s)")
         return True, result
 
@@ -329,6 +340,7 @@ class Churn:
                 self._exclusive_create.clear()
         if not ok or not cid:
             return None
+        self.report.exclusive_admissions += narrowing
         if attempt > 0:
             self.report.restarts_attempt_plus_one += 1
         await self._start_existing(cid)
@@ -476,7 +488,7 @@ class Churn:
             self.report.containerd_restarts += 1
 
         await asyncio.gather(carrier(), killer())
-        for _ in range(100):  # the proxy notices containerd is back by itself
+        for _ in range(int(100 * self.cfg.time_scale)):  # the proxy notices containerd is back by itself
             if await self.truth.running() is not None and self.proxy.status() is not None:
                 break
             await asyncio.sleep(0.1)
@@ -542,10 +554,12 @@ class Churn:
         now = time.monotonic()
         seen: set[tuple[str, str]] = set()
         for c in running:
-            cpus = pinned.get((c.pod_uid, c.name), (pool, ""))[0]
+            cpus, mode = pinned.get((c.pod_uid, c.name), (pool, ""))
             mems = self.topology.numa_of(cpus)
             exact = c.exactly()
             if exact == (cpus, mems):
+                if mode == "exclusive":
+                    self.report.exclusive_nodes |= set(mems)
                 continue
             key = (c.id, str(cpus))
             seen.add(key)
@@ -554,7 +568,7 @@ class Churn:
             first = max(self._disagree.setdefault(key, now), self.up_since)
             lasted = now - first
             self.report.longest_disagreement_s = max(self.report.longest_disagreement_s, lasted)
-            if lasted > REPAIR_BOUND:
+            if lasted > self.repair_bound:
                 self.violation("b", f"{c.pod} {c.name} (attempt {c.attempt}, id {c.id[:13]}) runs on "
                                     f"cpus {c.cpus} mems {c.mems} (cgroup {c.cgroup_cpus}/{c.cgroup_mems}), decision "
                                     f"cpus {cpus} mems {mems}, for {lasted:.1f} s", ("b", *key))
@@ -598,7 +612,7 @@ class Churn:
 
     # -- the run ------------------------------------------------------------------------------------
     async def step(self) -> None:
-        kind = self.rng.choices(OP_KINDS, OP_WEIGHTS)[0]
+        kind = self.schedule.choices(OP_KINDS, OP_WEIGHTS)[0]
         self.report.operations[kind] += 1
         self.trace(kind)
         if kind == "create":
@@ -612,7 +626,7 @@ class Churn:
         elif kind == "delete":
             await self.delete_pod()
         elif kind == "kill-proxy":  # most often while an exclusive pod is admitted (the pool narrows)
-            if self.rng.random() < 0.6:
+            if self.schedule.random() < 0.6:
                 await self.free_exclusive_cpus()
                 await self.kill_proxy_during(lambda: self.create_pod("guaranteed-int"), mid_create=True)
             else:
@@ -659,7 +673,7 @@ class Churn:
         run.sandbox = sid
         cid = await self._create_and_start(run, whole.containers[0], 0)
         got = None
-        for _ in range(50):
+        for _ in range(int(50 * self.cfg.time_scale)):
             got = next((c for c in await self.truth.running() or [] if c.id == cid), None)
             if got is not None and got.exactly() == (self.allocatable, self.topology.numa_of(self.allocatable)):
                 break
@@ -681,7 +695,7 @@ class Churn:
                     await self.restart_proxy()
                 await self.check()
             self.op = self.cfg.ops
-            await asyncio.sleep(REPAIR_BOUND + 0.5)   # let the last disagreements be repaired (or flagged)
+            await asyncio.sleep(self.repair_bound + 0.5)   # let the last disagreements be repaired (or flagged)
             await self.check()
             await self.finish()
         finally:
@@ -724,15 +738,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="where the lab and the proxy live (default: a new directory in /tmp, removed)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs) after the run")
     p.add_argument("--proxy-root", help="run the proxy from this numapin checkout instead of this one")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply every deadline and bound by this (default 1; e.g. 5 under software emulation)")
     args = p.parse_args(argv)
-    if args.ops < 0 or args.max_pods < 1:
-        p.error("--ops must be >= 0 and --max-pods >= 1")
+    if args.ops < 0 or args.max_pods < 1 or args.time_scale <= 0:
+        p.error("--ops must be >= 0, --max-pods >= 1 and --time-scale > 0")
     try:
         CPUSet.parse(args.reserved_cpus)
     except ValueError as e:
         p.error(f"--reserved-cpus: {e}")
     cfg = ChurnConfig(seed=args.seed, ops=args.ops, reserved_cpus=args.reserved_cpus, sysfs=args.sysfs,
-                      max_pods=args.max_pods, proxy_root=args.proxy_root)
+                      max_pods=args.max_pods, proxy_root=args.proxy_root, time_scale=args.time_scale)
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="npx-churn-", dir="/tmp"))
     lab = ContainerdLab(work / "ctrd")
     try:

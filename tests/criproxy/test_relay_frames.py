@@ -319,6 +319,33 @@ async def test_padded_frames_relayed_to_containerd(short_tmp: Path) -> None:
         await asyncio.to_thread(lab.stop)
 
 
+@pytest.mark.containerd
+async def test_a_grpc_go_client_through_the_relay(short_tmp: Path) -> None:
+    """containerd's own ``ctr`` (a grpc-go client, as kubelet is) against containerd (a grpc-go server) through the
+    frame relay: its non-CRI services pass untouched, answers as direct; CRI from a Python client on the same relay."""
+    from numapin_lab.cri.containerd import ContainerdLab
+
+    lab = ContainerdLab(short_tmp / "ctrd")
+    await asyncio.to_thread(lab.start)
+    try:
+        async with frame_relay(short_tmp, lab.socket, {"Version": grow(2)}) as (relay, server):
+            async def ctr(address: str, *args: str) -> str:
+                p = await asyncio.create_subprocess_exec("ctr", "--address", address, *args,
+                                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                out, err = await asyncio.wait_for(p.communicate(), 60)
+                assert p.returncode == 0, err.decode()
+                return out.decode()
+
+            for args in (("version",), ("namespaces", "ls"), ("-n", "k8s.io", "images", "ls"), ("plugins", "ls")):
+                assert await ctr(relay, *args) == await ctr(lab.socket, *args)
+            async with CRIClient(relay) as k:
+                assert (await k.version()).runtime_version.endswith("rr")
+                assert [i.repo_tags for i in await k.list_images()]
+            await eventually(lambda: server.connections == 0, "the clients' connections close")
+    finally:
+        await asyncio.to_thread(lab.stop)
+
+
 async def test_bad_preface_closes_that_connection_only(short_tmp: Path, runtime: MemoryRuntime) -> None:
     async with frame_relay(short_tmp, runtime.socket_path) as (relay, server):
         for garbage in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n" + b"\0" * 30):

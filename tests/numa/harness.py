@@ -1,8 +1,10 @@
 """Run a pytest selection inside a multi-NUMA VM (numapin_lab.numa_vm) and read back each test's outcome.
 
-The guest's pytest writes a JUnit XML file to a host directory shared read-write with the VM; the host side
-turns it into one result per guest test, so each check fails on its own with its own message. Generic: any
-selection (files, node ids, ``-k``) in any topology; tests/numa/test_multi_numa.py uses it for the shapes.
+The guest's pytest appends each test's outcome, as it happens, to a file in a host directory shared read-write
+with the VM (tests.numa.guest_results); the host side turns it into one result per guest test, so each check
+fails on its own with its own message, and the checks that finished keep their outcome when the VM is stopped
+later (its time limit). Generic: any selection (files, node ids, ``-k``) in any topology;
+tests/numa/test_multi_numa.py uses it for the shapes.
 
 From the shell (e.g. the proxy's reliability churn, once, where exclusive CPUs are plentiful)::
 
@@ -12,26 +14,33 @@ From the shell (e.g. the proxy's reliability churn, once, where exclusive CPUs a
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import subprocess
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from numapin_lab.numa_vm import VMSpec, run_in_vm
-from tests.numa.shapes import IN_VM_ENV
+from tests.numa.guest_results import RESULTS
+from tests.numa.shapes import IN_VM_ENV, SHARED_ENV
 
 __all__ = ["CaseResult", "GuestRun", "run_pytest_in_vm"]
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("allocator", "criproxy", "numapin", "webhook", "protos", "tests")
+# pytest options of the guest's run: no hypothesis plugin (importing it costs 10-15 s under emulation; no guest
+# test uses it), no cache directory (the tree is read-only there)
+GUEST_PYTEST = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-o", "addopts=")
 
 
 @dataclass(frozen=True)
 class CaseResult:
     nodeid: str          # file::test[params], the file relative to its directory
-    outcome: str         # passed, failed, error, skipped
+    outcome: str         # passed, failed, error, skipped, unfinished (the VM stopped during it)
     message: str
     seconds: float
 
@@ -48,6 +57,21 @@ class GuestRun:
     seconds: float
     cases: tuple[CaseResult, ...]
     log: Path            # the guest's pytest output and numa-vm.sh's messages
+    guest_seconds: float | None = None   # the guest's pytest by the guest's clock (boot excluded)
+    cpu_seconds: float = 0.0             # QEMU's CPU time: the work, whatever the host's load
+
+    @property
+    def boot_seconds(self) -> float | None:
+        """Everything but the guest's pytest: boots (retries included), shutdown."""
+        return None if self.guest_seconds is None else self.seconds - self.guest_seconds
+
+    @property
+    def clock_note(self) -> str:
+        """A warning when the guest's clock ran faster than the host's (its timeouts were shorter than written)."""
+        if self.guest_seconds is not None and self.guest_seconds > 1.1 * self.seconds:
+            return (f" WARNING: the guest's clock ran fast ({self.guest_seconds:.0f} s in the guest for "
+                    f"{self.seconds:.0f} s on the host)")
+        return ""
 
     def of(self, check: str) -> list[CaseResult]:
         return [c for c in self.cases if c.check == check]
@@ -59,46 +83,90 @@ class GuestRun:
             return f"(no log at {self.log})"
 
 
-def parse_junit(path: Path) -> tuple[CaseResult, ...]:
-    if not path.exists():
+def parse_results(path: Path) -> tuple[CaseResult, ...]:
+    """Each test's outcome from the guest's ``results.jsonl`` (tests.numa.guest_results): failed (its call failed),
+    error (its set-up or tear-down did), skipped, passed, or unfinished (started, never reported: the VM stopped)."""
+    phases: dict[str, list[dict[str, Any]]] = {}
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
         return ()
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut short when the VM stopped
+        phases.setdefault(rec["nodeid"], []).append(rec)
     out = []
-    for case in ET.parse(path).getroot().iter("testcase"):
-        module = case.get("classname", "").rsplit(".", 1)[-1]
-        nodeid = f"{module}.py::{case.get('name', '')}"
-        outcome, message = "passed", ""
-        for kind in ("failure", "error", "skipped"):
-            el = case.find(kind)
-            if el is not None:
-                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[kind]
-                message = "\n".join(x for x in (el.get("message", ""), el.text or "") if x)
-                if kind != "skipped":
-                    break
-        out.append(CaseResult(nodeid, outcome, message, float(case.get("time", "0") or 0)))
+    for nodeid, recs in phases.items():
+        done = [r for r in recs if r["when"] != "start"]
+        failed = next((r for r in done if r["outcome"] == "failed"), None)
+        skipped = next((r for r in done if r["outcome"] == "skipped"), None)
+        if failed is not None:
+            outcome, message = ("failed" if failed["when"] == "call" else "error"), failed["message"]
+        elif skipped is not None:
+            outcome, message = "skipped", skipped["message"]
+        elif any(r["when"] == "teardown" for r in done):
+            outcome, message = "passed", ""
+        else:
+            outcome, message = "unfinished", "started, never finished: the VM stopped during it"
+        name = nodeid.rsplit("/", 1)[-1]  # file::test[params], the file by its name
+        out.append(CaseResult(name, outcome, message, sum(r.get("seconds", 0.0) for r in done)))
     return tuple(out)
+
+
+def warm_bytecode(selection: Sequence[str]) -> None:
+    """Compile the source tree and let pytest rewrite the selection's test modules here, on the host, into the
+    ``__pycache__`` directories the guest reads: the guest's root is the host's, read-only under a throw-away
+    overlay, so whatever it compiles is lost with the boot (compiling costs it 10-20 s of emulated CPU per boot).
+    Best effort: a failure here only leaves the guest to compile."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *PACKAGES], cwd=ROOT, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=False)
+    subprocess.run([sys.executable, "-m", "pytest", *GUEST_PYTEST, "--collect-only", "-q", *selection], cwd=ROOT,
+                   env={**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, IN_VM_ENV: "1"},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   check=False)
 
 
 def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
                      env: Mapping[str, str] | None = None, test_timeout: int = 600) -> GuestRun:
     """Boot ``spec``, run ``python -m pytest SELECTION`` in it (this source tree and virtualenv, seen at the same
     paths in the guest, with ``$NUMAPIN_IN_VM=1`` and a tmpfs on /tmp), return each test's outcome. ``workdir``
-    (a host directory, not under /tmp) is shared with the guest and receives ``junit.xml`` and ``vm.log``."""
+    (a host directory, not under /tmp) is shared with the guest and receives ``results.jsonl`` (each test's
+    outcome as it happens) and ``vm.log``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    junit = workdir / "junit.xml"
-    junit.unlink(missing_ok=True)
+    results = workdir / RESULTS
+    results.unlink(missing_ok=True)
     if workdir.resolve().is_relative_to("/tmp"):
         raise ValueError(f"{workdir}: the guest mounts a tmpfs on /tmp, so the shared directory must be elsewhere")
-    pytest_argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", "-q", "-rfE",
-                   f"--junitxml={junit}", f"--timeout={test_timeout}", *selection]
+    pytest_argv = [sys.executable, "-m", "pytest", *GUEST_PYTEST, "-p", "tests.numa.guest_results", "-q", "-rfE",
+                   f"--timeout={test_timeout}", *selection]
+    warm_bytecode(selection)
     # /tmp in the guest is the overlay root, where containerd's overlayfs snapshots cannot live: a tmpfs there
     # lets tests that keep their containerd under /tmp (the host's end-to-end tests) run unchanged
-    command = ["/bin/sh", "-c", 'mount -t tmpfs -o mode=1777 numapin-tmp /tmp && exec "$@"', "sh", *pytest_argv]
+    # the guest's own clock around the run (guest-start, guest-end, its clocksource): GuestRun.guest_seconds
+    command = ["/bin/sh", "-c", 'mount -t tmpfs -o mode=1777 numapin-tmp /tmp || exit 125; w=$NUMAPIN_VM_SHARED; '
+               'cat /sys/devices/system/clocksource/clocksource0/current_clocksource > "$w/guest-clocksource"; '
+               'date +%s.%N > "$w/guest-start"; "$@"; rc=$?; date +%s.%N > "$w/guest-end"; exit $rc',
+               "sh", *pytest_argv]
+    for f in ("guest-start", "guest-end", "guest-clocksource"):
+        (workdir / f).unlink(missing_ok=True)
     spec = replace(spec, shares=(*spec.shares, str(workdir)),
-                   env={**spec.env, IN_VM_ENV: "1", "PYTHONUNBUFFERED": "1", **(env or {})})
+                   env={**spec.env, IN_VM_ENV: "1", SHARED_ENV: str(workdir), "PYTHONUNBUFFERED": "1",
+                        **(env or {})})
     log = workdir / "vm.log"
     with open(log, "wb") as out:
         result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT))
-    return GuestRun(result.returncode, result.boots, result.seconds, parse_junit(junit), log)
+    return GuestRun(result.returncode, result.boots, result.seconds, parse_results(results), log,
+                    guest_seconds(workdir), result.cpu_seconds)
+
+
+def guest_seconds(workdir: Path) -> float | None:
+    """How long the guest's pytest ran by the guest's clock (None when the guest did not get that far)."""
+    try:
+        return float((workdir / "guest-end").read_text()) - float((workdir / "guest-start").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,7 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{c.outcome:7} {c.seconds:7.1f} s  {c.nodeid}")
         if c.outcome not in ("passed", "skipped"):
             print("        " + c.message.replace("\n", "\n        ")[:4000])
-    print(f"guest pytest exit {run.returncode}, {run.boots} boot(s), {run.seconds:.0f} s; log {run.log}")
+    print(f"guest pytest exit {run.returncode}, {run.boots} boot(s), {run.seconds:.0f} s "
+          f"({run.guest_seconds or 0:.0f} s of tests by the guest's clock, {run.cpu_seconds:.0f} s of CPU)"
+          f"{run.clock_note}; log {run.log}")
     return 0 if run.returncode == 0 and run.cases else 1
 
 

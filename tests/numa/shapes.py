@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from allocator.topology import CPUInfo, Topology
 from numapin_lab.numa_vm import topology_spec
 
-__all__ = ["DEVICE_PORT", "SHAPES", "SHAPE_ENV", "Shape", "current_shape", "expected_topology"]
+__all__ = ["DEVICE_PORT", "SHAPES", "SHAPE_ENV", "SHARED_ENV", "Shape", "current_shape", "expected_topology"]
 
 SHAPE_ENV = "NUMAPIN_VM_SHAPE"     # the shape's name, set for the guest's pytest
 IN_VM_ENV = "NUMAPIN_IN_VM"        # "1" in the guest: tests/numa/guest is collected only then
+SHARED_ENV = "NUMAPIN_VM_SHARED"   # the host directory shared read-write with the guest (reports, logs)
 DEVICE_PORT = "numapin.dev"        # the virtio-serial port of the PCI device put on a NUMA node
 LOCAL, SOCKET, REMOTE = 10, 12, 20
 
@@ -34,26 +35,29 @@ class Shape:
     cgroup: str = "v1"
     mem_per_node_mib: int | None = None
     device_node: int | None = None        # a PCI device (virtio-serial port DEVICE_PORT) on this NUMA node
+    timeout: int = 1200                   # seconds for the whole VM run (generous: the host may be overloaded)
 
     @property
     def smt(self) -> bool:
         return topology_spec(self.topology)[2] > 1
 
 
-# Every check runs on 2s4n; the other shapes run those whose outcome depends on their layout (one proxy
-# configuration costs a restart of 10-15 s under emulation, a pod 5-10 s).
-_ALL = ("test_machine.py", "test_single_numa_node.py", "test_spread.py")
+# Every check runs on 2s4n, then the proxy's reliability churn (test_churn.py, last: it takes the node's
+# containerd over). The other shapes run the sysfs check and the single-numa-node story, whose outcome depends
+# on their layout (each boot costs ~30 s before the first check, a proxy configuration 10-15 s, a pod 5-10 s).
+_CORE = ("test_machine.py", "test_single_numa_node.py")
 
 SHAPES: dict[str, Shape] = {s.name: s for s in (
     # 2 sockets x 2 cores x 2 threads, 4 nodes of one core; a PCI device on node 2
     # (files ordered so that consecutive checks share a proxy configuration: fewer restarts)
     Shape("2s4n", "2s4n", ("test_machine.py", "test_single_numa_node.py", "test_device.py", "test_spread.py",
-                           "test_prefer_closest.py", "test_restricted_refuses.py", "test_full_pcpus.py"),
-          device_node=2),
+                           "test_prefer_closest.py", "test_restricted_refuses.py", "test_full_pcpus.py",
+                           "test_churn.py"),
+          device_node=2, timeout=2700),
     # 1 socket x 4 cores, no SMT, 2 nodes; pure cgroup v2 (the host and the other shapes are v1)
-    Shape("1s2n-nosmt", "1s2n-nosmt", _ALL, cgroup="v2"),
+    Shape("1s2n-nosmt", "1s2n-nosmt", _CORE, cgroup="v2"),
     # 2 sockets x 4 cores, 8 nodes of one CPU
-    Shape("2s4c1t8n", "2s4c1t8n", (*_ALL, "test_prefer_closest.py"), mem_per_node_mib=512),
+    Shape("2s4c1t8n", "2s4c1t8n", _CORE, mem_per_node_mib=512),
 )}
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from numapin_lab.numa_vm import VM_FAILURE, VMSpec, pci_device_args
+from numapin_lab.numa_vm import VM_FAILURE, VM_TIMEOUT, VMSpec, pci_device_args
+from tests.numa.conftest import BOOTS
 from tests.numa.guest.node import OPLOG_ENV
 from tests.numa.harness import GuestRun, run_pytest_in_vm
 from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape
@@ -46,7 +47,7 @@ def guest_checks(shape: Shape) -> list[str]:
 def vm_spec(shape: Shape) -> VMSpec:
     qemu = pci_device_args(shape.device_node) if shape.device_node is not None else ()
     return VMSpec(topology=shape.topology, cgroup=shape.cgroup, mem_per_node_mib=shape.mem_per_node_mib,
-                  qemu_args=qemu, timeout=1500)
+                  qemu_args=qemu, timeout=shape.timeout)
 
 
 class Boots:
@@ -61,15 +62,17 @@ class Boots:
             shape = SHAPES[name]
             work = self.base / name
             self.runs[name] = run_pytest_in_vm(vm_spec(shape), [str(f) for f in guest_files(shape)], work,
-                                               env={SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")})
+                                               env={SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")},
+                                               test_timeout=shape.timeout // 2)
         return self.runs[name]
 
 
 @pytest.fixture(scope="session")
-def boots() -> Iterator[Boots]:
+def boots(pytestconfig: pytest.Config) -> Iterator[Boots]:
     """The boots' shared directories live in /var/tmp (the guest has its own tmpfs /tmp); kept when a boot had a
     failure (the failures name their logs there)."""
     b = Boots(Path(tempfile.mkdtemp(prefix="numapin-vm-", dir="/var/tmp")))
+    pytestconfig.stash[BOOTS] = b.runs
     yield b
     if all(r.returncode == 0 for r in b.runs.values()):
         shutil.rmtree(b.base, ignore_errors=True)
@@ -78,19 +81,31 @@ def boots() -> Iterator[Boots]:
 CHECKS = [pytest.param(name, check, id=f"{name}:{check}") for name, s in SHAPES.items() for check in guest_checks(s)]
 
 
-@pytest.mark.timeout(1800)
+def vm_trouble(shape: Shape, run: GuestRun) -> str:
+    """What went wrong with the VM itself ("" when its pytest ran to the end)."""
+    if run.returncode in (0, 1):
+        return ""
+    what = {VM_FAILURE: "the VM failed", VM_TIMEOUT: f"the VM reached its {shape.timeout} s limit",
+            130: "the VM was interrupted"}.get(run.returncode, f"the guest's pytest exited {run.returncode}")
+    return f"{what} ({run.boots} boot(s), {run.seconds:.0f} s){run.clock_note}"
+
+
+# a boot may be run twice (a failed VM is booted again): the check that triggers it waits for both
+@pytest.mark.timeout(2 * max(s.timeout for s in SHAPES.values()) + 300)
 @pytest.mark.parametrize(("shape", "check"), CHECKS)
 def test_in_vm(boots: Boots, shape: str, check: str, record_property: pytest.RecordProperty) -> None:
+    """A check passes when it passed in the guest, even if the VM stopped later (e.g. at its time limit during
+    another check); otherwise it fails with the guest's message, or with what happened to the VM."""
     run = boots.get(shape)
     record_property("vm_seconds", round(run.seconds, 1))
-    if run.returncode not in (0, 1):
-        what = "the VM failed" if run.returncode == VM_FAILURE else f"the guest's pytest exited {run.returncode}"
-        pytest.fail(f"{shape}: {what} ({run.boots} boot(s), {run.seconds:.0f} s); log {run.log}:\n{run.tail()}",
-                    pytrace=False)
     cases = run.of(check)
-    if not cases:
-        pytest.fail(f"{shape}: {check} did not run in the VM; log {run.log}:\n{run.tail()}", pytrace=False)
     bad = [c for c in cases if c.outcome != "passed"]
-    if bad:
-        pytest.fail("\n\n".join(f"{c.nodeid} {c.outcome.upper()} in the {shape} VM:\n{c.message}" for c in bad),
-                    pytrace=False)
+    if cases and not bad:
+        return
+    trouble = vm_trouble(SHAPES[shape], run)
+    if not cases:
+        where = f"{trouble}; {check} did not run before" if trouble else f"{check} did not run in the VM"
+        pytest.fail(f"{shape}: {where}; log {run.log}:\n{run.tail()}", pytrace=False)
+    pytest.fail("\n\n".join(f"{c.nodeid} {c.outcome.upper()} in the {shape} VM"
+                            f"{'; ' + trouble if trouble else run.clock_note}:\n{c.message}" for c in bad)
+                + (f"\nlog {run.log}:\n{run.tail()}" if trouble else ""), pytrace=False)

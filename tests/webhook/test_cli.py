@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -113,7 +114,7 @@ def test_webhook_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert rc == 0
 
 
-def _serve_webhook(tmp_path: Path, certs: Path) -> tuple[subprocess.Popen[str], int]:
+def _serve_webhook(tmp_path: Path, certs: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
     nrt = tmp_path / "nrt"
     nrt.mkdir(exist_ok=True)
     with socket.socket() as s:
@@ -121,7 +122,7 @@ def _serve_webhook(tmp_path: Path, certs: Path) -> tuple[subprocess.Popen[str], 
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "numapin", "webhook", "--cert", str(certs / "tls.crt"), "--key",
-         str(certs / "tls.key"), "--host", "127.0.0.1", "--port", str(port), "--nrt-dir", str(nrt)],
+         str(certs / "tls.key"), "--host", "127.0.0.1", "--port", str(port), "--nrt-dir", str(nrt), *extra],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
     for _ in range(300):
         try:
@@ -177,3 +178,55 @@ def test_certs_ip_sans_let_a_client_connect_by_address(tmp_path: Path) -> None:
 def test_certs_bad_ip_address_exits_2() -> None:
     r = numapin("certs", "--ip-address", "10.0.0.300")
     assert r.returncode == 2 and "--ip-address" in r.stderr and "Traceback" not in r.stderr
+
+
+def _sockets(pid: int) -> int:
+    n = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            n += os.readlink(fd).startswith("socket:")
+    return n
+
+
+def test_webhook_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
+    """--workers 2: two webhook processes listen on one port and both take connections; SIGTERM stops both (status
+    0); a worker killed with -9 makes the supervisor stop the other and exit non-zero (the container restarts)."""
+    certs = tmp_path / "certs"
+    assert numapin("certs", "--out-dir", str(certs), "--ip-address", "127.0.0.1").returncode == 0
+    assert numapin("webhook", "--cert", str(certs / "tls.crt"), "--key", str(certs / "tls.key"), "--nrt-dir",
+                   str(tmp_path), "--port", "0", "--workers", "2").returncode == 2
+    for ending in ("sigterm", "worker killed"):
+        proc, port = _serve_webhook(tmp_path, certs, "--workers", "2")
+        try:
+            workers = [int(p) for p in subprocess.run(["ps", "--ppid", str(proc.pid), "-o", "pid="],
+                                                      capture_output=True, text=True).stdout.split()]
+            assert len(workers) == 2
+            for _ in range(300):  # both listening
+                if all(_sockets(w) >= 1 for w in workers) and _healthz_by_ip(port, certs / "ca.crt") == 200:
+                    break
+                time.sleep(0.1)
+            before = [_sockets(w) for w in workers]
+            ctx = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+            held = [ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
+                                    server_hostname="127.0.0.1") for _ in range(24)]
+            for _ in range(100):  # until both accept loops took them all (bounded: 10 s)
+                gained = [_sockets(w) - b for w, b in zip(workers, before, strict=True)]
+                if sum(gained) >= 24:
+                    break
+                time.sleep(0.1)
+            for s in held:
+                s.close()
+            # the kernel spreads connections by a hash of their addresses: 24 all on one worker is a 1 in 8 million
+            assert all(g >= 1 for g in gained) and sum(gained) >= 24, gained
+            if ending == "sigterm":
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(30) == 0
+            else:
+                os.kill(workers[0], signal.SIGKILL)
+                assert proc.wait(30) != 0
+            for w in workers:
+                assert not Path(f"/proc/{w}").exists() or "Z" in Path(f"/proc/{w}/stat").read_text().split()[2]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)

@@ -178,6 +178,12 @@ class GuestNode:
             with open(self._oplog, "a") as f:
                 f.write(f"{time.monotonic() - t0:.2f} proxy start {' '.join(config.args())}\n")
 
+    def release(self) -> None:
+        """Leave containerd to another proxy (the churn runs its own): pods deleted, this node's proxy stopped."""
+        self.delete_all()
+        self._stop_proxy()
+        self.delete_all()
+
     def _stop_proxy(self) -> None:
         if self._kubelet is not None:
             self._runner.run(self._kubelet.close())
