@@ -577,3 +577,93 @@ async def test_runtime_goaway_on_graceful_stop(short_tmp: Path) -> None:
             await rt.stop()
 
 
+
+
+async def _read_until_ended(c: RawClient, sids: set[int]) -> dict[int, dict[str, str]]:
+    """Each stream's headers (initial and trailing merged) until every stream of ``sids`` ended."""
+    headers: dict[int, dict[str, str]] = {sid: {} for sid in sids}
+    blocks: dict[int, bytes] = {}
+    open_ = set(sids)
+    while open_:
+        ftype, flags, sid, payload = await c.read_frame()
+        if ftype == h2.SETTINGS and not flags & h2.ACK:
+            c.writer.write(h2.frame(h2.SETTINGS, h2.ACK, 0))
+        elif sid not in open_:
+            continue
+        elif ftype in (h2.HEADERS, h2.CONTINUATION):
+            if ftype == h2.HEADERS:
+                payload = h2.header_block_fragment(flags, payload)
+            blocks[sid] = blocks.get(sid, b"") + payload
+            if flags & h2.END_HEADERS:
+                headers[sid].update(dict(c.decoder.decode(blocks.pop(sid))))
+            if flags & h2.END_STREAM:
+                open_.discard(sid)
+        elif ftype == h2.DATA:
+            if payload:
+                c.writer.write(h2.window_update(0, len(payload)) + h2.window_update(sid, len(payload)))
+            if flags & h2.END_STREAM:
+                open_.discard(sid)
+        elif ftype == h2.RST_STREAM:
+            raise AssertionError(f"stream {sid} reset: {payload.hex()}")
+    return headers
+
+
+async def test_own_frames_wait_for_a_relayed_header_block_to_end(short_tmp: Path, runtime: MemoryRuntime) -> None:
+    """An edited message forwarded while kubelet's header block of another call is half relayed (HEADERS went,
+    its CONTINUATION not yet) goes after the block: a frame between them is a connection error (RFC 9113 6.10)."""
+    entered, release, forwarded = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def version(request: bytes, forward: Forward) -> bytes:
+        entered.set()
+        await release.wait()
+        task = asyncio.ensure_future(forward(request))
+        await asyncio.sleep(0.3)
+        forwarded.set()
+        return await task
+
+    async with frame_relay(short_tmp, runtime.socket_path, {"Version": version}) as (relay, _):
+        c = await RawClient.connect(relay)
+        try:
+            v_sid, v_frames = c.request_frames(VERSION, pb.VersionRequest(version="held").SerializeToString())
+            c.writer.write(b"".join(v_frames))
+            await asyncio.wait_for(entered.wait(), 20)
+            e_sid, e_frames = c.request_frames(ECHO, pb.VersionRequest(version="echo").SerializeToString(),
+                                               split_block=4)
+            c.writer.write(e_frames[0])  # HEADERS without END_HEADERS
+            await c.writer.drain()
+            await asyncio.sleep(0.3)
+            release.set()
+            await asyncio.wait_for(forwarded.wait(), 20)
+            c.writer.write(b"".join(e_frames[1:]))
+            got = await asyncio.wait_for(_read_until_ended(c, {v_sid, e_sid}), 30)
+            assert got[v_sid]["grpc-status"] == "0" and got[e_sid]["grpc-status"] == "0", got
+            assert runtime.requests("Version")[-1] == pb.VersionRequest(version="held").SerializeToString()
+        finally:
+            await c.close()
+
+
+async def test_kubelet_resetting_a_half_sent_intercepted_request(short_tmp: Path, runtime: MemoryRuntime) -> None:
+    """kubelet resets an intercepted call before its request is complete: nothing is decided, the runtime's stream
+    is reset too (it was opened by the HEADERS relayed at once) and the proxy keeps nothing of it."""
+    entered = asyncio.Event()
+
+    async def version(request: bytes, forward: Forward) -> bytes:
+        entered.set()
+        return await forward(request)
+
+    async with frame_relay(short_tmp, runtime.socket_path, {"Version": version}) as (relay, server):
+        c = await RawClient.connect(relay)
+        try:
+            sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="half").SerializeToString())
+            c.writer.write(b"".join(frames[:-1]) + h2.rst_stream(sid))
+            await c.writer.drain()
+            await eventually(lambda: server.connections == 1, "the relay accepts the connection")
+            conns = list(server._shared.connections)
+            await eventually(lambda: not conns[0].held, "the reset call is forgotten")
+            sid2, frames2 = c.request_frames(VERSION, pb.VersionRequest(version="next").SerializeToString())
+            c.writer.write(b"".join(frames2))
+            got = await asyncio.wait_for(_read_until_ended(c, {sid2}), 30)
+            assert got[sid2]["grpc-status"] == "0"
+            assert runtime.requests("Version") == [pb.VersionRequest(version="next").SerializeToString()]
+        finally:
+            await c.close()
