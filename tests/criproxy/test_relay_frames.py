@@ -667,3 +667,54 @@ async def test_kubelet_resetting_a_half_sent_intercepted_request(short_tmp: Path
             assert runtime.requests("Version") == [pb.VersionRequest(version="next").SerializeToString()]
         finally:
             await c.close()
+
+
+async def test_credits_wait_for_the_runtimes_header_block_to_end(short_tmp: Path) -> None:
+    """The runtime's header block of a relayed call split over two reads (HEADERS, later its CONTINUATION) while
+    kubelet sends an intercepted request: the credits the proxy writes to kubelet for it come after the
+    CONTINUATION, never between (RFC 9113 6.10). The runtime here is hand-made frames on a unix socket."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append((r, w))
+
+    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
+    try:
+        async with frame_relay(short_tmp, rt_path, {"Version": grow(1)}) as (relay, _):
+            c = await RawClient.connect(relay)
+            msg = pb.VersionRequest(version="x").SerializeToString()
+            e_sid, e_frames = c.request_frames(ECHO, msg)
+            c.writer.write(b"".join(e_frames))
+            await eventually(lambda: bool(conns), "the relay connects to the runtime")
+            rr, rw = conns[0]
+            assert await rr.readexactly(24) == h2.PREFACE
+            while True:  # kubelet's frames, relayed, up to the end of the Echo request
+                hi, lo, ftype, flags, sid = h2.FRAME_HEADER.unpack(await rr.readexactly(9))
+                await rr.readexactly(hi << 16 | lo)
+                if ftype == h2.DATA and flags & h2.END_STREAM:
+                    break
+            encoder = hpack.Encoder()
+            encoder.header_table_size = 0
+            block = encoder.encode([(":status", "200"), ("content-type", "application/grpc"),
+                                    ("x-initial", "i" * 200)])
+            rw.write(h2.frame(h2.HEADERS, 0, e_sid, block[:20]))
+            await rw.drain()
+            await asyncio.sleep(0.3)
+            _, v_frames = c.request_frames(VERSION, msg)  # held: the proxy credits its DATA back to kubelet
+            c.writer.write(b"".join(v_frames))
+            await c.writer.drain()
+            await asyncio.sleep(0.3)
+            rw.write(h2.frame(h2.CONTINUATION, h2.END_HEADERS, e_sid, block[20:]))
+            await rw.drain()
+            seen: list[tuple[int, int, int]] = []
+            while not seen or seen[-1][0] != h2.CONTINUATION:
+                ftype, flags, sid, _ = await asyncio.wait_for(c.read_frame(), 20)
+                seen.append((ftype, flags, sid))
+            split = seen.index((h2.HEADERS, 0, e_sid))
+            assert seen[split + 1] == (h2.CONTINUATION, h2.END_HEADERS, e_sid), seen
+            await c.close()
+    finally:
+        raw_runtime.close()
+        for _, w in conns:
+            w.close()
