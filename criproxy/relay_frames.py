@@ -165,7 +165,7 @@ def _metadata(headers: list[tuple[bytes, bytes]], *, skip: frozenset[bytes] = _S
 class _Peer:
     """One side of a relayed connection, as the proxy writes to it."""
 
-    __slots__ = ("init_window", "max_frame", "name", "transport", "window", "withhold")
+    __slots__ = ("block_open", "init_window", "max_frame", "name", "queued", "transport", "window", "withhold")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -174,8 +174,27 @@ class _Peer:
         self.init_window = _DEFAULT_WINDOW   # its SETTINGS_INITIAL_WINDOW_SIZE: a new stream's receive window
         self.window = _DEFAULT_WINDOW        # its connection receive window (what may still be sent to it)
         self.withhold = 0                    # credit to take off its next connection WINDOW_UPDATEs
+        self.block_open = False              # a relayed header block to it awaits its CONTINUATION frames
+        self.queued: list[bytes] = []        # the proxy's own frames held back until that block ends
 
     def write(self, data: bytes) -> None:
+        """The proxy's own frames: after the relayed header block in progress, if any (RFC 9113 6.10: nothing may
+        come between a HEADERS frame without END_HEADERS and its CONTINUATION frames)."""
+        if self.block_open:
+            self.queued.append(data)
+        else:
+            self._send(data)
+
+    def relay(self, data: bytes, block_open: bool) -> None:
+        """Frames passed on from the other side; ``block_open``: they end inside a header block."""
+        self._send(data)
+        self.block_open = block_open
+        if not block_open and self.queued:
+            queued = b"".join(self.queued)
+            self.queued.clear()
+            self._send(queued)
+
+    def _send(self, data: bytes) -> None:
         t = self.transport
         if t is not None and not t.is_closing():
             t.write(data)
@@ -331,14 +350,14 @@ def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
         pos = end
 
 
-def _pass_on(peer: _Peer, data: bytes, start: int, pos: int, out: list[bytes]) -> None:
+def _pass_on(peer: _Peer, data: bytes, start: int, pos: int, out: list[bytes], block_open: bool) -> None:
     """Write to ``peer`` what a pass over ``data`` kept (``out``, then ``data[start:pos]``): ``data`` itself when
-    every frame went as it came."""
+    every frame went as it came; ``block_open``: what was kept ends inside a header block."""
     if start == 0 and pos == len(data):
-        peer.write(data)
+        peer.relay(data, block_open)
     else:
         out.append(data[start:pos])
-        peer.write(b"".join(out))
+        peer.relay(b"".join(out), block_open)
 
 
 class _RuntimeSide(asyncio.Protocol):
@@ -389,6 +408,7 @@ class _Connection(asyncio.Protocol):
         self.kcont: tuple[int, int, bytearray] | None = None   # kubelet header block being collected
         self.rcont: tuple[int, bytearray] | None = None        # runtime trailer block of a relayed call
         self.rcont_held: _Held | None = None
+        self.rblock_open = False  # the runtime's frames passed on to kubelet end inside a header block
         self.last_sid = 0
         self.kube_gone = False
         self.credit = asyncio.Event()
@@ -542,7 +562,9 @@ class _Connection(asyncio.Protocol):
                         out.append(rewritten)
                 elif ftype == _RST:
                     h = held.get(sid)
-                    if h is not None:  # the proxy owns the upstream stream now: not forwarded
+                    if h is not None and not h.answered:  # the request never completed: nothing to decide, and
+                        del held[sid]                     # the runtime's stream (its HEADERS went) is reset too
+                    elif h is not None:  # the proxy owns the upstream stream now: not forwarded
                         out.append(data[start:pos])
                         start = end
                         h.kube_reset = True
@@ -553,7 +575,7 @@ class _Connection(asyncio.Protocol):
             self._fail(str(e))
             return
         self.ktail = data[done:]
-        _pass_on(rt, data, start, done, out)
+        _pass_on(rt, data, start, done, out, self.kcont is not None)
 
     def _kubelet_settings(self, payload: bytes) -> bytes:
         """kubelet's SETTINGS as the runtime gets them: HEADER_TABLE_SIZE 0 (see the module doc)."""
@@ -694,7 +716,9 @@ class _Connection(asyncio.Protocol):
                         if not flags & _END_HEADERS:
                             self.rcont_held = h
                         h.response_headers(flags, data[pos:end], fragment, bool(flags & _END_STREAM))
-                    elif flags & _END_STREAM and self.calls:
+                    else:
+                        self.rblock_open = not flags & _END_HEADERS
+                    if h is None and flags & _END_STREAM and self.calls:
                         fragment = h2.header_block_fragment(flags, data[pos + 9:end])
                         if flags & _END_HEADERS:
                             self._call_ended(sid, self.server.statuses.of(fragment))
@@ -707,7 +731,10 @@ class _Connection(asyncio.Protocol):
                         self.rcont_held.response_headers(flags, data[pos:end], data[pos + 9:end], None)
                         if flags & _END_HEADERS:
                             self.rcont_held = None
-                    elif self.rcont is not None and self.rcont[0] == sid:
+                        done = end
+                        continue
+                    self.rblock_open = not flags & _END_HEADERS
+                    if self.rcont is not None and self.rcont[0] == sid:
                         self.rcont[1].extend(data[pos + 9:end])
                         if flags & _END_HEADERS:
                             block = bytes(self.rcont[1])
@@ -738,7 +765,7 @@ class _Connection(asyncio.Protocol):
             self._fail(str(e))
             return
         self.rtail = data[done:]
-        _pass_on(kube, data, start, done, out)
+        _pass_on(kube, data, start, done, out, self.rblock_open)
 
     def _held_response_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
         if flags & _PADDED:
