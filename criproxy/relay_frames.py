@@ -750,6 +750,13 @@ class _Connection(asyncio.Protocol):
                         out.append(data[start:pos])
                         start = end
                         out.append(rewritten)
+                elif ftype == _GOAWAY and length >= 8:
+                    last = int.from_bytes(data[pos + 9:pos + 13], "big") & 0x7FFFFFFF
+                    for h in held.values():  # RFC 9113 6.8: the runtime will not process these: fail them now
+                        if h.sid > last:
+                            h.done(grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
+                                                        "numapin: the runtime is going away (GOAWAY) and did "
+                                                        "not take the call"))
                 elif ftype == _RST:
                     h = held.get(sid)
                     if h is not None:

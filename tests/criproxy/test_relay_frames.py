@@ -718,3 +718,46 @@ async def test_credits_wait_for_the_runtimes_header_block_to_end(short_tmp: Path
         raw_runtime.close()
         for _, w in conns:
             w.close()
+
+
+async def test_runtime_goaway_below_a_held_call_fails_it_at_once(short_tmp: Path) -> None:
+    """The runtime says GOAWAY with a last stream id below a held call's stream (it will never process it) and
+    keeps its connection open for its other calls: the interceptor's forward fails UNAVAILABLE at once instead of
+    waiting for the connection to close. The runtime here is hand-made frames on a unix socket."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+    seen: list[grpc.StatusCode] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append((r, w))
+
+    async def version(request: bytes, forward: Forward) -> bytes:
+        entered.set()
+        await release.wait()
+        try:
+            return await forward(request)
+        except grpc.aio.AioRpcError as e:
+            seen.append(e.code())
+            raise
+
+    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
+    try:
+        async with frame_relay(short_tmp, rt_path, {"Version": version}) as (relay, _):
+            c = await RawClient.connect(relay)
+            _, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+            c.writer.write(b"".join(frames))
+            await asyncio.wait_for(entered.wait(), 20)
+            await eventually(lambda: bool(conns), "the relay connects to the runtime")
+            rw = conns[0][1]
+            rw.write(h2.settings_frame([]) + h2.goaway(0))
+            await rw.drain()
+            await asyncio.sleep(0.2)
+            release.set()
+            await eventually(lambda: bool(seen), "the held call's forward fails")
+            assert seen == [grpc.StatusCode.UNAVAILABLE]
+            await c.close()
+    finally:
+        raw_runtime.close()
+        for _, w in conns:
+            w.close()
