@@ -568,6 +568,7 @@ class _Connection(asyncio.Protocol):
                         out.append(data[start:pos])
                         start = end
                         h.kube_reset = True
+                        self.credit.set()  # its answer, if being sent, stops waiting for credit
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
                 done = end
@@ -772,6 +773,8 @@ class _Connection(asyncio.Protocol):
             self._fail(str(e))
             return
         self.rtail = data[done:]
+        if held:  # a held call may have been answered or reset: its sender stops waiting for credit (send_data)
+            self.credit.set()
         _pass_on(kube, data, start, done, out, self.rblock_open)
 
     def _held_response_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
@@ -803,6 +806,8 @@ class _Connection(asyncio.Protocol):
             if self.state == "closed":
                 raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
                                            f"numapin: the {peer.name} connection closed")
+            if h.response.done() if to_rt else h.kube_reset:
+                return  # the receiver ended the call (answered early, or reset it): no credit comes for the rest
             stream_window = h.up_window if to_rt else h.down_window
             room = min(peer.max_frame, peer.window, stream_window, len(body) - pos)
             if room <= 0 and pos < len(body):
@@ -871,7 +876,8 @@ class _Connection(asyncio.Protocol):
                                          kube.max_frame, False)
             kube.write(head)
             await self.send_data(kube, h, _message(outcome.response), end_stream=False)
-            kube.write(tail)
+            if not h.kube_reset:
+                kube.write(tail)
         elif runtime_answered and _status_code(_stateless_decode(h.trailer_block)) == outcome.code \
                 and outcome.details == forward.last_details():
             kube.write(h.initial_frames + h.trailer_frames)  # the runtime's own error, as it sent it

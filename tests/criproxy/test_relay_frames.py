@@ -761,3 +761,44 @@ async def test_runtime_goaway_below_a_held_call_fails_it_at_once(short_tmp: Path
         raw_runtime.close()
         for _, w in conns:
             w.close()
+
+
+async def test_runtime_answering_before_a_large_edited_request_is_sent(short_tmp: Path) -> None:
+    """An edited request larger than the runtime's stream window, and the runtime ends the call (DEADLINE_EXCEEDED,
+    then RST_STREAM) before granting more window: the forward stops sending and kubelet gets the runtime's answer
+    (it waited forever for credit that never comes). The runtime here is hand-made frames on a unix socket."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append((r, w))
+
+    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
+    try:
+        async with frame_relay(short_tmp, rt_path, {"Version": grow(100_000)}) as (relay, _):
+            c = await RawClient.connect(relay)
+            sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+            c.writer.write(b"".join(frames))
+            await eventually(lambda: bool(conns), "the relay connects to the runtime")
+            rr, rw = conns[0]
+            assert await rr.readexactly(24) == h2.PREFACE
+            received = 0
+            while received < 65_535:  # the edited request, up to the default stream window
+                hi, lo, ftype, _, fsid = h2.FRAME_HEADER.unpack(await rr.readexactly(9))
+                await rr.readexactly(hi << 16 | lo)
+                if ftype == h2.DATA and fsid & 0x7FFFFFFF == sid:
+                    received += hi << 16 | lo
+            encoder = hpack.Encoder()
+            encoder.header_table_size = 0
+            block = encoder.encode([(":status", "200"), ("content-type", "application/grpc"),
+                                    ("grpc-status", "4"), ("grpc-message", "too late")])
+            rw.write(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, block)
+                     + h2.rst_stream(sid, h2.NO_ERROR))
+            await rw.drain()
+            headers, _ = await asyncio.wait_for(c.response(sid), 20)
+            assert headers["grpc-status"] == "4" and headers["grpc-message"] == "too late", headers
+            await c.close()
+    finally:
+        raw_runtime.close()
+        for _, w in conns:
+            w.close()
