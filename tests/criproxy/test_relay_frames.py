@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import random
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -802,3 +803,38 @@ async def test_runtime_answering_before_a_large_edited_request_is_sent(short_tmp
         raw_runtime.close()
         for _, w in conns:
             w.close()
+
+
+async def test_a_client_that_does_not_read_holds_back_the_runtime(short_tmp: Path) -> None:
+    """A client granting huge windows but not reading while the runtime streams a large answer (ListContainers of
+    20000 containers, megabytes): the proxy stops reading the runtime (pause_writing) instead of buffering the
+    answer; read at last, the answer is whole."""
+    rt_path = str(short_tmp / "rt.sock")
+    rt = _runtime_process(rt_path, 20000)
+    try:
+        async with frame_relay(short_tmp, rt_path) as (relay, server):
+            r, w = await asyncio.open_unix_connection(relay, limit=1 << 16)
+            w.transport.set_write_buffer_limits(0)
+            sock = w.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c = RawClient(r, w)
+            w.write(h2.PREFACE + h2.settings_frame([(h2.SETTINGS_INITIAL_WINDOW_SIZE, 0x7FFFFFFF)])
+                    + h2.window_update(0, 0x7FFFFFFF - 65_535))
+            sid, frames = c.request_frames("/runtime.v1.RuntimeService/ListContainers",
+                                           pb.ListContainersRequest().SerializeToString())
+            w.write(b"".join(frames))
+            r._transport.pause_reading()  # type: ignore[attr-defined]  # the client stops reading
+            await asyncio.sleep(3)
+            conn = next(iter(server._shared.connections))
+            buffered = conn.kube.transport.get_write_buffer_size() if conn.kube.transport else 0
+            assert buffered < 1 << 20, f"{buffered} bytes buffered for a client that does not read"
+            r._transport.resume_reading()  # type: ignore[attr-defined]
+            headers, body = await asyncio.wait_for(c.response(sid), 60)
+            assert headers["grpc-status"] == "0"
+            size = len(body)
+            assert len(pb.ListContainersResponse.FromString(body).containers) == 20000
+            assert size > 4 * buffered, (size, buffered)
+            await c.close()
+    finally:
+        rt.kill()
+        rt.wait()
