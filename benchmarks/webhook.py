@@ -3,7 +3,8 @@
 Starts ``numapin webhook`` as a separate process (its own interpreter, as in a cluster) with a fresh CA and serving
 certificate and a directory of 5000 (``--nodes``) NodeResourceTopology documents (2-socket, 2 NUMA x 28-CPU nodes under
 single-numa-node, each with its own free CPUs, so most nodes differ), then for 1, 16 and 64 concurrent clients
-(one keep-alive TLS connection each) measures admissions per second and p50/p99 latency of:
+(one keep-alive TLS connection each) measures admissions per second, p50/p99 latency and the webhook's CPU per
+request of:
 
 - ``mutate``: pods CREATE of a realistic 8-container pod (2 init containers, a native sidecar, 5 app containers;
   Guaranteed, two of them with whole CPUs);
@@ -13,12 +14,15 @@ single-numa-node, each with its own free CPUs, so most nodes differ), then for 1
   shape and free-CPU state asked once).
 
 Every figure stands beside its anchor, ``healthz_anchor`` (GET /healthz over the same connections: the cost of TLS
-and HTTP alone). ``--replicas 1,2`` repeats everything with that many webhook processes, the clients spread over
-them as the Service spreads connections (the Deployment's scaling story). ``--soak N`` then sends N more requests
-to one replica and reports its resident memory along the way (``--soak 1000000`` is the long form, hours here).
+and HTTP alone). The load comes from ``wrk`` when it is installed (``apt-get install wrk``; C, so the load generator
+takes a tenth of the webhook's CPU per request, reported as ``client_cpu_ms_per_request``), else from a Python client
+in this process (``--client python``; it takes about as much CPU as the webhook). ``--replicas 1,2`` repeats
+everything with that many webhook processes on their own ports, the clients spread over them as the Service spreads
+connections; ``--workers 2`` with one webhook of that many worker processes on one port. ``--soak N`` then sends N
+more requests to one webhook and reports its resident memory along the way (``--soak 1000000`` is the long form).
 
-Usage: python benchmarks/webhook.py [--requests N] [--concurrency 1,16,64] [--nodes 5000] [--replicas 1,2]
-                                    [--soak N]
+Usage: python benchmarks/webhook.py [--seconds 10] [--concurrency 1,16,64] [--nodes 5000] [--replicas 1,2]
+                                    [--workers 1,2] [--client auto|wrk|python] [--soak N]
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ class CriProxy:
 
     async def start(self) -> CriProxy:
         cfg = self.config
-        node = self._node or await asyncio.to_thread(node_parts_of, cfg)
+        node = self._node if self._node is not None else await asyncio.to_thread(node_parts_of, cfg)
         node_config = node.config
         store = CheckpointStore(cfg.state_file, "numapin")
         cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -285,7 +285,7 @@ class CriProxy:
             except grpc.aio.AioRpcError as e:
                 log.warning("reconcile: runtime not reachable (%s: %s)", e.code().name, e.details())
 
-    def nrt_document(self) -> dict:
+    def nrt_document(self) -> dict[str, Any]:
         nc = self.node_config
         reserved = self.allocator.reserved_cpus
         return build_nrt(self.config.node_name, nc.topology, free_cpus=self.allocator.state.default_cpuset - reserved,

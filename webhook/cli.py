@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         limits=ServerLimits(**{k: v for k, v in (
             ("max_connections", args.max_connections), ("idle_timeout", args.idle_timeout),
             ("header_timeout", args.header_timeout), ("body_timeout", args.body_timeout),
-            ("inflight_bytes", args.inflight_bytes)) if v is not None}),  # type: ignore[arg-type]
+            ("inflight_bytes", args.inflight_bytes)) if v is not None}),
         client_ca=args.client_ca, unjudged=args.unjudged, pod_lookup_timeout=args.pod_lookup_timeout,
         pod_cache_bytes=args.pod_cache_bytes or DEFAULT_POD_CACHE_BYTES, reuse_port=args.reuse_port,
     )

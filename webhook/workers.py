@@ -7,13 +7,15 @@ behind the Service share nothing: a binding allowed by one worker is remembered 
 bound to the same node within one publication of its topology through two workers are each judged against the
 node's last published free CPUs (the node proxy remains the backstop, as with replicas).
 
-The supervisor forwards SIGTERM and SIGINT to the workers and waits for them. When a worker ends on its own, the
+The supervisor forwards SIGTERM and SIGINT to the workers and waits for them; a supervisor killed outright takes its
+workers along (the kernel sends them SIGTERM: PR_SET_PDEATHSIG). When a worker ends on its own, the
 supervisor stops the others and exits with that worker's status, so the container restarts whole (a half-sized
 webhook would go on answering, slower, with nobody noticing).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import signal
 import subprocess
@@ -24,6 +26,8 @@ from types import FrameType
 __all__ = ["supervise", "worker_command"]
 
 log = logging.getLogger("numapin.webhook.workers")
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def worker_command(argv: list[str]) -> list[str]:
@@ -44,10 +48,16 @@ def worker_command(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "numapin", "webhook", *out, "--reuse-port"]
 
 
+def _end_with_parent() -> None:
+    """In a new worker: the kernel sends it SIGTERM when the supervisor dies (even by SIGKILL)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def supervise(command: list[str], workers: int, *, poll_seconds: float = 0.2) -> int:
     """Run ``workers`` copies of ``command`` until a signal (0 once they have all ended) or until one ends on its own
     (then the others are stopped and its exit status returned)."""
-    procs = [subprocess.Popen(command) for _ in range(workers)]
+    procs = [subprocess.Popen(command, preexec_fn=_end_with_parent) for _ in range(workers)]
     log.info("started %d webhook workers: pids %s", workers, " ".join(str(p.pid) for p in procs))
     stopping: list[int] = []
 

@@ -460,7 +460,7 @@ class Churn:
         async def killer() -> None:
             if mid_create:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._exclusive_create.wait(), 5.0)
+                    await asyncio.wait_for(self._exclusive_create.wait(), 5.0 * self.cfg.time_scale)
             await asyncio.sleep(delay)
             if self._exclusive_create.is_set():
                 self.report.kills_while_admitting_exclusive += 1
