@@ -71,7 +71,7 @@ _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
 _CONNECT_TIMEOUT = 20.0
 _CACHE_LIMIT = 1024
-# the largest header list accepted (grpc-go's default for servers, which kubelet's runtime is)
+# the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
 _MAX_HEADER_LIST = 16 << 20
 # the largest intercepted message (request or answer) held in memory, with gRPC's 5-byte prefix: the gRPC relay's
 # limit; beyond it the connection is closed (the proxy credits held data back at once, so nothing else bounds it)
@@ -261,6 +261,9 @@ class _Held:
         else:
             self._hdr[0].extend(frame)
             self._hdr[1].extend(fragment)
+            if len(self._hdr[1]) > _MAX_HEADER_LIST:
+                raise _ProtocolError(f"the runtime's header block on stream {self.sid} is larger than "
+                                     f"{_MAX_HEADER_LIST} bytes")
         if flags & _END_HEADERS:
             frames, block, end = self._hdr
             self._hdr = None
@@ -737,7 +740,10 @@ class _Connection(asyncio.Protocol):
                     self.rblock_open = not flags & _END_HEADERS
                     if self.rcont is not None and self.rcont[0] == sid:
                         self.rcont[1].extend(data[pos + 9:end])
-                        if flags & _END_HEADERS:
+                        if len(self.rcont[1]) > _MAX_HEADER_LIST:  # kubelet's limit too: not kept, not decoded
+                            self.rcont = None
+                            self._call_ended(sid, grpc.StatusCode.UNKNOWN)
+                        elif flags & _END_HEADERS:
                             block = bytes(self.rcont[1])
                             self.rcont = None
                             self._call_ended(sid, self.server.statuses.of(block))

@@ -838,3 +838,35 @@ async def test_a_client_that_does_not_read_holds_back_the_runtime(short_tmp: Pat
     finally:
         rt.kill()
         rt.wait()
+
+
+async def test_a_runtime_header_block_beyond_the_limit_closes_the_connection(short_tmp: Path) -> None:
+    """The runtime's header block of a held call growing past 16 MiB (CONTINUATION after CONTINUATION): the proxy
+    closes that connection instead of keeping it all in memory. The runtime here is hand-made frames."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append((r, w))
+
+    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
+    try:
+        async with frame_relay(short_tmp, rt_path, {"Version": grow(1)}) as (relay, server):
+            c = await RawClient.connect(relay)
+            sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+            c.writer.write(b"".join(frames))
+            await eventually(lambda: bool(conns), "the relay connects to the runtime")
+            rw = conns[0][1]
+            encoder = hpack.Encoder()
+            encoder.header_table_size = 0
+            rw.write(h2.frame(h2.HEADERS, 0, sid, encoder.encode([(":status", "200")])))
+            with contextlib.suppress(ConnectionError):
+                for _ in range(17):
+                    rw.write(h2.frame(h2.CONTINUATION, 0, sid, b"\0" * (1 << 20)))
+                    await rw.drain()
+            await eventually(lambda: server.connections == 0, "the connection closes")
+            await c.close()
+    finally:
+        raw_runtime.close()
+        for _, w in conns:
+            w.close()
