@@ -20,6 +20,8 @@ per burst of frames, no per-call objects on the relayed path. What it looks at:
 - Flow control stays exact: held DATA is credited back to its sender at once (WINDOW_UPDATE for the stream and the
   connection: the proxy is its receiver), and what the proxy writes itself is withheld from the receiver's next
   connection-level WINDOW_UPDATEs, so each side's windows match the other's.
+- The proxy's own frames (credits, edited messages, answers, resets) never go between a relayed HEADERS frame and
+  its CONTINUATION frames (RFC 9113 6.10): they wait in ``_Peer.queued`` until the relayed header block ends.
 - The runtime's trailers give each relayed call's status for the metrics (a block is decoded once and
   remembered: without the dynamic table, equal bytes mean equal headers).
 
