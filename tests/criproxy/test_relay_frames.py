@@ -870,3 +870,40 @@ async def test_a_runtime_header_block_beyond_the_limit_closes_the_connection(sho
         raw_runtime.close()
         for _, w in conns:
             w.close()
+
+
+async def test_an_event_stream_beside_many_edited_calls(short_tmp: Path, runtime: MemoryRuntime) -> None:
+    """kubelet's long GetContainerEvents stream on the same connection as hundreds of intercepted, edited (grown)
+    creates, starts and stops: every event arrives in order, none of the edited calls disturbs the stream's flow
+    control (the proxy's credits are withheld only from connection WINDOW_UPDATEs), and the stream is still open."""
+
+    async def create(request: bytes, forward: Forward) -> bytes:
+        req = pb.CreateContainerRequest.FromString(request)
+        req.config.annotations["numapin.test/pad"] = "p" * 70_000  # larger than a window: credit is needed
+        return await forward(req.SerializeToString())
+
+    async with frame_relay(short_tmp, runtime.socket_path, {"CreateContainer": create}) as (relay, _), \
+            CRIClient(relay) as k:
+        stream = k.container_events()
+        got: list[tuple[str, int]] = []
+
+        async def read() -> None:
+            async for ev in stream:
+                got.append((ev.container_id, ev.container_event_type))
+
+        reader = asyncio.ensure_future(read())
+        await eventually(lambda: bool(runtime._events), "the stream reaches the runtime")
+        cfg = k.sandbox_config("p", "uid-events")
+        sid = await k.run_pod_sandbox(cfg)
+        expected: list[tuple[str, int]] = []
+        for i in range(120):
+            cid = await k.create_container(sid, k.container_config(f"c{i}"), cfg)
+            await k.start_container(cid)
+            await k.stop_container(cid)
+            expected += [(cid, pb.CONTAINER_CREATED_EVENT), (cid, pb.CONTAINER_STARTED_EVENT)]  # (no stop events)
+        await eventually(lambda: len(got) >= len(expected), "every event arrives")
+        assert got == expected
+        assert not reader.done()
+        stream.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
