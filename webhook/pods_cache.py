@@ -142,6 +142,9 @@ class PodDirectorySource:
         self.poll_seconds = poll_seconds
         self._stats: dict[Path, tuple[int, int, int]] = {}
         self._keys: dict[Path, set[tuple[str, str]]] = {}
+        # one scan at a time: the poller's and a cache miss's scans overlapping in threads made the older one take a
+        # file the newer one had just read for gone, and drop the pod the miss had found
+        self._sync_lock = asyncio.Lock()
 
     def _scan(self) -> list[tuple[Path, list[Mapping[str, Any]] | None]]:
         out: list[tuple[Path, list[Mapping[str, Any]] | None]] = []
@@ -168,7 +171,11 @@ class PodDirectorySource:
         return out
 
     async def sync(self) -> None:
-        for path, docs in await asyncio.to_thread(self._scan):
+        async with self._sync_lock:
+            self._apply(await asyncio.to_thread(self._scan))
+
+    def _apply(self, scanned: list[tuple[Path, list[Mapping[str, Any]] | None]]) -> None:
+        for path, docs in scanned:
             old = self._keys.pop(path, set())
             if docs is None:
                 self._stats.pop(path, None)

@@ -254,6 +254,12 @@ async def test_nothing_runs_after_stop(short_tmp: Path, two_numa_sysfs: Path, re
     assert await leftovers(tasks) == []
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", port)
+    # the gRPC relay's thread pool is shut down without waiting: a thread ends once its call has, and stop() closed
+    # the runtime's channel under every call (bounded wait, 10 s)
+    for _ in range(1000):
+        if not any(t.name.startswith("numapin-relay") for t in threading.enumerate()):
+            break
+        await asyncio.sleep(0.01)
     new_threads = {t.name for t in threading.enumerate() if t.is_alive()} - threads
     assert not [n for n in new_threads if not n.startswith("asyncio_")], new_threads  # to_thread's pool only
 
