@@ -20,6 +20,8 @@ per burst of frames, no per-call objects on the relayed path. What it looks at:
 - Flow control stays exact: held DATA is credited back to its sender at once (WINDOW_UPDATE for the stream and the
   connection: the proxy is its receiver), and what the proxy writes itself is withheld from the receiver's next
   connection-level WINDOW_UPDATEs, so each side's windows match the other's.
+- The proxy's own frames (credits, edited messages, answers, resets) never go between a relayed HEADERS frame and
+  its CONTINUATION frames (RFC 9113 6.10): they wait in ``_Peer.queued`` until the relayed header block ends.
 - The runtime's trailers give each relayed call's status for the metrics (a block is decoded once and
   remembered: without the dynamic table, equal bytes mean equal headers).
 
@@ -71,7 +73,7 @@ _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
 _CONNECT_TIMEOUT = 20.0
 _CACHE_LIMIT = 1024
-# the largest header list accepted (grpc-go's default for servers, which kubelet's runtime is)
+# the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
 _MAX_HEADER_LIST = 16 << 20
 # the largest intercepted message (request or answer) held in memory, with gRPC's 5-byte prefix: the gRPC relay's
 # limit; beyond it the connection is closed (the proxy credits held data back at once, so nothing else bounds it)
@@ -261,6 +263,9 @@ class _Held:
         else:
             self._hdr[0].extend(frame)
             self._hdr[1].extend(fragment)
+            if len(self._hdr[1]) > _MAX_HEADER_LIST:
+                raise _ProtocolError(f"the runtime's header block on stream {self.sid} is larger than "
+                                     f"{_MAX_HEADER_LIST} bytes")
         if flags & _END_HEADERS:
             frames, block, end = self._hdr
             self._hdr = None
@@ -568,6 +573,7 @@ class _Connection(asyncio.Protocol):
                         out.append(data[start:pos])
                         start = end
                         h.kube_reset = True
+                        self.credit.set()  # its answer, if being sent, stops waiting for credit
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
                 done = end
@@ -736,7 +742,10 @@ class _Connection(asyncio.Protocol):
                     self.rblock_open = not flags & _END_HEADERS
                     if self.rcont is not None and self.rcont[0] == sid:
                         self.rcont[1].extend(data[pos + 9:end])
-                        if flags & _END_HEADERS:
+                        if len(self.rcont[1]) > _MAX_HEADER_LIST:  # kubelet's limit too: not kept, not decoded
+                            self.rcont = None
+                            self._call_ended(sid, grpc.StatusCode.UNKNOWN)
+                        elif flags & _END_HEADERS:
                             block = bytes(self.rcont[1])
                             self.rcont = None
                             self._call_ended(sid, self.server.statuses.of(block))
@@ -750,6 +759,13 @@ class _Connection(asyncio.Protocol):
                         out.append(data[start:pos])
                         start = end
                         out.append(rewritten)
+                elif ftype == _GOAWAY and length >= 8:
+                    last = int.from_bytes(data[pos + 9:pos + 13], "big") & 0x7FFFFFFF
+                    for h in held.values():  # RFC 9113 6.8: the runtime will not process these: fail them now
+                        if h.sid > last:
+                            h.done(grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
+                                                        "numapin: the runtime is going away (GOAWAY) and did "
+                                                        "not take the call"))
                 elif ftype == _RST:
                     h = held.get(sid)
                     if h is not None:
@@ -765,6 +781,8 @@ class _Connection(asyncio.Protocol):
             self._fail(str(e))
             return
         self.rtail = data[done:]
+        if held:  # a held call may have been answered or reset: its sender stops waiting for credit (send_data)
+            self.credit.set()
         _pass_on(kube, data, start, done, out, self.rblock_open)
 
     def _held_response_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
@@ -796,6 +814,8 @@ class _Connection(asyncio.Protocol):
             if self.state == "closed":
                 raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
                                            f"numapin: the {peer.name} connection closed")
+            if h.response.done() if to_rt else h.kube_reset:
+                return  # the receiver ended the call (answered early, or reset it): no credit comes for the rest
             stream_window = h.up_window if to_rt else h.down_window
             room = min(peer.max_frame, peer.window, stream_window, len(body) - pos)
             if room <= 0 and pos < len(body):
@@ -864,7 +884,8 @@ class _Connection(asyncio.Protocol):
                                          kube.max_frame, False)
             kube.write(head)
             await self.send_data(kube, h, _message(outcome.response), end_stream=False)
-            kube.write(tail)
+            if not h.kube_reset:
+                kube.write(tail)
         elif runtime_answered and _status_code(_stateless_decode(h.trailer_block)) == outcome.code \
                 and outcome.details == forward.last_details():
             kube.write(h.initial_frames + h.trailer_frames)  # the runtime's own error, as it sent it

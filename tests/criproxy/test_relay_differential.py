@@ -161,3 +161,54 @@ async def test_frames_and_grpc_relays_answer_and_pin_alike(lab: ContainerdLab, s
     grpc_ = await _run(lab, "grpc", seed)
     for i, (a, b) in enumerate(zip(frames, grpc_, strict=True)):
         assert a == b, f"step {i} differs: frames {a} grpc {b}"
+
+
+async def _long_calls(lab: ContainerdLab, relay: str) -> list[object]:
+    """ExecSync past its deadline, then ExecSync cut by a containerd restart, through ``--relay relay``."""
+    d = Path(tempfile.mkdtemp(prefix=f"npx-long-{relay}-", dir="/tmp"))
+    proxy = ProxyProcess(d, lab.socket, reserved_cpus=SHARED, extra_args=("--relay", relay))
+    await asyncio.to_thread(proxy.start)
+    out: list[object] = []
+    try:
+        async with CRIClient(proxy.socket) as k:
+            cfg = k.sandbox_config("long", f"long-{relay}", qos="burstable")
+            sid = await k.run_pod_sandbox(cfg)
+            cid = await k.create_container(sid, k.container_config("main", cpu_milli=100), cfg)
+            await k.start_container(cid)
+            stub = k.channel.unary_unary(k.path("ExecSync"), request_serializer=pb.ExecSyncRequest.SerializeToString,
+                                         response_deserializer=pb.ExecSyncResponse.FromString)
+            out.append(await _answer(stub(pb.ExecSyncRequest(container_id=cid, cmd=["sleep", "5"], timeout=30),
+                                          timeout=1.0)))
+            out.append(await _answer(k.exec_sync(cid, ["echo", "after the deadline"])))
+            call = asyncio.ensure_future(_answer(k.exec_sync(cid, ["sleep", "20"], timeout=30)))
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(lab.stop_containerd)
+            try:
+                out.append(await asyncio.wait_for(call, 60))  # cut: not left hanging on a half-dead connection
+            finally:
+                await asyncio.to_thread(lab.start_containerd)
+            for _ in range(300):
+                r = await _answer(k.exec_sync(cid, ["echo", "back"]))
+                if r[0] == "ok":  # type: ignore[index]
+                    out.append(("ok", r[1].stdout))  # type: ignore[index]
+                    break
+                await asyncio.sleep(0.1)
+            await k.stop_container(cid, timeout=0)
+            await k.stop_pod_sandbox(sid)
+            await k.remove_container(cid)
+            await k.remove_pod_sandbox(sid)
+    finally:
+        proxy.stop()
+        shutil.rmtree(d, ignore_errors=True)
+    return [("ok", x[1].exit_code, x[1].stdout) if isinstance(x, tuple) and isinstance(x[1], pb.ExecSyncResponse)
+            else x for x in out]
+
+
+async def test_long_calls_deadlines_and_a_containerd_restart_alike(lab: ContainerdLab) -> None:
+    frames = await _long_calls(lab, "frames")
+    grpc_ = await _long_calls(lab, "grpc")
+    assert frames[0] == ("error", "DEADLINE_EXCEEDED"), frames
+    assert frames[2] == ("error", "UNAVAILABLE"), frames
+    assert frames[-1] == ("ok", b"back\n"), frames
+    assert frames[1] == ("ok", 0, b"after the deadline\n"), frames
+    assert frames == grpc_

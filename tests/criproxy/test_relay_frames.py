@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import random
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -718,3 +719,191 @@ async def test_credits_wait_for_the_runtimes_header_block_to_end(short_tmp: Path
         raw_runtime.close()
         for _, w in conns:
             w.close()
+
+
+async def test_runtime_goaway_below_a_held_call_fails_it_at_once(short_tmp: Path) -> None:
+    """The runtime says GOAWAY with a last stream id below a held call's stream (it will never process it) and
+    keeps its connection open for its other calls: the interceptor's forward fails UNAVAILABLE at once instead of
+    waiting for the connection to close. The runtime here is hand-made frames on a unix socket."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    entered, release = asyncio.Event(), asyncio.Event()
+    seen: list[grpc.StatusCode] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append((r, w))
+
+    async def version(request: bytes, forward: Forward) -> bytes:
+        entered.set()
+        await release.wait()
+        try:
+            return await forward(request)
+        except grpc.aio.AioRpcError as e:
+            seen.append(e.code())
+            raise
+
+    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
+    try:
+        async with frame_relay(short_tmp, rt_path, {"Version": version}) as (relay, _):
+            c = await RawClient.connect(relay)
+            _, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+            c.writer.write(b"".join(frames))
+            await asyncio.wait_for(entered.wait(), 20)
+            await eventually(lambda: bool(conns), "the relay connects to the runtime")
+            rw = conns[0][1]
+            rw.write(h2.settings_frame([]) + h2.goaway(0))
+            await rw.drain()
+            await asyncio.sleep(0.2)
+            release.set()
+            await eventually(lambda: bool(seen), "the held call's forward fails")
+            assert seen == [grpc.StatusCode.UNAVAILABLE]
+            await c.close()
+    finally:
+        raw_runtime.close()
+        for _, w in conns:
+            w.close()
+
+
+async def test_runtime_answering_before_a_large_edited_request_is_sent(short_tmp: Path) -> None:
+    """An edited request larger than the runtime's stream window, and the runtime ends the call (DEADLINE_EXCEEDED,
+    then RST_STREAM) before granting more window: the forward stops sending and kubelet gets the runtime's answer
+    (it waited forever for credit that never comes). The runtime here is hand-made frames on a unix socket."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append((r, w))
+
+    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
+    try:
+        async with frame_relay(short_tmp, rt_path, {"Version": grow(100_000)}) as (relay, _):
+            c = await RawClient.connect(relay)
+            sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+            c.writer.write(b"".join(frames))
+            await eventually(lambda: bool(conns), "the relay connects to the runtime")
+            rr, rw = conns[0]
+            assert await rr.readexactly(24) == h2.PREFACE
+            received = 0
+            while received < 65_535:  # the edited request, up to the default stream window
+                hi, lo, ftype, _, fsid = h2.FRAME_HEADER.unpack(await rr.readexactly(9))
+                await rr.readexactly(hi << 16 | lo)
+                if ftype == h2.DATA and fsid & 0x7FFFFFFF == sid:
+                    received += hi << 16 | lo
+            encoder = hpack.Encoder()
+            encoder.header_table_size = 0
+            block = encoder.encode([(":status", "200"), ("content-type", "application/grpc"),
+                                    ("grpc-status", "4"), ("grpc-message", "too late")])
+            rw.write(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, block)
+                     + h2.rst_stream(sid, h2.NO_ERROR))
+            await rw.drain()
+            headers, _ = await asyncio.wait_for(c.response(sid), 20)
+            assert headers["grpc-status"] == "4" and headers["grpc-message"] == "too late", headers
+            await c.close()
+    finally:
+        raw_runtime.close()
+        for _, w in conns:
+            w.close()
+
+
+async def test_a_client_that_does_not_read_holds_back_the_runtime(short_tmp: Path) -> None:
+    """A client granting huge windows but not reading while the runtime streams a large answer (ListContainers of
+    20000 containers, megabytes): the proxy stops reading the runtime (pause_writing) instead of buffering the
+    answer; read at last, the answer is whole."""
+    rt_path = str(short_tmp / "rt.sock")
+    rt = _runtime_process(rt_path, 20000)
+    try:
+        async with frame_relay(short_tmp, rt_path) as (relay, server):
+            r, w = await asyncio.open_unix_connection(relay, limit=1 << 16)
+            w.transport.set_write_buffer_limits(0)
+            sock = w.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            c = RawClient(r, w)
+            w.write(h2.PREFACE + h2.settings_frame([(h2.SETTINGS_INITIAL_WINDOW_SIZE, 0x7FFFFFFF)])
+                    + h2.window_update(0, 0x7FFFFFFF - 65_535))
+            sid, frames = c.request_frames("/runtime.v1.RuntimeService/ListContainers",
+                                           pb.ListContainersRequest().SerializeToString())
+            w.write(b"".join(frames))
+            r._transport.pause_reading()  # type: ignore[attr-defined]  # the client stops reading
+            await asyncio.sleep(3)
+            conn = next(iter(server._shared.connections))
+            buffered = conn.kube.transport.get_write_buffer_size() if conn.kube.transport else 0
+            assert buffered < 1 << 20, f"{buffered} bytes buffered for a client that does not read"
+            r._transport.resume_reading()  # type: ignore[attr-defined]
+            headers, body = await asyncio.wait_for(c.response(sid), 60)
+            assert headers["grpc-status"] == "0"
+            size = len(body)
+            assert len(pb.ListContainersResponse.FromString(body).containers) == 20000
+            assert size > 4 * buffered, (size, buffered)
+            await c.close()
+    finally:
+        rt.kill()
+        rt.wait()
+
+
+async def test_a_runtime_header_block_beyond_the_limit_closes_the_connection(short_tmp: Path) -> None:
+    """The runtime's header block of a held call growing past 16 MiB (CONTINUATION after CONTINUATION): the proxy
+    closes that connection instead of keeping it all in memory. The runtime here is hand-made frames."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append((r, w))
+
+    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
+    try:
+        async with frame_relay(short_tmp, rt_path, {"Version": grow(1)}) as (relay, server):
+            c = await RawClient.connect(relay)
+            sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+            c.writer.write(b"".join(frames))
+            await eventually(lambda: bool(conns), "the relay connects to the runtime")
+            rw = conns[0][1]
+            encoder = hpack.Encoder()
+            encoder.header_table_size = 0
+            rw.write(h2.frame(h2.HEADERS, 0, sid, encoder.encode([(":status", "200")])))
+            with contextlib.suppress(ConnectionError):
+                for _ in range(17):
+                    rw.write(h2.frame(h2.CONTINUATION, 0, sid, b"\0" * (1 << 20)))
+                    await rw.drain()
+            await eventually(lambda: server.connections == 0, "the connection closes")
+            await c.close()
+    finally:
+        raw_runtime.close()
+        for _, w in conns:
+            w.close()
+
+
+async def test_an_event_stream_beside_many_edited_calls(short_tmp: Path, runtime: MemoryRuntime) -> None:
+    """kubelet's long GetContainerEvents stream on the same connection as hundreds of intercepted, edited (grown)
+    creates, starts and stops: every event arrives in order, none of the edited calls disturbs the stream's flow
+    control (the proxy's credits are withheld only from connection WINDOW_UPDATEs), and the stream is still open."""
+
+    async def create(request: bytes, forward: Forward) -> bytes:
+        req = pb.CreateContainerRequest.FromString(request)
+        req.config.annotations["numapin.test/pad"] = "p" * 70_000  # larger than a window: credit is needed
+        return await forward(req.SerializeToString())
+
+    async with frame_relay(short_tmp, runtime.socket_path, {"CreateContainer": create}) as (relay, _), \
+            CRIClient(relay) as k:
+        stream = k.container_events()
+        got: list[tuple[str, int]] = []
+
+        async def read() -> None:
+            async for ev in stream:
+                got.append((ev.container_id, ev.container_event_type))
+
+        reader = asyncio.ensure_future(read())
+        await eventually(lambda: bool(runtime._events), "the stream reaches the runtime")
+        cfg = k.sandbox_config("p", "uid-events")
+        sid = await k.run_pod_sandbox(cfg)
+        expected: list[tuple[str, int]] = []
+        for i in range(120):
+            cid = await k.create_container(sid, k.container_config(f"c{i}"), cfg)
+            await k.start_container(cid)
+            await k.stop_container(cid)
+            expected += [(cid, pb.CONTAINER_CREATED_EVENT), (cid, pb.CONTAINER_STARTED_EVENT)]  # (no stop events)
+        await eventually(lambda: len(got) >= len(expected), "every event arrives")
+        assert got == expected
+        assert not reader.done()
+        stream.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
