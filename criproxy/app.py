@@ -20,13 +20,13 @@ from allocator.topology import Topology
 from .config import ProxyConfig
 from .control import ControlServer
 from .converge import Converger, Decider, Decision
+from .cpuset_pusher import CpusetPusher
 from .cri_api import RuntimeApi
 from .cri_pods import rebuild_cri_pods
 from .http_server import ProxyHttpServer
 from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
 from .mode_apply import ModeApplier
-from .narrowing import CpusetPusher
 from .nrt import ApiPublisher, write_nrt
 from .pinning import Pinning, PinningOptions
 from .pod_watch import NodePodWatch

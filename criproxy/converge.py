@@ -31,8 +31,8 @@ from allocator.node import NodeAllocator
 from allocator.topology import Topology
 from protos import cri_pb2
 
+from .cpuset_pusher import CpusetPusher
 from .kernel import CgroupLayout, KernelReader, KernelView, cgroup_of_pid, cgroup_of_spec
-from .narrowing import CpusetPusher
 from .registry import Registry, Tracked
 from .relay import Upstream
 

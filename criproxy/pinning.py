@@ -27,6 +27,7 @@ from allocator.pod import PodInfo
 from protos import cri_pb2
 
 from . import wire
+from .cpuset_pusher import CpusetPusher
 from .cri_api import (
     CPU_QUOTA,
     CPUSET_CPUS,
@@ -38,7 +39,6 @@ from .cri_api import (
 )
 from .cri_intent import PodIdentity, SelfPod, identity_of, pod_from_cri
 from .devices import devices_numa_nodes
-from .narrowing import CpusetPusher
 from .pod_roles import KIND_ANNOTATION, Instance
 from .registry import CriPod, Registry, Tracked, TrackedMode
 from .relay import Forward, Interceptor, Rejection

@@ -23,9 +23,9 @@ from allocator.topology import Topology
 from protos import cri_pb2
 
 from .converge import Converger
+from .cpuset_pusher import CpusetPusher
 from .cri_api import RuntimeApi
 from .cri_intent import SelfPod
-from .narrowing import CpusetPusher
 from .registry import Registry, Tracked
 from .relay import Upstream
 from .runtime_reads import container_statuses
