@@ -17,6 +17,7 @@ by linear, non-recursive scans), so every bad annotation is a PodSpecError, neve
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -87,31 +88,47 @@ def decode_intent(
         raise PodSpecError(f"{where} must be a string")
     if len(text) > MAX_INTENT_CHARS:
         raise PodSpecError(f"{where} is {len(text)} characters long; at most {MAX_INTENT_CHARS} are read")
-    if json_depth_exceeds(text, MAX_INTENT_DEPTH):
-        raise PodSpecError(f"{where} is not JSON nested at most {MAX_INTENT_DEPTH} levels deep")
     try:
-        doc = json.loads(text)
-    except (TypeError, ValueError, RecursionError) as e:
-        raise PodSpecError(f"{where} is not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise PodSpecError(f"{where} must be a JSON object")
-    if doc.get("v") != INTENT_VERSION:
-        raise PodSpecError(f"{where} has version {doc.get('v')!r}; this numapin reads version {INTENT_VERSION}")
-    qos = doc.get("qosClass")
-    if qos not in _QOS:
-        raise PodSpecError(f"{where}: qosClass must be one of {', '.join(_QOS)}, got {qos!r}")
-    mode = doc.get("cpuManager")
-    if mode is not None and mode not in CPU_MANAGER_VALUES:
-        raise PodSpecError(f"{where}: cpuManager must be null or one of {', '.join(CPU_MANAGER_VALUES)}, got {mode!r}")
-    raw = doc.get("containers")
-    if not isinstance(raw, list) or not raw:
-        raise PodSpecError(f"{where}: containers must be a non-empty list")
-    containers = tuple(_container(c, f"{where}: containers[{i}]") for i, c in enumerate(raw))
-    if len({c.name for c in containers}) != len(containers):
-        raise PodSpecError(f"{where}: container names must be unique")
+        qos, mode, containers = _stated(text) if len(text) <= _CACHED_CHARS else _stated.__wrapped__(text)
+    except PodSpecError as e:
+        raise PodSpecError(where + str(e)) from None
     bypass = is_bypassed(annotations or {})
     return PodInfo(uid=uid, namespace=namespace, name=name, qos_class=qos, cpu_manager=mode, bypass=bypass,
                    containers=containers)
+
+
+# perf (issue 13): what an intent states depends on its text alone, and the pods of one workload share their text;
+# the last texts read are remembered (bounded: 1,024 texts of at most _CACHED_CHARS; refusals are not remembered)
+_CACHED_CHARS = 4096
+
+
+@functools.lru_cache(maxsize=1024)
+def _stated(text: str) -> tuple[Any, Any, tuple[ContainerInfo, ...]]:
+    """QoS class, mode and containers an intent text states. PodSpecError messages are to follow the annotation's
+    name."""
+    if json_depth_exceeds(text, MAX_INTENT_DEPTH):
+        raise PodSpecError(f" is not JSON nested at most {MAX_INTENT_DEPTH} levels deep")
+    try:
+        doc = json.loads(text)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise PodSpecError(f" is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise PodSpecError(" must be a JSON object")
+    if doc.get("v") != INTENT_VERSION:
+        raise PodSpecError(f" has version {doc.get('v')!r}; this numapin reads version {INTENT_VERSION}")
+    qos = doc.get("qosClass")
+    if qos not in _QOS:
+        raise PodSpecError(f": qosClass must be one of {', '.join(_QOS)}, got {qos!r}")
+    mode = doc.get("cpuManager")
+    if mode is not None and mode not in CPU_MANAGER_VALUES:
+        raise PodSpecError(f": cpuManager must be null or one of {', '.join(CPU_MANAGER_VALUES)}, got {mode!r}")
+    raw = doc.get("containers")
+    if not isinstance(raw, list) or not raw:
+        raise PodSpecError(": containers must be a non-empty list")
+    containers = tuple(_container(c, f": containers[{i}]") for i, c in enumerate(raw))
+    if len({c.name for c in containers}) != len(containers):
+        raise PodSpecError(": container names must be unique")
+    return qos, mode, containers
 
 
 def _pair(value: Any, field: str) -> tuple[int | None, int | None]:

@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""What the proxy's kernel-truth convergence costs: ``numapin criproxy`` (a child process) in front of a real
-containerd with N running shared containers, idle for a while with ``--converge-period`` 1 s.
+"""What the proxy's kernel-truth convergence costs on a real node: ``numapin criproxy`` (a child process) in front
+of a real containerd with N running shared containers (one pod each), idle for a while with ``--converge-period``
+1 s (the default), and for comparison in the same run with ``--converge-period 0`` (passes only on changes).
 
-Prints one JSON document: the containers, the passes counted, the mean time of a pass (from the proxy's
-``numapin_criproxy_converge_seconds``), and the proxy's CPU time per second of wall time while idle (utime +
-stime from ``/proc/<pid>/stat``) with the periodic passes on and, for comparison in the same run, off
-(``--converge-period 0``). Needs root, containerd, runc and busybox-static.
+Prints one JSON document; for each N: the passes counted, the mean wall time of a pass (from the proxy's
+``numapin_criproxy_converge_seconds``), the proxy's CPU while idle (utime + stime from ``/proc/<pid>/stat``) as
+ms per second and % of one core with the passes on and off, the CPU per pass (the difference over the passes),
+and the load average at the end. ``--compare-root DIR`` runs the same with the proxy of another checkout (e.g. a
+``git archive`` of main) right after each measurement, so both see the same machine. Needs root, containerd,
+runc and busybox-static.
 
-    python benchmarks/converge.py [--containers 20] [--seconds 10]
+    python benchmarks/converge.py [--containers 20,110] [--seconds 20] [--compare-root DIR]
 """
 
 from __future__ import annotations
@@ -43,17 +46,12 @@ def metric(port: int, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-async def measure(lab: ContainerdLab, work: Path, n: int, seconds: float, period: str) -> dict:
-    proxy = ProxyProcess(work / f"p{period}", lab.socket, reserved_cpus="0", extra_args=("--converge-period", period))
+async def idle(lab: ContainerdLab, work: Path, seconds: float, period: str, root: Path) -> dict:
+    """A proxy adopting the running containers, idle for ``seconds``: its CPU and passes."""
+    proxy = ProxyProcess(work, lab.socket, reserved_cpus="0", extra_args=("--converge-period", period), root=root)
     await asyncio.to_thread(proxy.start)
     try:
-        async with CRIClient(proxy.socket) as k:
-            for i in range(n):
-                cfg = k.sandbox_config(f"s{i}", f"bench-{period}-{i}", qos="besteffort")
-                sid = await k.run_pod_sandbox(cfg)
-                cid = await k.create_container(sid, k.container_config("app"), cfg)
-                await k.start_container(cid)
-        await asyncio.sleep(2.0)
+        await asyncio.sleep(3.0)  # the start-up reconcile and its first passes are over
         assert proxy.proc is not None
         c0, t0 = cpu_seconds(proxy.proc.pid), time.monotonic()
         n0 = metric(proxy.port, "numapin_criproxy_converge_seconds_count")
@@ -62,35 +60,58 @@ async def measure(lab: ContainerdLab, work: Path, n: int, seconds: float, period
         c1, t1 = cpu_seconds(proxy.proc.pid), time.monotonic()
         n1 = metric(proxy.port, "numapin_criproxy_converge_seconds_count")
         s1 = metric(proxy.port, "numapin_criproxy_converge_seconds_sum")
-        passes = n1 - n0
-        return {"period": float(period), "passes": int(passes),
-                "pass_ms_mean": round(1000 * (s1 - s0) / passes, 2) if passes else None,
-                "proxy_cpu_ms_per_s": round(1000 * (c1 - c0) / (t1 - t0), 2)}
+        passes = int(n1 - n0)
+        return {"passes": passes, "pass_wall_ms_mean": round(1000 * (s1 - s0) / passes, 2) if passes else None,
+                "cpu_ms": round(1000 * (c1 - c0), 1), "cpu_ms_per_s": round(1000 * (c1 - c0) / (t1 - t0), 2),
+                "cpu_percent_of_one_core": round(100 * (c1 - c0) / (t1 - t0), 2)}
     finally:
         proxy.stop()
-        async with CRIClient(lab.socket) as direct:
-            for sb in await direct.list_pod_sandbox():
-                await direct.stop_pod_sandbox(sb.id)
-                await direct.remove_pod_sandbox(sb.id)
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--containers", type=int, default=20)
-    ap.add_argument("--seconds", type=float, default=10.0)
-    args = ap.parse_args()
+async def measure(lab: ContainerdLab, work: Path, seconds: float, root: Path) -> dict:
+    on = await idle(lab, work / "on", seconds, "1", root)
+    off = await idle(lab, work / "off", seconds, "0", root)
+    per_pass = (on["cpu_ms"] - off["cpu_ms"]) / on["passes"] if on["passes"] else None  # same idle seconds
+    return {"converge_period_1s": on, "converge_period_0": off,
+            "cpu_ms_per_pass": round(per_pass, 2) if per_pass is not None else None,
+            "load_average": [round(x, 2) for x in os.getloadavg()]}
+
+
+async def run(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="npx-bconv-", dir="/tmp"))
     lab = ContainerdLab(work / "c")
+    out: dict = {"seconds": args.seconds, "results": []}
     try:
         await asyncio.to_thread(lab.start)
-        on = await measure(lab, work, args.containers, args.seconds, "1")
-        off = await measure(lab, work, args.containers, args.seconds, "0")
+        async with CRIClient(lab.socket) as k:
+            running = 0
+            for n in sorted(int(x) for x in args.containers.split(",")):
+                for i in range(running, n):  # created directly: the proxies adopt them at start-up
+                    cfg = k.sandbox_config(f"s{i}", f"bench-{i}", qos="besteffort")
+                    sid = await k.run_pod_sandbox(cfg)
+                    cid = await k.create_container(sid, k.container_config("app"), cfg)
+                    await k.start_container(cid)
+                running = n
+                entry = {"containers": n, "this": await measure(lab, work / f"n{n}", args.seconds, ROOT)}
+                if args.compare_root:
+                    entry["compare"] = await measure(lab, work / f"n{n}c", args.seconds, Path(args.compare_root))
+                out["results"].append(entry)
+            for sb in await k.list_pod_sandbox():
+                await k.stop_pod_sandbox(sb.id)
+                await k.remove_pod_sandbox(sb.id)
     finally:
         await asyncio.to_thread(lab.stop)
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({"containers": args.containers, "seconds": args.seconds, "converge_on": on,
-                      "converge_off": off}, indent=1))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--containers", default="20,110", help="comma-separated numbers of running containers")
+    ap.add_argument("--seconds", type=float, default=20.0, help="idle seconds measured per proxy")
+    ap.add_argument("--compare-root", help="another checkout whose proxy is measured the same way")
+    print(json.dumps(asyncio.run(run(ap.parse_args())), indent=1))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -18,14 +18,21 @@ Prints one JSON document, each figure beside its direct (or anchor) counterpart:
 - ``create_remove_containerd``: CreateContainer + RemoveContainer against a real containerd (lab);
 - ``concurrent_pods_containerd``: 20 pods created at once (RunPodSandbox + CreateContainer + StartContainer each)
   on a real containerd, direct and through the proxy: wall time of the burst (median of rounds) and the ratio;
-- ``narrow_100_shared`` (in-memory runtime) and ``narrow_100_shared_containerd`` (100 real containers): creating
-  an exclusive container while 100 shared containers run (each narrowed by UpdateContainerResources first):
-  the proxy's narrowing time (from its metrics) and the create latency.
+- ``narrow_100_shared`` (in-memory runtime): creating an exclusive container while 100 shared containers run
+  (each narrowed by UpdateContainerResources first): the proxy's narrowing time (from its metrics) and the create
+  latency;
+- ``narrow_containerd`` (100 real containers on containerd): the same with the proxy writing the running
+  containers' cgroups directly (``--cpuset-writes kernel``), with the previous way (``runtime``: one
+  UpdateContainerResources each) and with ``kernel`` again, in one run: the proxy's narrowing time, the time from
+  the exclusive container's CreateContainer until the kernel (read by this script) shows no other container on its
+  CPUs, its create and start latency; beside the anchors on the same containers without a proxy (all
+  UpdateContainerResources at once and 8 at a time, all ``runc update`` processes at once, the cgroup files
+  written one after another).
 The proxy, the runtime and containerd run as separate processes (`python -m numapin criproxy`, the
 in-memory runtime module, containerd); the client is this process.
 
-    python benchmarks/criproxy.py [--quick] [--no-containerd] [--only relay|steady|concurrent_pods_containerd]
-    [--steady-seconds S]
+    python benchmarks/criproxy.py [--quick] [--no-containerd]
+    [--only relay|steady|concurrent_pods_containerd|narrow_containerd] [--steady-seconds S] [--pause S]
 """
 
 from __future__ import annotations
@@ -414,19 +421,184 @@ async def bench_concurrent_pods(work: Path, pods: int, rounds: int) -> dict:
         await asyncio.to_thread(lab.stop)
 
 
+async def _start_shared(k: CRIClient, n: int, tag: str) -> tuple[str, list[str]]:
+    cfg = k.sandbox_config("web", f"bench-web-{tag}", qos="burstable")
+    sid = await k.run_pod_sandbox(cfg)
+    ids = []
+    for i in range(n):
+        c = await k.create_container(sid, k.container_config(f"w{i}", cpu_milli=100), cfg)
+        await k.start_container(c)
+        ids.append(c)
+    return sid, ids
+
+
+async def _cgroups_of(direct: CRIClient, ids: list[str]) -> dict[str, Path]:
+    """Each container's cpuset cgroup directory, from its first process (asked of containerd directly)."""
+    out = {}
+    for cid in ids:
+        pid = json.loads((await direct.container_status(cid, verbose=True)).info["info"])["pid"]
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, ctrls, path = line.split(":", 2)
+            if "cpuset" in ctrls.split(","):
+                out[cid] = Path("/sys/fs/cgroup/cpuset") / path.lstrip("/")
+                break
+            if ctrls == "":
+                out[cid] = Path("/sys/fs/cgroup") / path.lstrip("/")
+    return out
+
+
+def _on_cpus(cgroups: dict[str, Path], cpus: set[int]) -> int:
+    """How many of the containers the kernel lets run on any of ``cpus`` (cgroup cpuset and every process)."""
+    from allocator.cpuset import CPUSet
+
+    n = 0
+    for d in cgroups.values():
+        f = d / "cpuset.cpus.effective" if (d / "cpuset.cpus.effective").exists() else d / "cpuset.cpus"
+        seen = CPUSet.parse(f.read_text().strip() or "")
+        for pid in (d / "cgroup.procs").read_text().split():
+            try:
+                text = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            line = next(x for x in text.splitlines() if x.startswith("Cpus_allowed_list:"))
+            seen = seen | CPUSet.parse(line.split(":", 1)[1].strip())
+        n += bool(set(seen) & cpus)
+    return n
+
+
+async def _exclusive_rounds(k: CRIClient, direct: CRIClient, port: int, cgroups: dict[str, Path], rounds: int,
+                            pause: float, tag: str) -> dict:
+    """``rounds`` times: an exclusive container is created (every shared container narrowed first), the kernel
+    read until nobody else is on its CPUs, the container started and removed again (widening the pool)."""
+    clear, creates, starts, narrow, late = [], [], [], [], 0
+    for r in range(rounds):
+        before_sum = metric(port, "numapin_criproxy_narrowing_seconds_sum")
+        pcfg = k.sandbox_config(f"db{r}", f"bench-db-{tag}-{r}-{os.getpid()}")
+        psid = await k.run_pod_sandbox(pcfg)
+        t0 = time.perf_counter()
+        cid = await k.create_container(psid, k.container_config("db", cpu_milli=1000, limit_milli=1000), pcfg)
+        creates.append(time.perf_counter() - t0)
+        own = {int(c) for c in (await direct.container_status(cid)).status.resources.linux.cpuset_cpus.split(",")
+               if c.isdigit()}
+        while await asyncio.to_thread(_on_cpus, cgroups, own):
+            late += 1  # not clear yet when the create returned (the old way never leaves it so)
+            await asyncio.sleep(0.001)
+        clear.append(time.perf_counter() - t0)
+        narrow.append(metric(port, "numapin_criproxy_narrowing_seconds_sum") - before_sum)
+        t1 = time.perf_counter()
+        await k.start_container(cid)  # the proxy checks the kernel again before it lets it start
+        starts.append(time.perf_counter() - t1)
+        await k.stop_container(cid, 0)
+        await k.remove_container(cid)  # widens the pool again
+        await k.stop_pod_sandbox(psid)
+        await k.remove_pod_sandbox(psid)
+        await asyncio.sleep(pause)  # containerd's records of the widening catch up (background)
+    return {"narrowing_in_proxy": stats(narrow), "create_to_kernel_clear": stats(clear),
+            "exclusive_create": stats(creates), "exclusive_start": stats(starts), "kernel_not_clear_polls": late}
+
+
+async def _anchor_updates(direct: CRIClient, cgroups: dict[str, Path], runc_root: str, narrow: str, wide: str,
+                          rounds: int) -> dict:
+    """What narrowing the same containers costs without numapin: all UpdateContainerResources to containerd at
+    once and 8 at a time, all ``runc update`` processes at once, and the cgroup files written one after
+    another."""
+    ids = list(cgroups)
+    out: dict[str, list[float]] = {"containerd_updates_at_once": [], "containerd_updates_8_at_a_time": [],
+                                   "runc_updates_at_once": [], "cgroup_writes": []}
+
+    async def cri(value: str, fanout: int = len(ids)) -> None:
+        res = pb.LinuxContainerResources(cpuset_cpus=value)
+        slots = asyncio.Semaphore(fanout)
+
+        async def one(c: str) -> None:
+            async with slots:
+                await direct.update_container_resources(c, res)
+        await asyncio.gather(*(one(c) for c in ids))
+
+    async def cri8(value: str) -> None:
+        await cri(value, 8)
+
+    async def runc(value: str) -> None:
+        procs = [await asyncio.create_subprocess_exec("runc", "--root", runc_root, "update", "--cpuset-cpus", value,
+                                                      c) for c in ids]
+        if any([await p.wait() for p in procs]):
+            raise RuntimeError("runc update failed")
+
+    async def files(value: str) -> None:
+        def write() -> None:
+            for d in cgroups.values():
+                (d / "cpuset.cpus").write_text(value)
+        await asyncio.to_thread(write)
+
+    for _ in range(rounds):
+        for name, fn in (("containerd_updates_at_once", cri), ("containerd_updates_8_at_a_time", cri8),
+                         ("runc_updates_at_once", runc), ("cgroup_writes", files)):
+            t0 = time.perf_counter()
+            await fn(narrow)
+            out[name].append(time.perf_counter() - t0)
+            await fn(wide)
+    return {k: stats(v) for k, v in out.items()}
+
+
+async def bench_narrow_containerd(work: Path, shared: int, rounds: int, pause: float) -> dict:
+    """``shared`` shared containers on a real containerd; an exclusive container created ``rounds`` times through
+    the proxy writing cgroups directly (``--cpuset-writes kernel``) and, in the same run, through a proxy that
+    narrows with UpdateContainerResources only (``runtime``, the previous way); then the anchors on the same
+    containers with no proxy running."""
+    lab = ContainerdLab(work / "ctrd")
+    await asyncio.to_thread(lab.start)
+    try:
+        out: dict = {"shared_containers": shared, "rounds": rounds, "pause_between_rounds_s": pause}
+        async with CRIClient(lab.socket) as direct:
+            cgroups: dict[str, Path] = {}
+            sid = ""
+            for writes in ("kernel", "runtime", "kernel"):
+                port = _free_port()
+                (work / writes).mkdir(exist_ok=True)
+                proxy = start_proxy(work / writes, lab.socket, port, "--cpuset-writes", writes)
+                try:
+                    async with CRIClient(str(work / writes / "proxy.sock")) as k:
+                        await ready(k)
+                        if not sid:
+                            sid, ids = await _start_shared(k, shared, str(os.getpid()))
+                            cgroups = await _cgroups_of(direct, ids)
+                        await asyncio.sleep(2)  # the start-up reconcile and its convergence pass are over
+                        key = f"proxy_{writes}" if f"proxy_{writes}" not in out else f"proxy_{writes}_again"
+                        out[key] = await _exclusive_rounds(k, direct, port, cgroups, rounds, pause, writes)
+                finally:
+                    stop(proxy)
+            pool = (await direct.container_status(next(iter(cgroups)))).status.resources.linux.cpuset_cpus
+            narrow = str(min(int(c) for c in pool.replace("-", ",").split(",")))
+            out["anchor_no_proxy"] = await _anchor_updates(direct, cgroups, str(work / "ctrd" / "state" / "runc" /
+                                                                                "k8s.io"), narrow, pool, rounds)
+            await direct.stop_pod_sandbox(sid)
+            await direct.remove_pod_sandbox(sid)
+        return out
+    finally:
+        await asyncio.to_thread(lab.stop)
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer iterations")
     ap.add_argument("--no-containerd", action="store_true", help="skip the real-containerd part")
     ap.add_argument("--steady-seconds", type=float, default=None,
                     help="length of the kubelet-like steady state (default 60, 20 with --quick)")
-    ap.add_argument("--only", choices=("relay", "steady", "concurrent_pods_containerd"),
-                    help="run only the relay latency, steady-state or concurrent-creates part")
+    ap.add_argument("--only", choices=("relay", "steady", "concurrent_pods_containerd", "narrow_containerd"),
+                    help="run only the relay latency, steady-state, concurrent-creates or narrowing part")
+    ap.add_argument("--pause", type=float, default=2.0,
+                    help="seconds between narrowing rounds (containerd's records of the widening catch up)")
     args = ap.parse_args()
     n = 300 if args.quick else 2000
     work = Path(tempfile.mkdtemp(prefix="npx-bench-", dir="/tmp"))
     try:
         result: dict = {"cpus": os.cpu_count(), "iterations": n}
+        if args.only == "narrow_containerd":
+            (work / "nc").mkdir()
+            result["narrow_containerd"] = await bench_narrow_containerd(work / "nc", 100, 5 if args.quick else 20,
+                                                                        args.pause)
+            print(json.dumps(result, indent=2))
+            return
         if args.only == "concurrent_pods_containerd":
             (work / "cp").mkdir()
             result["concurrent_pods_containerd"] = await bench_concurrent_pods(work / "cp", 20, 3 if args.quick else 7)
@@ -454,14 +626,9 @@ async def main() -> None:
             result["create_remove_containerd"] = await bench_containerd(work / "c", 10 if args.quick else 40)
             (work / "cp").mkdir()
             result["concurrent_pods_containerd"] = await bench_concurrent_pods(work / "cp", 20, 3 if args.quick else 7)
-            (work / "cn").mkdir()
-            lab = ContainerdLab(work / "cn" / "ctrd")
-            await asyncio.to_thread(lab.start)
-            try:
-                result["narrow_100_shared_containerd"] = await bench_narrow(work / "cn", lab.socket, 100,
-                                                                            2 if args.quick else 5)
-            finally:
-                await asyncio.to_thread(lab.stop)
+            (work / "nc").mkdir()
+            result["narrow_containerd"] = await bench_narrow_containerd(work / "nc", 100, 5 if args.quick else 20,
+                                                                        args.pause)
         print(json.dumps(result, indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)

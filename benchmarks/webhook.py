@@ -3,7 +3,8 @@
 Starts ``numapin webhook`` as a separate process (its own interpreter, as in a cluster) with a fresh CA and serving
 certificate and a directory of 5000 (``--nodes``) NodeResourceTopology documents (2-socket, 2 NUMA x 28-CPU nodes under
 single-numa-node, each with its own free CPUs, so most nodes differ), then for 1, 16 and 64 concurrent clients
-(one keep-alive TLS connection each) measures admissions per second and p50/p99 latency of:
+(one keep-alive TLS connection each) measures admissions per second, p50/p99 latency and the webhook's CPU per
+request of:
 
 - ``mutate``: pods CREATE of a realistic 8-container pod (2 init containers, a native sidecar, 5 app containers;
   Guaranteed, two of them with whole CPUs);
@@ -13,12 +14,15 @@ single-numa-node, each with its own free CPUs, so most nodes differ), then for 1
   shape and free-CPU state asked once).
 
 Every figure stands beside its anchor, ``healthz_anchor`` (GET /healthz over the same connections: the cost of TLS
-and HTTP alone). ``--replicas 1,2`` repeats everything with that many webhook processes, the clients spread over
-them as the Service spreads connections (the Deployment's scaling story). ``--soak N`` then sends N more requests
-to one replica and reports its resident memory along the way (``--soak 1000000`` is the long form, hours here).
+and HTTP alone). The load comes from ``wrk`` when it is installed (``apt-get install wrk``; C, so the load generator
+takes a tenth of the webhook's CPU per request, reported as ``client_cpu_ms_per_request``), else from a Python client
+in this process (``--client python``; it takes about as much CPU as the webhook). ``--replicas 1,2`` repeats
+everything with that many webhook processes on their own ports, the clients spread over them as the Service spreads
+connections; ``--workers 2`` with one webhook of that many worker processes on one port. ``--soak N`` then sends N
+more requests to one webhook and reports its resident memory along the way (``--soak 1000000`` is the long form).
 
-Usage: python benchmarks/webhook.py [--requests N] [--concurrency 1,16,64] [--nodes 5000] [--replicas 1,2]
-                                    [--soak N]
+Usage: python benchmarks/webhook.py [--seconds 10] [--concurrency 1,16,64] [--nodes 5000] [--replicas 1,2]
+                                    [--workers 1,2] [--client auto|wrk|python] [--soak N]
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ sys.path.insert(0, str(ROOT))
 from allocator.cpuset import CPUSet  # noqa: E402
 from allocator.nrt import build_nrt  # noqa: E402
 from allocator.topology import CPUInfo, Topology  # noqa: E402
+from benchmarks.wrk_load import available as wrk_available  # noqa: E402
+from benchmarks.wrk_load import wrk_load  # noqa: E402
 from webhook.certs import make_ca, make_serving_cert, service_dns_names  # noqa: E402
 from webhook.mutate import mutate_pod  # noqa: E402
 
@@ -108,6 +114,31 @@ def realistic_pod(name: str) -> dict[str, Any]:
         },
         "status": {"phase": "Pending", "qosClass": "Guaranteed"},
     }
+
+
+def large_pod(name: str, size: int) -> dict[str, Any]:
+    """``realistic_pod`` grown to about ``size`` bytes of JSON the way large pods grow: many environment variables
+    (small objects, the costliest kind of JSON to parse)."""
+    pod = realistic_pod(name)
+    apps = pod["spec"]["containers"]
+    base = len(json.dumps(pod))
+    per_var = len(json.dumps({"name": "VAR_00000_000", "value": "v" * 48})) + 2
+    count = max(0, (size - base) // per_var)
+    for i in range(count):
+        apps[i % len(apps)]["env"].append({"name": f"VAR_{i // 1000:05d}_{i % 1000:03d}", "value": "v" * 48})
+    return pod
+
+
+def large_update_review(size: int) -> bytes:
+    """A pods UPDATE review of about ``size`` bytes: object and oldObject each a pod of half of it (the API server
+    sends at most about 2 x 3 MiB)."""
+    pod = large_pod("big-0", size // 2)
+    return review({
+        "uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "shop",
+        "name": pod["metadata"]["name"], "operation": "UPDATE", "object": pod, "oldObject": pod, "dryRun": False,
+        "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+    })
 
 
 def review(request: dict[str, Any]) -> bytes:
@@ -220,11 +251,11 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def start_replica(d: Path, port: int) -> subprocess.Popen[bytes]:
+def start_replica(d: Path, port: int, workers: int = 1) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "numapin", "webhook", "--cert", str(d / "tls.crt"), "--key", str(d / "tls.key"),
          "--host", "127.0.0.1", "--port", str(port), "--nrt-dir", str(d / "nrt"), "--pods-dir", str(d / "pods"),
-         "--log-level", "warning", "--nrt-poll-seconds", "60"],
+         "--log-level", "warning", "--nrt-poll-seconds", "60", "--workers", str(workers)],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
@@ -253,6 +284,42 @@ async def soak(ports: list[int], pid: int, ssl_ctx: Any, bodies: dict[str, list[
     return {"requests": done, "rss_kib": series, "rss_growth_after_first_quarter_kib": series[-1] - quarter}
 
 
+def tree_rss_kib(pid: int) -> dict[str, int]:
+    """RSS of ``pid`` and of its descendants (workers, body parser processes) in KiB."""
+    kids = _children_of(pid)
+    return {"main": rss_kib(pid), "children": sum(rss_kib(k) for k in kids if os.path.exists(f"/proc/{k}"))}
+
+
+def _children_of(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                        out.append(int(entry.name))
+                        todo.append(int(entry.name))
+                except (OSError, IndexError, ValueError):
+                    pass
+    return out
+
+
+def soak_wrk(d: Path, port: int, pid: int, files: dict[str, Path], total: int, seconds: float) -> dict[str, Any]:
+    """Rounds of mutate, validate and binding (``seconds`` each, 16 connections) to one webhook until ``total``
+    requests; its RSS after each round."""
+    series = [{"requests": 0, **tree_rss_kib(pid)}]
+    done = 0
+    started = time.monotonic()
+    while done < total:
+        for path, key in (("/mutate", "mutate"), ("/validate", "validate_pod"), ("/validate", "binding")):
+            done += wrk_load(d, [port], path, files[key], seconds, 16, [pid])["requests"]
+        series.append({"requests": done, **tree_rss_kib(pid), "load_average": os.getloadavg()[0]})
+    quarter = next(x for x in series if x["requests"] >= done // 4)
+    return {"requests": done, "seconds": round(time.monotonic() - started), "rss_kib": series,
+            "rss_growth_after_first_quarter_kib": series[-1]["main"] - quarter["main"]}
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     import ssl
 
@@ -270,39 +337,51 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         (d / "pods").mkdir()
         (d / "pods" / "pod.json").write_text(json.dumps(stored))
         ssl_ctx = ssl.create_default_context(cadata=ca.cert_pem.decode())
-        ports = [free_port() for _ in range(max(args.replicas))]
-        procs = [start_replica(d, p) for p in ports]
-        try:
-            for port, proc in zip(ports, procs, strict=True):
-                await wait_ready(port, ssl_ctx, proc)
-            async with aiohttp.ClientSession() as s, s.post(  # the webhook's patch gives the same stored pod
-                    f"https://127.0.0.1:{ports[0]}/mutate", data=pod_review(pod, with_uid=False), ssl=ssl_ctx,
-                    server_hostname=SERVER_NAME, headers={"Content-Type": "application/json"}) as r:
-                patch = json.loads(base64.b64decode((await r.json())["response"]["patch"]))
-            import jsonpatch
+        bodies = {"healthz_anchor": [],
+                  "mutate": [pod_review(pod, with_uid=False) for _ in range(50)],
+                  "validate_pod": [pod_review(stored, with_uid=True) for _ in range(50)],
+                  "binding": [binding_review(pod["metadata"]["name"], f"node-{i:04d}") for i in range(args.nodes)]}
+        paths = {"healthz_anchor": "/healthz", "mutate": "/mutate", "validate_pod": "/validate",
+                 "binding": "/validate"}
+        files: dict[str, Path | None] = {"healthz_anchor": None}
+        for name in ("mutate", "validate_pod", "binding"):
+            files[name] = d / f"{name}.bodies"
+            files[name].write_bytes(b"\n".join(bodies[name]))  # type: ignore[union-attr]
+        deployments = [(r, 1) for r in args.replicas] + [(1, w) for w in args.workers if w > 1]
+        results: dict[str, Any] = {}
+        memory = None
+        for replicas, workers in deployments:
+            ports = [free_port() for _ in range(replicas)]
+            procs = [start_replica(d, p, workers) for p in ports]
+            try:
+                for port, proc in zip(ports, procs, strict=True):
+                    await wait_ready(port, ssl_ctx, proc)
+                async with aiohttp.ClientSession() as s, s.post(  # the webhook's patch gives the same stored pod
+                        f"https://127.0.0.1:{ports[0]}/mutate", data=pod_review(pod, with_uid=False), ssl=ssl_ctx,
+                        server_hostname=SERVER_NAME, headers={"Content-Type": "application/json"}) as r:
+                    patch = json.loads(base64.b64decode((await r.json())["response"]["patch"]))
+                import jsonpatch
 
-            assert jsonpatch.JsonPatch(patch).apply(pod) == stored
-            bodies = {"healthz_anchor": [],
-                      "mutate": [pod_review(pod, with_uid=False) for _ in range(50)],
-                      "validate_pod": [pod_review(stored, with_uid=True) for _ in range(50)],
-                      "binding": [binding_review(pod["metadata"]["name"], f"node-{i:04d}")
-                                  for i in range(args.nodes)]}
-            paths = {"healthz_anchor": "/healthz", "mutate": "/mutate", "validate_pod": "/validate",
-                     "binding": "/validate"}
-            results: dict[str, Any] = {}
-            for replicas in args.replicas:
+                assert jsonpatch.JsonPatch(patch).apply(pod) == stored
+                key = f"replicas_{replicas}" + (f"_workers_{workers}" if workers > 1 else "")
+                pids = [p.pid for p in procs]
                 for name in paths:
-                    results.setdefault(f"replicas_{replicas}", {})[name] = [
-                        await run_load(ports[:replicas], ssl_ctx, paths[name], bodies[name], args.requests, c,
-                                       [p.pid for p in procs[:replicas]])
+                    results.setdefault(key, {})[name] = [
+                        wrk_load(d, ports, paths[name], files[name], args.seconds, c, pids) if args.client == "wrk"
+                        else await run_load(ports, ssl_ctx, paths[name], bodies[name], args.requests, c, pids)
                         for c in args.concurrency]
-            memory = await soak(ports[:1], procs[0].pid, ssl_ctx, bodies, args.soak) if args.soak else None
-        finally:
-            for proc in procs:
-                proc.send_signal(signal.SIGTERM)
-            for proc in procs:
-                proc.wait(10)
+                if args.soak and memory is None:
+                    memory = (soak_wrk(d, ports[0], procs[0].pid, files, args.soak, args.soak_seconds)  # type: ignore[arg-type]
+                              if args.client == "wrk" else
+                              await soak(ports[:1], procs[0].pid, ssl_ctx, bodies, args.soak))
+            finally:
+                for proc in procs:
+                    proc.send_signal(signal.SIGTERM)
+                for proc in procs:
+                    proc.wait(30)
     out = {"benchmark": "webhook", "tls": "TLSv1.2+, keep-alive, one connection per client",
+           "client": args.client + (" (one wrk process per port, closed loop: offered load = connections)"
+                                    if args.client == "wrk" else " (Python, in this process)"),
            "pod": "8 containers (2 init, 1 native sidecar, 5 app), Guaranteed, cpu-manager exclusive",
            "anchor": "healthz_anchor: GET /healthz over the same connections (TLS + HTTP, no decision)",
            "nodes": args.nodes, "distinct_node_states": distinct, "cpu_count": os.cpu_count(),
@@ -321,7 +400,16 @@ def main() -> None:
                    "spread over them as the Service does), e.g. 1,2")
     p.add_argument("--soak", type=int, default=0, help="then send this many more requests to one replica and "
                    "report its RSS along the way (1000000 for the long form)")
+    p.add_argument("--workers", default="1", help="comma-separated worker counts of one webhook (--workers N, one "
+                   "port), e.g. 1,2")
+    p.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
+                   help="load generator: wrk (C, Debian's wrk; auto when installed) or the Python client")
+    p.add_argument("--seconds", type=float, default=10.0, help="wrk: seconds per (endpoint, concurrency)")
+    p.add_argument("--soak-seconds", type=float, default=5.0, help="wrk: seconds of each endpoint per soak round")
     args = p.parse_args()
+    if args.client == "auto":
+        args.client = "wrk" if wrk_available() else "python"
+    args.workers = [int(x) for x in args.workers.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     args.replicas = [int(x) for x in args.replicas.split(",")]
     print(json.dumps(asyncio.run(main_async(args)), indent=2))

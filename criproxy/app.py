@@ -19,7 +19,7 @@ from allocator.topology import Topology
 
 from .config import ProxyConfig
 from .control import ControlServer
-from .converge import Converger, Decision, decision_of
+from .converge import Converger, Decider, Decision
 from .cri_api import RuntimeApi
 from .cri_pods import rebuild_cri_pods
 from .http_server import ProxyHttpServer
@@ -70,6 +70,7 @@ class ProxyParts:
     starts: StartGuard
     pinning: Pinning
     modes: ModeApplier
+    decider: Decider
 
 
 class CriProxy:
@@ -142,7 +143,7 @@ class CriProxy:
 
     async def start(self) -> CriProxy:
         cfg = self.config
-        node = self._node or await asyncio.to_thread(node_parts_of, cfg)
+        node = self._node if self._node is not None else await asyncio.to_thread(node_parts_of, cfg)
         node_config = node.config
         store = CheckpointStore(cfg.state_file, "numapin")
         cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +161,9 @@ class CriProxy:
             log.warning("converge: %s; running containers' cpusets cannot be checked in the kernel", problem)
         # from here to the parts, nothing waits: stop() closes what start() opened, however far it got
         upstream = Upstream(cfg.runtime_endpoint)
-        pusher = CpusetPusher(upstream, self.registry, on_resized=lambda: self.converger.kick(), api=self.api)
+        direct = problem is None and cfg.cpuset_writes == "kernel"  # write running containers' cgroups directly
+        pusher = CpusetPusher(upstream, self.registry, layout=layout if direct else None,
+                              on_resized=lambda: self.converger.kick(), api=self.api)
         converger = Converger(upstream, self.registry, pusher, layout, self.decide,
                               period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
                               on_pass=self.metrics.observe_converge)
@@ -175,7 +178,8 @@ class CriProxy:
         modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
                             on_refusal=self.metrics.observe_mode_refusal)
-        self._parts = ProxyParts(node_config, store, allocator, upstream, pusher, converger, starts, pinning, modes)
+        self._parts = ProxyParts(node_config, store, allocator, upstream, pusher, converger, starts, pinning, modes,
+                                 Decider(allocator, node_config.topology))
         interceptors = dict(self.pinning.interceptors())
         interceptors["StartContainer"] = self.starts.start_container
         # kubelet's own cpuset-bearing update is sent with the pool gate held (shared): never between a
@@ -238,7 +242,7 @@ class CriProxy:
 
     def decide(self, t: Tracked) -> Decision | None:
         """What the container must run on now (its pinned CPUs, else the shared pool)."""
-        return decision_of(self.allocator, self.node_config.topology, t)
+        return self._started().decider(t)
 
     async def reconcile_once(self) -> ReconcileReport:
         if not self.reconciled.is_set():
@@ -281,7 +285,7 @@ class CriProxy:
             except grpc.aio.AioRpcError as e:
                 log.warning("reconcile: runtime not reachable (%s: %s)", e.code().name, e.details())
 
-    def nrt_document(self) -> dict:
+    def nrt_document(self) -> dict[str, Any]:
         nc = self.node_config
         reserved = self.allocator.reserved_cpus
         return build_nrt(self.config.node_name, nc.topology, free_cpus=self.allocator.state.default_cpuset - reserved,
@@ -330,4 +334,8 @@ class CriProxy:
         if self._api is not None:
             await self._api.close()
         if self._parts is not None:
+            records = self._parts.pusher.records
+            if not await records.settle(5.0):
+                log.warning("stopping with %d containerd records behind the kernel's cpusets (the next start's "
+                            "reconcile brings them up to date)", records.pending)
             await self._parts.upstream.close()

@@ -52,6 +52,9 @@ class ProxyConfig:
     lift_cfs_quota: bool = True
     reconcile_period: float = 0.0  # seconds between reconciles with containerd's lists; 0 = only at start
     converge_period: float = 1.0   # seconds between checks of every container's real cpuset; 0 = only on changes
+    # kernel: a running container's cgroup cpuset is written directly, containerd's record follows in the
+    # background; runtime: only through containerd's UpdateContainerResources (one runc update each)
+    cpuset_writes: str = "kernel"
     proc_root: str = "/proc"       # the host's /proc (hostPID)
     cgroup_root: str = "/sys/fs/cgroup"  # the host's cgroup file systems
     node_name: str = ""
@@ -66,7 +69,7 @@ class ProxyConfig:
     self_pod_name: str | None = None
     self_pod_uid: str | None = None
     log_level: str = "INFO"
-    relay: str = "grpc"           # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
+    relay: str = "frames"         # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
 
     @property
     def state_file(self) -> Path:
@@ -133,6 +136,10 @@ def _coerce(name: str, value: Any) -> Any:
         if f < 0:
             raise ConfigError(f"{where}: must not be negative, got {value!r}")
         return f
+    if name == "cpuset_writes":
+        if value not in ("kernel", "runtime"):
+            raise ConfigError(f"{where}: expected kernel or runtime, got {value!r}")
+        return value
     if name == "num_reserved_cpus":
         try:
             n = int(value)

@@ -4,8 +4,10 @@ The decision for a container is its own CPUs when the allocator's state pins it,
 pool; the memory nodes are the NUMA nodes of those CPUs. The truth is read from the kernel (the container's
 cgroup and its processes' ``/proc/<pid>/status``, see ``kernel``), never from containerd's record: a cgroup
 written behind the proxy's back, an update lost to a kill -9 of the proxy mid-narrowing, a record containerd
-rolled back after the kernel had changed, an update that failed while containerd was down all show up the
-same way and are repaired with ``UpdateContainerResources`` (so containerd's record follows too).
+rolled back after the kernel had changed, an update that failed while containerd was down, a stale record
+containerd or runc wrote back into the cgroup all show up the same way and are repaired like any push (the
+cgroup written, then containerd's record with ``UpdateContainerResources``, see ``narrowing``). Record updates
+containerd refused are sent again on every pass.
 
 A pass runs at start-up (after reconcile), every ``period`` seconds, and right after the pool moved. Reading
 is batched in one worker thread; the repairs hold the pool gate exclusively, so they never race a narrowing.
@@ -29,12 +31,12 @@ from allocator.node import NodeAllocator
 from allocator.topology import Topology
 from protos import cri_pb2
 
-from .kernel import CgroupLayout, KernelView, cgroup_of_pid, cgroup_of_spec, read_views
+from .kernel import CgroupLayout, KernelReader, KernelView, cgroup_of_pid, cgroup_of_spec
 from .narrowing import CpusetPusher
 from .registry import Registry, Tracked
 from .relay import Upstream
 
-__all__ = ["ConvergeReport", "Converger", "Decision", "Repair", "decision_of"]
+__all__ = ["ConvergeReport", "Converger", "Decider", "Decision", "Repair"]
 
 log = logging.getLogger("numapin.criproxy")
 
@@ -44,13 +46,27 @@ class Decision:
     mems: CPUSet
 
 
-def decision_of(allocator: NodeAllocator, topology: Topology, t: Tracked) -> Decision | None:
-    """What the container must run on now (None: numapin does not manage it)."""
-    if t.mode == "bypass":
-        return None
-    own = allocator.container_cpus(t.pod_uid, t.name)
-    cpus = own if own is not None else allocator.shared_pool()
-    return Decision(cpus, topology.numa_of(cpus))
+class Decider:
+    """What each container must run on now: ``decider(container)`` (None: numapin does not manage it). The
+    NUMA nodes of a cpuset are remembered: a pass asks for the same few cpusets (the pool's, above all) again
+    and again."""
+
+    def __init__(self, allocator: NodeAllocator, topology: Topology) -> None:
+        self.allocator = allocator
+        self.topology = topology
+        self._mems: dict[CPUSet, CPUSet] = {}
+
+    def __call__(self, t: Tracked) -> Decision | None:
+        if t.mode == "bypass":
+            return None
+        own = self.allocator.container_cpus(t.pod_uid, t.name)
+        cpus = own if own is not None else self.allocator.shared_pool()
+        mems = self._mems.get(cpus)
+        if mems is None:
+            if len(self._mems) > 4096:
+                self._mems.clear()
+            mems = self._mems[cpus] = self.topology.numa_of(cpus)
+        return Decision(cpus, mems)
 
 
 @dataclass(frozen=True)
@@ -93,7 +109,8 @@ class Converger:
         self.timeout = timeout
         self.on_repair = on_repair or (lambda trigger, ok: None)
         self.on_pass = on_pass or (lambda seconds: None)
-        self._cgroups: dict[str, str] = {}        # container id -> cgroup (fixed for the container's life)
+        self._cgroups = pusher.cgroups            # container id -> cgroup (fixed for the container's life)
+        self.reader = KernelReader(layout)
         self._retry_at: dict[str, float] = {}      # container id -> when to ask the runtime again
         self._kick = asyncio.Event()
         self._slots = asyncio.Semaphore(16)
@@ -150,7 +167,7 @@ class Converger:
         ts = list(containers)
         await self.locate(ts)
         paths = [(t.id, self._cgroups[t.id]) for t in ts if t.id in self._cgroups]
-        views = await asyncio.to_thread(read_views, self.layout, paths) if paths else {}
+        views = await asyncio.to_thread(self.reader.views, paths) if paths else {}
         return {t.id: views.get(t.id) for t in ts}
 
     def live(self) -> list[Tracked]:
@@ -206,6 +223,8 @@ class Converger:
             self.forget(cid)
         for cid in [c for c in self._retry_at if c not in ids]:
             self._retry_at.pop(cid, None)
+        self.reader.retain(self._cgroups.values())
+        self.pusher.records.retry(t.id for t in live)  # containerd's records it refused: sent again
         views = await self.views(live)
         checked = sum(1 for v in views.values() if v is not None and v.running)
         repairs: tuple[Repair, ...] = ()

@@ -29,6 +29,9 @@ __all__ = ["PATHS", "ProxyHttpServer", "bind_tcp"]
 log = logging.getLogger("numapin.criproxy")
 
 PATHS = ("/metrics", "/status")
+# a connection that sends no complete request head for this long, or stays idle between requests this long, is
+# closed (aiohttp's keep-alive timer, armed from the connection's start): no client holds one open for ever
+IDLE_TIMEOUT = 15.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -56,8 +59,10 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 class ProxyHttpServer:
     """``/metrics`` and ``/status`` on one port: ``await start(host, port)`` … ``await stop()``."""
 
-    def __init__(self, registry: CollectorRegistry, status: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, registry: CollectorRegistry, status: Callable[[], Mapping[str, Any]], *,
+                 idle_timeout: float = IDLE_TIMEOUT) -> None:
         self._registry = registry
+        self.idle_timeout = idle_timeout
         self._status = status  # called on the loop
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -99,7 +104,8 @@ class ProxyHttpServer:
     async def start(self, host: str, port: int) -> int:
         """Serve on ``host:port``; returns the bound port."""
         sock = await asyncio.to_thread(bind_tcp, host, port)  # a host name is resolved: not on the loop
-        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False, shutdown_timeout=1.0,
+                               keepalive_timeout=self.idle_timeout)
         try:
             await runner.setup()
             await web.SockSite(runner, sock).start()

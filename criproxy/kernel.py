@@ -1,7 +1,8 @@
 """What the kernel says a container runs on: its cgroup's ``cpuset.cpus``/``cpuset.mems`` and the
 ``Cpus_allowed_list``/``Mems_allowed_list`` of its processes (``/proc/<pid>/status``).
 
-Plain blocking file reads (call them off the event loop). The cgroup of a container is found from the OCI
+Plain blocking file reads and writes (call them off the event loop); ``write_cpuset`` is how the proxy narrows
+and widens a running container in the kernel directly. The cgroup of a container is found from the OCI
 spec's ``linux.cgroupsPath`` (cgroupfs ``/kubepods/pod<uid>/<id>`` or systemd ``slice:prefix:name``) or
 from ``/proc/<pid>/cgroup``; cgroup v1 (the ``cpuset`` hierarchy) and v2 (unified) are both read. The roots
 are configurable, for a proxy that sees the host's ``/proc`` (hostPID) and ``/sys/fs/cgroup`` elsewhere.
@@ -9,14 +10,15 @@ are configurable, for a proxy that sees the host's ``/proc`` (hostPID) and ``/sy
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from allocator.cpuset import CPUSet
 
-__all__ = ["CgroupLayout", "KernelRoots", "KernelView", "TaskView", "cgroup_of_pid", "cgroup_of_spec",
-           "read_view", "read_views"]
+__all__ = ["CgroupLayout", "KernelReader", "KernelRoots", "KernelView", "TaskView", "cgroup_of_pid", "cgroup_of_spec",
+           "read_view", "read_views", "write_cpuset", "write_cpusets"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class CgroupLayout:
         return self.roots.cgroup / rel if self.unified else self.roots.cgroup / "cpuset" / rel
 
     def files(self) -> tuple[str, str]:
+        """The files that show a cgroup's cpuset (v2: what the kernel applies, the parent's limits included)."""
         return ("cpuset.cpus.effective", "cpuset.mems.effective") if self.unified else ("cpuset.cpus", "cpuset.mems")
 
 
@@ -140,38 +143,135 @@ def cgroup_of_pid(roots: KernelRoots, pid: int) -> str | None:
     return unified
 
 
-def _task(roots: KernelRoots, pid: int) -> TaskView | None:
+def _read(path: str) -> bytes:
+    """A small kernel file, whole (plain ``os`` calls: a pass reads hundreds of them)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        text = (roots.proc / str(pid) / "status").read_text()
-    except OSError:
-        return None  # exited meanwhile
-    cpus = mems = None
-    for line in text.splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            cpus = _parse(line.split(":", 1)[1])
-        elif line.startswith("Mems_allowed_list:"):
-            mems = _parse(line.split(":", 1)[1])
-    if cpus is None or mems is None:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _field(text: bytes, name: bytes) -> bytes | None:
+    """The value of ``name:`` in a ``/proc/<pid>/status`` text."""
+    i = text.find(b"\n" + name + b":")
+    if i < 0:
         return None
-    return TaskView(pid, cpus, mems)
+    i += len(name) + 2
+    j = text.find(b"\n", i)
+    return text[i:] if j < 0 else text[i:j]
+
+
+class KernelReader:
+    """Reads containers' kernel views, remembering for each cgroup what its files said at the last read.
+
+    When a cgroup's cpuset files and its list of processes read exactly as last time, and last time every one of
+    its processes was read and within the cgroup's cpuset, its processes' ``/proc/<pid>/status`` are not read
+    again: the kernel keeps a process's affinity within its cgroup's cpuset (``sched_setaffinity`` may only
+    narrow it there), resets it whenever the cpuset is written (which shows in the files), and a process that
+    joins the cgroup changes the list. So a re-read could only show a process narrowing itself, which is
+    allowed. A view that disagrees is never remembered. Safe to call from several threads."""
+
+    def __init__(self, layout: CgroupLayout) -> None:
+        self.layout = layout
+        self._files = layout.files()
+        self._last: dict[str, tuple[tuple[bytes, bytes, bytes], KernelView]] = {}
+        self._parsed: dict[bytes, CPUSet] = {}  # cpu-list text -> set (a node has few distinct ones)
+        self._dirs: dict[str, str] = {}         # cgroup -> its directory
+
+    def _cpuset(self, text: bytes) -> CPUSet:
+        out = self._parsed.get(text)
+        if out is None:
+            if len(self._parsed) > 4096:
+                self._parsed.clear()
+            out = self._parsed[text] = _parse(text.decode())
+        return out
+
+    def _task(self, pid: int) -> TaskView | None:
+        try:
+            text = _read(f"{self.layout.roots.proc}/{pid}/status")
+        except OSError:
+            return None  # exited meanwhile
+        cpus, mems = _field(text, b"Cpus_allowed_list"), _field(text, b"Mems_allowed_list")
+        if cpus is None or mems is None:
+            return None
+        return TaskView(pid, self._cpuset(cpus), self._cpuset(mems))
+
+    def view(self, cgroup: str) -> KernelView | None:
+        """The container's view, or None when its cgroup does not exist (not started, or gone)."""
+        d = self._dirs.get(cgroup)
+        if d is None:
+            d = self._dirs[cgroup] = str(self.layout.directory(cgroup))
+        try:
+            key = (_read(f"{d}/{self._files[0]}"), _read(f"{d}/{self._files[1]}"), _read(f"{d}/cgroup.procs"))
+        except OSError:
+            self._last.pop(cgroup, None)
+            return None
+        last = self._last.get(cgroup)
+        if last is not None and last[0] == key:
+            return last[1]
+        try:
+            cpus, mems = self._cpuset(key[0]), self._cpuset(key[1])
+            pids = [int(p) for p in key[2].split()]
+        except ValueError:
+            return None
+        tasks = tuple(t for t in (self._task(p) for p in pids) if t is not None)
+        view = KernelView(cgroup, cpus, mems, tasks)
+        if len(tasks) == len(pids) and all(t.cpus.issubset(cpus) and t.mems.issubset(mems) for t in tasks):
+            self._last[cgroup] = (key, view)
+        else:
+            self._last.pop(cgroup, None)
+        return view
+
+    def views(self, cgroups: Mapping[str, str] | Iterable[tuple[str, str]]) -> dict[str, KernelView | None]:
+        """``{container id: view}`` for ``{container id: cgroup}`` (one batch for one worker thread)."""
+        items = cgroups.items() if isinstance(cgroups, Mapping) else cgroups
+        return {cid: self.view(cg) for cid, cg in items}
+
+    def retain(self, cgroups: Iterable[str]) -> None:
+        """Forget what was read of cgroups other than these (their containers are gone)."""
+        keep = set(cgroups)
+        for cg in [c for c in self._last if c not in keep]:
+            self._last.pop(cg, None)
+        for cg in [c for c in self._dirs if c not in keep]:
+            self._dirs.pop(cg, None)
 
 
 def read_view(layout: CgroupLayout, cgroup: str) -> KernelView | None:
-    """The container's view, or None when its cgroup does not exist (not started, or gone)."""
-    d = layout.directory(cgroup)
-    cpus_file, mems_file = layout.files()
-    try:
-        cpus = _parse((d / cpus_file).read_text())
-        mems = _parse((d / mems_file).read_text())
-        procs = (d / "cgroup.procs").read_text().split()
-    except (OSError, ValueError):
-        return None
-    tasks = tuple(t for t in (_task(layout.roots, int(p)) for p in procs if p.isdigit()) if t is not None)
-    return KernelView(cgroup, cpus, mems, tasks)
+    """The container's view, or None when its cgroup does not exist (not started, or gone); read afresh."""
+    return KernelReader(layout).view(cgroup)
 
 
 def read_views(layout: CgroupLayout, cgroups: Mapping[str, str] | Iterable[tuple[str, str]]
                ) -> dict[str, KernelView | None]:
-    """``{container id: view}`` for ``{container id: cgroup}`` (one batch for one worker thread)."""
-    items = cgroups.items() if isinstance(cgroups, Mapping) else cgroups
-    return {cid: read_view(layout, cg) for cid, cg in items}
+    """``{container id: view}`` for ``{container id: cgroup}``, read afresh."""
+    return KernelReader(layout).views(cgroups)
+
+
+def write_cpuset(layout: CgroupLayout, cgroup: str, cpus: CPUSet, mems: CPUSet | None) -> str | None:
+    """Write a cgroup's ``cpuset.cpus`` (then ``cpuset.mems``) as runc does; the kernel moves the cgroup's
+    processes at once. Returns why it could not (None: written); a cgroup that does not exist (container not
+    started, or gone) is not created."""
+    d = layout.directory(cgroup)
+    for name, value in (("cpuset.cpus", cpus), ("cpuset.mems", mems)):
+        if value is None:
+            continue
+        try:
+            fd = os.open(d / name, os.O_WRONLY | os.O_TRUNC)  # as runc opens them
+        except OSError as e:
+            return f"{d / name}: {e.strerror}"
+        try:
+            os.write(fd, str(value).encode())
+        except OSError as e:
+            return f"{d / name} = {value}: {e.strerror}"
+        finally:
+            os.close(fd)
+    return None
+
+
+def write_cpusets(layout: CgroupLayout, items: Iterable[tuple[str, CPUSet, CPUSet | None]]) -> list[str | None]:
+    """``write_cpuset`` for each ``(cgroup, cpus, mems)`` (one batch for one worker thread)."""
+    return [write_cpuset(layout, cg, cpus, mems) for cg, cpus, mems in items]

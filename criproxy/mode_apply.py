@@ -214,7 +214,7 @@ class ModeApplier:
                 quota = UNLIMITED_QUOTA
             elif self.lift_cfs_quota and m.new_mode == "shared" and m.old_mode != "shared":
                 quota = milli_cpu_to_quota(c.cpu_limit_milli, _QUOTA_PERIOD) if c and c.cpu_limit_milli else None
-            t.mode = m.new_mode  # type: ignore[assignment]
+            t.mode = m.new_mode
             moves.append((t, m.new_cpus, quota))
         if change.narrows_pool:
             await self._resize_shared()    # 1. the shared containers leave the new exclusive CPUs,

@@ -52,7 +52,7 @@ class ApiPublisher:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def _client(self):  # pragma: no cover - needs an API server
+    async def _client(self) -> Any:  # pragma: no cover - needs an API server (kubernetes_asyncio.client.ApiClient)
         from kubernetes_asyncio import client, config
 
         if self.kubeconfig:

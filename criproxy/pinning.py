@@ -147,8 +147,8 @@ class Pinning:
         result = await self.pusher.resize_shared(pool, mems)
         if result.changed or result.failed:
             self.on_narrow(result.seconds)
-            log.info("shared pool -> cpus=%s mems=%s: %d containers updated, %d failed in %.1f ms", pool, mems,
-                     result.changed, result.failed, result.seconds * 1000)
+            log.info("shared pool -> cpus=%s mems=%s: %d containers updated (%d cgroups written directly), %d failed "
+                     "in %.1f ms", pool, mems, result.changed, result.direct, result.failed, result.seconds * 1000)
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)

@@ -19,8 +19,9 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -98,24 +99,31 @@ def normalize_endpoint(endpoint: str) -> str:
 
 class Upstream:
     """The runtime's gRPC channels (each reconnects with back-off by itself; calls fail fast when it is down):
-    ``channel`` (grpc.aio) for the event loop — interceptors and the proxy's own calls —, and a synchronous one for
-    the relay's server threads."""
+    ``channel`` (grpc.aio) for the event loop — interceptors of the gRPC relay and the proxy's own calls —, and a
+    synchronous one for the gRPC relay's server threads."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         target = normalize_endpoint(endpoint)
         self.channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self.sync_channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-        self._unary: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
-        self._stream: dict[str, grpc.aio.StreamStreamMultiCallable] = {}
+        self._target = target
+        self._sync_channel: grpc.Channel | None = None  # made by the gRPC relay only (the frame relay needs none)
+        self._unary: dict[str, grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]] = {}
+        self._stream: dict[str, grpc.aio.StreamStreamMultiCallable[bytes, bytes]] = {}
 
-    def unary(self, method: str) -> grpc.aio.UnaryUnaryMultiCallable:
+    @property
+    def sync_channel(self) -> grpc.Channel:
+        if self._sync_channel is None:
+            self._sync_channel = grpc.insecure_channel(self._target, options=CHANNEL_OPTIONS)
+        return self._sync_channel
+
+    def unary(self, method: str) -> grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]:
         c = self._unary.get(method)
         if c is None:
             c = self._unary[method] = self.channel.unary_unary(method)
         return c
 
-    def stream(self, method: str) -> grpc.aio.StreamStreamMultiCallable:
+    def stream(self, method: str) -> grpc.aio.StreamStreamMultiCallable[bytes, bytes]:
         c = self._stream.get(method)
         if c is None:
             c = self._stream[method] = self.channel.stream_stream(method)
@@ -126,7 +134,8 @@ class Upstream:
         return await self.unary(method)(request, timeout=timeout)
 
     async def close(self) -> None:
-        self.sync_channel.close()
+        if self._sync_channel is not None:
+            self._sync_channel.close()
         await self.channel.close()
 
 
@@ -187,7 +196,9 @@ Interceptor = Callable[[bytes, Forward], Awaitable[bytes]]
 
 def caller_metadata(context: grpc.ServicerContext) -> Metadata:
     md = context.invocation_metadata() or ()
-    return tuple((m.key, m.value) for m in md if not m.key.startswith(":") and m.key not in _TRANSPORT_KEYS)
+    # grpc's metadata items are namedtuples (key, value); the stubs type them as plain pairs
+    return tuple((m.key, m.value) for m in md  # type: ignore[attr-defined]
+                 if not m.key.startswith(":") and m.key not in _TRANSPORT_KEYS)  # type: ignore[attr-defined]
 
 
 def caller_timeout(context: grpc.ServicerContext) -> float | None:
@@ -256,16 +267,16 @@ class RelayHandler(grpc.GenericRpcHandler):
         self.interceptors = dict(interceptors or {})
         self.observe = observe
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {}
 
-    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[bytes, bytes] | None:
         method = handler_call_details.method
         handler = self._handlers.get(method)
         if handler is None:
             handler = self._handlers[method] = self._make_handler(method)
         return handler
 
-    def _make_handler(self, method: str) -> grpc.RpcMethodHandler:
+    def _make_handler(self, method: str) -> grpc.RpcMethodHandler[bytes, bytes]:
         service, _, name = method.lstrip("/").rpartition("/")
         if service in CRI_SERVICES and name in UNARY_METHODS:
             interceptor = self.interceptors.get(name)
@@ -279,7 +290,7 @@ class RelayHandler(grpc.GenericRpcHandler):
             self.observe(method, time.perf_counter() - t0, code)
 
     def _unary_behavior(self, method: str) -> Callable[[bytes, grpc.ServicerContext], bytes]:
-        forward = self.upstream.sync_channel.unary_unary(method)
+        forward: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self.upstream.sync_channel.unary_unary(method)
 
         def behavior(request: bytes, context: grpc.ServicerContext) -> bytes:
             t0 = time.perf_counter()
@@ -288,12 +299,13 @@ class RelayHandler(grpc.GenericRpcHandler):
                 response, call = forward.with_call(request, metadata=caller_metadata(context),
                                                    timeout=caller_timeout(context))
             except grpc.RpcError as e:
-                code = e.code()  # type: ignore[attr-defined]
-                _fail(context, code, e.details() or "", tuple(e.trailing_metadata() or ()))  # type: ignore[attr-defined]
+                code = e.code()
+                # the stubs type an error's trailing metadata as objects; they are (key, value) pairs
+                _fail(context, code, e.details() or "", tuple(e.trailing_metadata() or ()))  # type: ignore[arg-type]
                 raise  # not reached: abort raises
             else:
                 _answer(context, tuple(call.initial_metadata() or ()), tuple(call.trailing_metadata() or ()))
-                return response  # type: ignore[no-any-return]
+                return response
             finally:
                 self._done(method, t0, code)
 
@@ -316,14 +328,14 @@ class RelayHandler(grpc.GenericRpcHandler):
 
         return behavior
 
-    def _on_loop(self, coro: Awaitable[Outcome]) -> Outcome:
+    def _on_loop(self, coro: Coroutine[Any, Any, Outcome]) -> Outcome:
         """Run ``coro`` on the proxy's event loop and wait for it (the caller going away does not stop it: a
         decision is carried through)."""
         loop = self.loop
         if loop is None or loop.is_closed():
-            coro.close()  # type: ignore[attr-defined]
+            coro.close()
             return Outcome(code=grpc.StatusCode.UNAVAILABLE, details="numapin: the proxy is stopping")
-        future = asyncio.run_coroutine_threadsafe(coro, loop)  # type: ignore[arg-type]
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
         while True:
             try:
                 return future.result(timeout=1.0)
@@ -340,13 +352,14 @@ class RelayHandler(grpc.GenericRpcHandler):
                                replies)
 
     def _stream_behavior(self, method: str) -> Callable[[Iterator[bytes], grpc.ServicerContext], Iterator[bytes]]:
-        forward = self.upstream.sync_channel.stream_stream(method)
+        forward: grpc.StreamStreamMultiCallable[bytes, bytes] = self.upstream.sync_channel.stream_stream(method)
 
         def behavior(request_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
             t0 = time.perf_counter()
             code = grpc.StatusCode.OK
             call = forward(request_iterator, metadata=caller_metadata(context), timeout=caller_timeout(context))
-            context.add_callback(call.cancel)  # the caller went away: so does the upstream stream
+            # the caller went away: so does the upstream stream (grpc ignores what the callback returns)
+            context.add_callback(call.cancel)  # type: ignore[arg-type]
             try:
                 initial = call.initial_metadata()
                 if initial:
@@ -356,9 +369,9 @@ class RelayHandler(grpc.GenericRpcHandler):
                 if trailing:
                     context.set_trailing_metadata(tuple(trailing))
             except grpc.RpcError as e:
-                code = e.code()  # type: ignore[attr-defined]
+                code = e.code()
                 if context.is_active():
-                    _fail(context, code, e.details() or "", tuple(e.trailing_metadata() or ()))  # type: ignore[attr-defined]
+                    _fail(context, code, e.details() or "", tuple(e.trailing_metadata() or ()))  # type: ignore[arg-type]
             finally:
                 call.cancel()
                 self._done(method, t0, code)

@@ -35,7 +35,8 @@ import base64
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -44,6 +45,7 @@ import hpack
 from . import h2wire as h2
 from .relay import (
     CRI_SERVICES,
+    MAX_MESSAGE,
     UNARY_METHODS,
     Forward,
     Interceptor,
@@ -69,6 +71,11 @@ _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
 _CONNECT_TIMEOUT = 20.0
 _CACHE_LIMIT = 1024
+# the largest header list accepted (grpc-go's default for servers, which kubelet's runtime is)
+_MAX_HEADER_LIST = 16 << 20
+# the largest intercepted message (request or answer) held in memory, with gRPC's 5-byte prefix: the gRPC relay's
+# limit; beyond it the connection is closed (the proxy credits held data back at once, so nothing else bounds it)
+MAX_HELD = MAX_MESSAGE + 5
 # what the gRPC library sets itself: not the caller's metadata (as relay.caller_metadata)
 _TRANSPORT_KEYS = frozenset({b"user-agent", b"content-type", b"te", b"host", b"grpc-timeout", b"grpc-encoding",
                              b"grpc-accept-encoding", b"grpc-message-type"})
@@ -158,7 +165,7 @@ def _metadata(headers: list[tuple[bytes, bytes]], *, skip: frozenset[bytes] = _S
 class _Peer:
     """One side of a relayed connection, as the proxy writes to it."""
 
-    __slots__ = ("init_window", "max_frame", "name", "transport", "window", "withhold")
+    __slots__ = ("block_open", "init_window", "max_frame", "name", "queued", "transport", "window", "withhold")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -167,8 +174,27 @@ class _Peer:
         self.init_window = _DEFAULT_WINDOW   # its SETTINGS_INITIAL_WINDOW_SIZE: a new stream's receive window
         self.window = _DEFAULT_WINDOW        # its connection receive window (what may still be sent to it)
         self.withhold = 0                    # credit to take off its next connection WINDOW_UPDATEs
+        self.block_open = False              # a relayed header block to it awaits its CONTINUATION frames
+        self.queued: list[bytes] = []        # the proxy's own frames held back until that block ends
 
     def write(self, data: bytes) -> None:
+        """The proxy's own frames: after the relayed header block in progress, if any (RFC 9113 6.10: nothing may
+        come between a HEADERS frame without END_HEADERS and its CONTINUATION frames)."""
+        if self.block_open:
+            self.queued.append(data)
+        else:
+            self._send(data)
+
+    def relay(self, data: bytes, block_open: bool) -> None:
+        """Frames passed on from the other side; ``block_open``: they end inside a header block."""
+        self._send(data)
+        self.block_open = block_open
+        if not block_open and self.queued:
+            queued = b"".join(self.queued)
+            self.queued.clear()
+            self._send(queued)
+
+    def _send(self, data: bytes) -> None:
         t = self.transport
         if t is not None and not t.is_closing():
             t.write(data)
@@ -312,6 +338,28 @@ def _message(payload: bytes) -> bytes:
     return b"\x00" + len(payload).to_bytes(4, "big") + payload
 
 
+def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """Start, end, type, flags and stream id of each whole frame in ``data`` from ``pos`` on."""
+    n = len(data)
+    while n - pos >= 9:
+        hi, lo, ftype, flags, sid = _FRAME(data, pos)
+        end = pos + 9 + (hi << 16 | lo)
+        if end > n:
+            return
+        yield pos, end, ftype, flags, sid & 0x7FFFFFFF
+        pos = end
+
+
+def _pass_on(peer: _Peer, data: bytes, start: int, pos: int, out: list[bytes], block_open: bool) -> None:
+    """Write to ``peer`` what a pass over ``data`` kept (``out``, then ``data[start:pos]``): ``data`` itself when
+    every frame went as it came; ``block_open``: what was kept ends inside a header block."""
+    if start == 0 and pos == len(data):
+        peer.relay(data, block_open)
+    else:
+        out.append(data[start:pos])
+        peer.relay(b"".join(out), block_open)
+
+
 class _RuntimeSide(asyncio.Protocol):
     """The runtime connection's protocol: hands everything to its ``_Connection``."""
 
@@ -340,7 +388,6 @@ class _Server:
         self.statuses = _Statuses()
         self.observe: Observer | None = handler.observe
         self.connections: set[_Connection] = set()
-        self.stopping = False
 
 
 class _Connection(asyncio.Protocol):
@@ -352,7 +399,7 @@ class _Connection(asyncio.Protocol):
         self.rt = _Peer("runtime")
         self.held: dict[int, _Held] = {}
         self.calls: dict[int, tuple[str, float]] = {}  # relayed calls in flight, for the metrics
-        self.decoder = hpack.Decoder()                  # paired with kubelet's encoder
+        self.decoder = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST)  # paired with kubelet's encoder
         self.state = "connecting"                       # connecting, relaying, refusing, closed
         self.pending = bytearray()                      # kubelet's bytes before the runtime connection is up
         self.preface = False
@@ -361,6 +408,7 @@ class _Connection(asyncio.Protocol):
         self.kcont: tuple[int, int, bytearray] | None = None   # kubelet header block being collected
         self.rcont: tuple[int, bytearray] | None = None        # runtime trailer block of a relayed call
         self.rcont_held: _Held | None = None
+        self.rblock_open = False  # the runtime's frames passed on to kubelet end inside a header block
         self.last_sid = 0
         self.kube_gone = False
         self.credit = asyncio.Event()
@@ -370,8 +418,7 @@ class _Connection(asyncio.Protocol):
     # --- set-up and tear-down
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.kube.transport = transport
+        self.kube.transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's is no subclass)
         self.server.connections.add(self)
         self._spawn(self._connect())
 
@@ -415,6 +462,8 @@ class _Connection(asyncio.Protocol):
     def runtime_lost(self, exc: Exception | None) -> None:
         if self.state == "closed":
             return
+        log.info("frame relay: the runtime closed a connection (%s); closing kubelet's, with %d call(s) in flight",
+                 exc or "end of stream", len(self.calls) + len(self.held))
         error = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
                                      "numapin: the runtime closed the connection")
         for held in self.held.values():
@@ -451,8 +500,8 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.resume(self.rt)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -482,19 +531,14 @@ class _Connection(asyncio.Protocol):
                 return
             self.preface = True
             pos = 24
-        n = len(data)
         start = 0
         out: list[bytes] = []
         rt = self.rt
         held = self.held
+        done = pos
         try:
-            while n - pos >= 9:
-                hi, lo, ftype, flags, sid = _FRAME(data, pos)
-                length = hi << 16 | lo
-                end = pos + 9 + length
-                if end > n:
-                    break
-                sid &= 0x7FFFFFFF
+            for pos, end, ftype, flags, sid in _frames(data, done):
+                length = end - pos - 9
                 if ftype == _DATA:
                     h = held.get(sid)
                     if h is None:
@@ -518,23 +562,20 @@ class _Connection(asyncio.Protocol):
                         out.append(rewritten)
                 elif ftype == _RST:
                     h = held.get(sid)
-                    if h is not None:  # the proxy owns the upstream stream now: not forwarded
+                    if h is not None and not h.answered:  # the request never completed: nothing to decide, and
+                        del held[sid]                     # the runtime's stream (its HEADERS went) is reset too
+                    elif h is not None:  # the proxy owns the upstream stream now: not forwarded
                         out.append(data[start:pos])
                         start = end
                         h.kube_reset = True
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
-                pos = end
+                done = end
         except _ProtocolError as e:
             self._fail(str(e))
             return
-        if pos < n:
-            self.ktail = data[pos:]
-        if start == 0 and pos == n:
-            rt.write(data)
-            return
-        out.append(data[start:pos])
-        rt.write(b"".join(out))
+        self.ktail = data[done:]
+        _pass_on(rt, data, start, done, out, self.kcont is not None)
 
     def _kubelet_settings(self, payload: bytes) -> bytes:
         """kubelet's SETTINGS as the runtime gets them: HEADER_TABLE_SIZE 0 (see the module doc)."""
@@ -592,6 +633,8 @@ class _Connection(asyncio.Protocol):
             if self.kcont is None or self.kcont[0] != sid:
                 raise _ProtocolError("CONTINUATION without its HEADERS")
             self.kcont[2].extend(payload)
+            if len(self.kcont[2]) > _MAX_HEADER_LIST:
+                raise _ProtocolError(f"a header block larger than {_MAX_HEADER_LIST} bytes")
             if not flags & _END_HEADERS:
                 return
             sid, flags, whole = self.kcont
@@ -627,6 +670,8 @@ class _Connection(asyncio.Protocol):
                 raise _ProtocolError("DATA frame: padding longer than the frame")
             payload = payload[1:len(payload) - payload[0]]
         h.request.extend(payload)
+        if len(h.request) > MAX_HELD:
+            raise _ProtocolError(f"{h.method} request on stream {h.sid} larger than {MAX_HELD} bytes")
         if length:  # the proxy is this data's receiver: credit the stream and the connection back to kubelet
             self.kube.write(h2.window_update(0, length) + h2.window_update(h.sid, length))
         if flags & _END_STREAM:
@@ -644,19 +689,14 @@ class _Connection(asyncio.Protocol):
         if self.rtail:
             data = self.rtail + data
             self.rtail = b""
-        n = len(data)
         pos = start = 0
         out: list[bytes] = []
         kube = self.kube
         held = self.held
+        done = pos
         try:
-            while n - pos >= 9:
-                hi, lo, ftype, flags, sid = _FRAME(data, pos)
-                length = hi << 16 | lo
-                end = pos + 9 + length
-                if end > n:
-                    break
-                sid &= 0x7FFFFFFF
+            for pos, end, ftype, flags, sid in _frames(data, done):
+                length = end - pos - 9
                 if ftype == _DATA:
                     h = held.get(sid)
                     if h is None:
@@ -676,7 +716,9 @@ class _Connection(asyncio.Protocol):
                         if not flags & _END_HEADERS:
                             self.rcont_held = h
                         h.response_headers(flags, data[pos:end], fragment, bool(flags & _END_STREAM))
-                    elif flags & _END_STREAM and self.calls:
+                    else:
+                        self.rblock_open = not flags & _END_HEADERS
+                    if h is None and flags & _END_STREAM and self.calls:
                         fragment = h2.header_block_fragment(flags, data[pos + 9:end])
                         if flags & _END_HEADERS:
                             self._call_ended(sid, self.server.statuses.of(fragment))
@@ -689,7 +731,10 @@ class _Connection(asyncio.Protocol):
                         self.rcont_held.response_headers(flags, data[pos:end], data[pos + 9:end], None)
                         if flags & _END_HEADERS:
                             self.rcont_held = None
-                    elif self.rcont is not None and self.rcont[0] == sid:
+                        done = end
+                        continue
+                    self.rblock_open = not flags & _END_HEADERS
+                    if self.rcont is not None and self.rcont[0] == sid:
                         self.rcont[1].extend(data[pos + 9:end])
                         if flags & _END_HEADERS:
                             block = bytes(self.rcont[1])
@@ -715,17 +760,12 @@ class _Connection(asyncio.Protocol):
                                                     f"numapin: the runtime reset the stream (HTTP/2 error {code})"))
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
-                pos = end
+                done = end
         except _ProtocolError as e:
             self._fail(str(e))
             return
-        if pos < n:
-            self.rtail = data[pos:]
-        if start == 0 and pos == n:
-            kube.write(data)
-            return
-        out.append(data[start:pos])
-        kube.write(b"".join(out))
+        self.rtail = data[done:]
+        _pass_on(kube, data, start, done, out, self.rblock_open)
 
     def _held_response_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
         if flags & _PADDED:
@@ -733,6 +773,8 @@ class _Connection(asyncio.Protocol):
                 raise _ProtocolError("DATA frame: padding longer than the frame")
             payload = payload[1:len(payload) - payload[0]]
         h.resp_data.extend(payload)
+        if len(h.resp_data) > MAX_HELD:
+            raise _ProtocolError(f"the runtime's {h.method} answer on stream {h.sid} larger than {MAX_HELD} bytes")
         if length:  # the proxy received it: credit it back to the runtime
             self.rt.write(h2.window_update(0, length) + h2.window_update(h.sid, length))
         if flags & _END_STREAM:
@@ -840,6 +882,7 @@ class _Connection(asyncio.Protocol):
             return
         self.state = "refusing"
         self.refusal = why
+        log.warning("frame relay: %s; kubelet's calls on this connection fail with UNAVAILABLE", why)
         self.kube.write(h2.settings_frame([]))
         self._refuse_calls()
         asyncio.get_running_loop().call_later(10.0, self._close)
@@ -851,13 +894,8 @@ class _Connection(asyncio.Protocol):
         if not data.startswith(h2.PREFACE):
             self._close()
             return
-        pos, n, answered = 24, len(data), False
-        while n - pos >= 9:
-            hi, lo, ftype, flags, sid = _FRAME(data, pos)
-            end = pos + 9 + (hi << 16 | lo)
-            if end > n:
-                break
-            sid &= 0x7FFFFFFF
+        done, answered = 24, False
+        for pos, end, ftype, flags, sid in _frames(data, done):
             if ftype == _SETTINGS and not flags & h2.ACK:
                 self.kube.write(h2.frame(_SETTINGS, h2.ACK, 0))
             elif ftype == _PING and not flags & h2.ACK:
@@ -868,8 +906,8 @@ class _Connection(asyncio.Protocol):
                                                                        self.refusal, trailers_only=True),
                                                   self.kube.max_frame, True))
                 answered = True
-            pos = end
-        self.pending = bytearray(data[pos:])
+            done = end
+        self.pending = bytearray(data[done:])
         self.pending[:0] = h2.PREFACE  # what is left parses the same next time
         if answered:
             self.kube.write(h2.goaway(self.last_sid))
@@ -894,7 +932,6 @@ class FrameRelayServer:
         seconds, then close every connection."""
         if self._stopped.is_set():
             return
-        self._shared.stopping = True
         self._server.close()
         conns = list(self._shared.connections)
         for c in conns:

@@ -116,7 +116,7 @@ async def start_relay_server(path: str, handler: RelayHandler, *, threads: int =
     prepare_socket(path)
     handler.loop = asyncio.get_running_loop()
     executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="numapin-relay")
-    server = grpc.server(executor, handlers=(handler,), options=_SERVER_OPTIONS)
+    server = grpc.server(executor, handlers=[handler], options=_SERVER_OPTIONS)
     old = os.umask(0o117)  # the socket is born 0660: no window with wider permissions
     try:
         server.add_insecure_port("unix:" + path)

@@ -26,6 +26,7 @@ from allocator.cpuset import CPUSet
 
 from . import wire
 from .converge import Converger, Decision
+from .kernel import KernelView
 from .registry import Registry, Tracked
 from .relay import Forward, Interceptor, Rejection
 
@@ -111,7 +112,8 @@ class StartGuard:
 
         return call
 
-    def _overlaps(self, t: Tracked, cpus: CPUSet, views: dict) -> list[tuple[Tracked, CPUSet]]:
+    def _overlaps(self, t: Tracked, cpus: CPUSet, views: dict[str, KernelView | None]
+                  ) -> list[tuple[Tracked, CPUSet]]:
         out = []
         for o in self.converger.live():
             v = views.get(o.id)

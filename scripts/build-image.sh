@@ -162,7 +162,8 @@ import sys
 
 from numapin.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # the webhook's parser process (multiprocessing "spawn") imports this file again
+    sys.exit(main())
 EOF_ENTRY
 chmod 0755 "$layer/usr/local/bin/numapin"
 if [ "$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')" = "$PYVER" ]; then

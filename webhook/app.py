@@ -42,6 +42,7 @@ class WebhookOptions:
     nrt_poll_seconds: float = 2.0
     limits: ServerLimits = field(default_factory=ServerLimits)
     client_ca: Path | None = None
+    reuse_port: bool = False  # a worker of ``numapin webhook --workers N``
     unjudged: UnjudgedAction = "allow"
     pod_lookup_timeout: float = 1.0
     pod_cache_bytes: int = DEFAULT_POD_CACHE_BYTES
@@ -76,7 +77,8 @@ class WebhookApp:
             reloader=self.reloader, mutate=self.mutate, validate=self.validate, metrics=self.metrics,
             config=ServerConfig(host=opts.host, port=opts.port, max_body=opts.max_body,
                                 cert_poll_seconds=opts.cert_poll_seconds, limits=opts.limits,
-                                client_ca=str(opts.client_ca) if opts.client_ca else None),
+                                client_ca=str(opts.client_ca) if opts.client_ca else None,
+                                reuse_port=opts.reuse_port),
             ready_checks=(self._nodes_ready,), unjudged=self.unjudged,
         )
         self.metrics.nodes.set_function(lambda: len(self.nodes))

@@ -20,6 +20,7 @@ binding for a pod not cached yet reads the pod from the API server (--pod-lookup
 A request that cannot be judged (pod or node unknown, node not simulable, pod unreadable, internal error) is
 allowed with a warning or denied: --unjudged. Connections and bodies are bounded (see docs/webhook.md,
 "Limits"); --client-ca makes /mutate and /validate answer only clients with a certificate from that CA.
+--workers N runs N webhook processes on the same port (SO_REUSEPORT), each with its own caches, as replicas.
 """
 
 
@@ -56,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="a request's body must arrive within this time (default 10)")
     lim.add_argument("--inflight-bytes", type=int, default=None,
                      help="memory budget of request bodies being read and judged at once (default 128 MiB)")
+    scale = parser.add_argument_group("processes (docs/performance.md, the admission webhook)")
+    scale.add_argument("--workers", type=int, default=1,
+                       help="webhook processes sharing --port (default 1); each is a whole webhook with its own caches "
+                            "and API watches, as replicas are (docs/webhook.md, Scaling)")
+    scale.add_argument("--reuse-port", action="store_true",
+                       help="listen with SO_REUSEPORT, so several processes share --port (what --workers starts)")
     parser.add_argument("--cert-poll-seconds", type=float, default=5.0, help="how often to check the cert files")
     parser.add_argument("--nrt-poll-seconds", type=float, default=2.0, help="how often to re-read --nrt-dir")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -86,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--kubeconfig {args.kubeconfig} is not a file")
     if args.client_ca is not None and not args.client_ca.is_file():
         return _fail(f"--client-ca {args.client_ca} is not a file")
+    if args.workers < 1:
+        return _fail(f"--workers must be at least 1, got {args.workers}")
     for name in ("max_body_bytes", "cert_poll_seconds", "nrt_poll_seconds", "pod_lookup_timeout", "pod_cache_bytes",
                  "max_connections", "idle_timeout", "header_timeout", "body_timeout", "inflight_bytes"):
         value = getattr(args, name)
@@ -99,13 +108,21 @@ def run(args: argparse.Namespace) -> int:
         limits=ServerLimits(**{k: v for k, v in (
             ("max_connections", args.max_connections), ("idle_timeout", args.idle_timeout),
             ("header_timeout", args.header_timeout), ("body_timeout", args.body_timeout),
-            ("inflight_bytes", args.inflight_bytes)) if v is not None}),  # type: ignore[arg-type]
+            ("inflight_bytes", args.inflight_bytes)) if v is not None}),
         client_ca=args.client_ca, unjudged=args.unjudged, pod_lookup_timeout=args.pod_lookup_timeout,
-        pod_cache_bytes=args.pod_cache_bytes or DEFAULT_POD_CACHE_BYTES,
+        pod_cache_bytes=args.pod_cache_bytes or DEFAULT_POD_CACHE_BYTES, reuse_port=args.reuse_port,
     )
     if opts.max_body * 8 > opts.limits.inflight_bytes:
         return _fail(f"--inflight-bytes ({opts.limits.inflight_bytes}) must hold one body of --max-body-bytes "
                      f"({opts.max_body}) parsed, i.e. at least {opts.max_body * 8}")
+    if args.workers > 1:  # after every check, so a bad option fails once, here
+        if args.port == 0:
+            return _fail("--workers needs a fixed --port (with port 0 each worker would listen on a port of its own)")
+        if sys.argv[1:2] != ["webhook"]:
+            return _fail("--workers works from the numapin command line only")
+        from .workers import supervise, worker_command
+
+        return supervise(worker_command(sys.argv[2:]), args.workers)
 
     async def main() -> int:
         app = WebhookApp(opts)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-__all__ = ["BODY_EXPANSION", "PER_CONNECTION_BYTES", "BodyBudget", "BudgetExceeded", "ServerLimits"]
+__all__ = ["BODY_EXPANSION", "PARSER_BASELINE_BYTES", "PER_CONNECTION_BYTES", "BodyBudget", "BudgetExceeded",
+           "ServerLimits"]
 
 # A parsed JSON document takes several times its text in Python objects; a request also holds its raw bytes.
 BODY_EXPANSION = 8
@@ -34,6 +35,9 @@ BODY_EXPANSION = 8
 PER_CONNECTION_BYTES = 320 * 1024
 # The process without traffic: interpreter, libraries, caches of node shapes.
 BASELINE_BYTES = 96 * 1024 * 1024
+# The body parser process (request_body.BodyParser) without a body: interpreter, msgspec (~20 MiB measured); it
+# parses one body at a time, which takes it up to BODY_EXPANSION times that body's length while it does.
+PARSER_BASELINE_BYTES = 24 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -53,8 +57,10 @@ class ServerLimits:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     def memory_ceiling_bytes(self, pod_cache_bytes: int = 0) -> int:
-        """An upper bound of the process's memory: baseline + connections + bodies in flight + the pod cache."""
-        return BASELINE_BYTES + self.max_connections * PER_CONNECTION_BYTES + self.inflight_bytes + pod_cache_bytes
+        """An upper bound of the webhook's memory (its process and its body parser process): baseline +
+        connections + bodies in flight + the pod cache + the parser reading the largest body."""
+        return (BASELINE_BYTES + self.max_connections * PER_CONNECTION_BYTES + self.inflight_bytes + pod_cache_bytes
+                + PARSER_BASELINE_BYTES + BODY_EXPANSION * self.max_body)
 
 
 class BudgetExceeded(Exception):

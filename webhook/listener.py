@@ -113,13 +113,15 @@ class Listener:
     ``web.Server``)."""
 
     def __init__(self, *, host: str, port: int, ssl_context: ssl.SSLContext, factory: Callable[[], Any],
-                 limits: ServerLimits, backlog: int = 1024, on_close: Callable[[str], None] | None = None) -> None:
+                 limits: ServerLimits, backlog: int = 1024, on_close: Callable[[str], None] | None = None,
+                 reuse_port: bool = False) -> None:
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
         self.factory = factory
         self.limits = limits
         self.backlog = backlog
+        self.reuse_port = reuse_port  # SO_REUSEPORT: several worker processes listen on the same port
         self.loop = asyncio.get_running_loop()
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
@@ -163,6 +165,8 @@ class Listener:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.reuse_port:  # the kernel spreads new connections over the workers' sockets
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.bind((self.host, self.port))

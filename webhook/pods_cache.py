@@ -70,7 +70,7 @@ def pod_model(pod: Mapping[str, Any], *, namespace: str = "") -> PodInfo:
             raise
         assert isinstance(meta, Mapping)
         info = decode_intent(text, uid=str(meta.get("uid") or ""), namespace=str(meta.get("namespace") or namespace),
-                             name=str(meta.get("name") or ""), annotations=ann)  # type: ignore[arg-type]
+                             name=str(meta.get("name") or ""), annotations=ann)
     if not info.namespace and namespace:
         info = PodInfo(uid=info.uid, namespace=namespace, name=info.name, qos_class=info.qos_class,
                        cpu_manager=info.cpu_manager, bypass=info.bypass, containers=info.containers)

@@ -20,11 +20,11 @@ a millisecond instead of the whole parse (tens of milliseconds to a third of a s
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
 import logging
-import multiprocessing
-from typing import Any
+import pickle
+import sys
+from typing import Any, BinaryIO
 
 import msgspec
 
@@ -38,6 +38,9 @@ log = logging.getLogger("numapin.webhook.body")
 # process. A pod review as the API server sends it is 5-50 KiB.
 LARGE_BODY_BYTES = 128 * 1024
 
+# the loop copies a body into the parser's pipe this many bytes at a time
+_SLICE = 256 * 1024
+
 _decoder = msgspec.json.Decoder()
 
 
@@ -46,7 +49,7 @@ class BodyError(ValueError):
 
 
 class ParserUnavailable(Exception):
-    """The parser process died (it is started again for the next body)."""
+    """The parser process died (a new one starts for the next body)."""
 
 
 def _standard(raw: bytes) -> Any:
@@ -77,49 +80,109 @@ def parse_slim(raw: bytes) -> Any:
     return slim_review(decode_body(raw))
 
 
-def _ready() -> bool:
-    return True
-
-
 class BodyParser:
-    """Parses bodies: small ones on the event loop, those over ``large`` bytes in a parser process (one; bodies
-    wait their turn). The process starts with ``start`` and again after it dies."""
+    """Parses bodies: small ones on the event loop, those over ``large`` bytes in a parser process (``python -m
+    webhook.parser_process``: one, bodies take turns). The process starts with ``start``, and again after it dies.
+
+    The exchange is a length-prefixed body in, a length-prefixed pickle of ``("ok", slim review)`` or
+    ``("error", reason)`` out, over the process's stdin and stdout. The body goes in the pieces it arrived in, in
+    slices (the loop copies at most ``_SLICE`` bytes at a time); the answer is the slim review, small whatever the
+    body's size."""
 
     def __init__(self, *, large: int = LARGE_BODY_BYTES) -> None:
         self.large = large
-        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._lock: asyncio.Lock | None = None
         self.offloaded = 0
         self.restarts = 0
 
-    def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
-        # spawn, not fork: the webhook has threads (the simulator's workers, the executor's) that fork would copy
-        # mid-flight; the parser process imports only this module
-        return concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-
     async def start(self) -> None:
         """Start the parser process (so the first large body does not wait for it)."""
-        if self._pool is None:
-            self._pool = self._new_pool()
-        await asyncio.get_running_loop().run_in_executor(self._pool, _ready)
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            await self._ensure()
 
-    async def parse(self, raw: bytes) -> Any:
-        """The slim review of ``raw``. BodyError when it is not UTF-8 JSON; ParserUnavailable when the parser
-        process died while reading it."""
-        if len(raw) <= self.large:
-            return parse_slim(raw)
-        if self._pool is None:
-            self._pool = self._new_pool()
-        self.offloaded += 1
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, parse_slim, raw)
-        except concurrent.futures.process.BrokenProcessPool:
-            log.error("the body parser process died reading a body of %d bytes; starting a new one", len(raw))
-            pool, self._pool = self._pool, None
-            pool.shutdown(wait=False, cancel_futures=True)
+    async def _ensure(self) -> asyncio.subprocess.Process:
+        if self._proc is not None and self._proc.returncode is not None:
+            log.error("the body parser process ended (exit status %s); starting a new one", self._proc.returncode)
             self.restarts += 1
-            raise ParserUnavailable("the webhook's body parser process died; try again") from None
+            self._proc = None
+        if self._proc is None:
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "webhook.parser_process", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE)
+        return self._proc
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+    async def parse(self, pieces: list[bytes]) -> Any:
+        """The slim review of the body made of ``pieces``. BodyError when it is not UTF-8 JSON; ParserUnavailable
+        when the parser process died while reading it."""
+        size = sum(len(p) for p in pieces)
+        if size <= self.large:
+            return parse_slim(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        self.offloaded += 1
+        async with self._lock:
+            for attempt in (1, 2):  # a process found dead (killed while idle) is replaced and asked again, once
+                try:
+                    answer = await self._exchange(await self._ensure(), pieces, size)
+                    break
+                except BaseException as e:  # died, or this request was cancelled mid-exchange: the stream is lost
+                    self._kill()
+                    if not isinstance(e, ConnectionError | asyncio.IncompleteReadError):
+                        raise
+                    log.error("the body parser process died reading a body of %d bytes; starting a new one", size)
+                    if attempt == 2:
+                        raise ParserUnavailable("the webhook's body parser process died; try again") from None
+        kind, value = pickle.loads(answer)  # from our own child: plain JSON values
+        if kind != "ok":
+            raise BodyError(value)
+        return value
+
+    @staticmethod
+    async def _exchange(proc: asyncio.subprocess.Process, pieces: list[bytes], size: int) -> bytes:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(size.to_bytes(8, "big"))
+        for piece in pieces:
+            view = memoryview(piece)
+            for at in range(0, len(piece), _SLICE):
+                proc.stdin.write(view[at:at + _SLICE])
+                await proc.stdin.drain()
+        length = int.from_bytes(await proc.stdout.readexactly(8), "big")
+        return await proc.stdout.readexactly(length)
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        self.restarts += 1
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+
+    async def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            assert proc.stdin is not None
+            proc.stdin.close()  # the process ends at the end of its input
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+    """The parser process: read length-prefixed bodies until the end of input, answer each with its slim review."""
+    while True:
+        head = stdin.read(8)
+        if len(head) < 8:
+            return
+        raw = stdin.read(int.from_bytes(head, "big"))
+        try:
+            answer: tuple[str, Any] = ("ok", parse_slim(raw))
+        except BodyError as e:
+            answer = ("error", str(e))
+        del raw
+        data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        stdout.write(len(data).to_bytes(8, "big"))
+        stdout.write(data)
+        stdout.flush()

@@ -56,6 +56,7 @@ class ServerConfig:
     shutdown_grace_seconds: float = 5.0
     limits: ServerLimits = dataclasses.field(default_factory=ServerLimits)  # its max_body is replaced by ``max_body``
     client_ca: str | None = None            # PEM file: require client certificates on /mutate and /validate
+    reuse_port: bool = False                # one of several worker processes on the same port (--workers)
 
 
 def _text(status: int, message: str) -> web.Response:
@@ -168,10 +169,10 @@ class WebhookServer:
     async def _judge(self, endpoint: str, request: web.Request) -> tuple[web.StreamResponse, str]:
         try:
             if request.content.is_eof():  # all of it arrived with the headers (most reviews): nothing to time
-                raw = await request.read()
+                raw = await self._read(request)
             else:
                 async with asyncio.timeout(self.limits.body_timeout):
-                    raw = await request.read()
+                    raw = await self._read(request)
         except TimeoutError:
             # the body did not arrive in time: drop the connection and what it holds
             return _closing(408, f"request body not received within {self.limits.body_timeout} s"), "timeout"
@@ -210,6 +211,20 @@ class WebhookServer:
         if not verdict.allowed:
             log.info("%s denied %s: %s", endpoint, req.describe(), verdict.message)
         return web.Response(body=json_bytes(respond(req, verdict)), content_type="application/json"), verdict.label
+
+    async def _read(self, request: web.Request) -> list[bytes]:
+        """The body in the pieces it arrived in: a large one is never joined on the event loop (the parser process
+        gets the pieces). Raises HTTPRequestEntityTooLarge past ``max_body`` bytes (after decompression)."""
+        pieces: list[bytes] = []
+        size = 0
+        while True:
+            piece = await request.content.readany()
+            if not piece:
+                return pieces
+            size += len(piece)
+            if size > self.config.max_body:
+                raise web.HTTPRequestEntityTooLarge(max_size=self.config.max_body, actual_size=size)
+            pieces.append(piece)
 
     # -- probes ---------------------------------------------------------------------------------------------
     async def _healthz(self, request: web.Request) -> web.StreamResponse:
@@ -251,7 +266,8 @@ class WebhookServer:
         assert self._runner.server is not None
         self.listener = Listener(host=self.config.host, port=self.config.port, ssl_context=self.reloader.context,
                                  factory=self._runner.server, limits=self.limits,
-                                 on_close=lambda why: self.metrics.connections_closed.labels(why).inc())
+                                 on_close=lambda why: self.metrics.connections_closed.labels(why).inc(),
+                                 reuse_port=self.config.reuse_port)
         self.metrics.connections.set_function(lambda: self.listener.connections if self.listener else 0)
         self.metrics.body_budget_bytes.set_function(lambda: self.budget.used)
         self.port = await self.listener.start()
@@ -289,7 +305,7 @@ class WebhookServer:
         if self.listener is not None:
             self.listener.abort_all()
             self.listener = None
-        self.parser.close()
+        await self.parser.close()
 
 
 def _internal_error(path: str, message: str) -> web.Response:

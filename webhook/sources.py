@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
 __all__ = ["WATCH_REQUEST_TIMEOUT", "WATCH_SECONDS", "api_client", "poll_until_stopped", "run_watches",
@@ -75,7 +75,7 @@ async def run_watches(watches: Mapping[str, Callable[[], Awaitable[None]]], stop
 
 
 async def watch_events(list_call: Callable[..., Any], *args: Any, resource_version: str | None,
-                       **kwargs: Any) -> AsyncIterator[tuple[str, Mapping[str, Any]]]:
+                       **kwargs: Any) -> AsyncGenerator[tuple[str, Mapping[str, Any]], None]:
     """The events of a watch of ``list_call(*args, **kwargs)`` from ``resource_version`` (the list's), as (type,
     object as the API server sent it); bookmarks are skipped. The server ends it after ``WATCH_SECONDS``. Iterate
     it under ``contextlib.aclosing`` so that the stream is closed when the loop body raises."""

@@ -32,6 +32,7 @@ def test_file_then_flags(tmp_path: Path) -> None:
     ("reservedCpus: 3-1\n", "reserved-cpus"),
     ("- a\n", "expected a mapping"),
     ("cpuManagerPolicyOptions: nonsense\n", "cpu-manager-policy-options"),
+    ("cpusetWrites: sometimes\n", "cpuset-writes: expected kernel or runtime, got 'sometimes'"),
 ])
 def test_bad_file_names_the_setting(tmp_path: Path, content: str, needle: str) -> None:
     f = tmp_path / "c.yaml"

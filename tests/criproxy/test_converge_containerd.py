@@ -39,12 +39,27 @@ async def until(pred, what: str, tries: int = 300) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
+async def recorded_cpus(lab: ContainerdLab, cid: str) -> str:
+    """The cpuset containerd's record holds for a container (not the truth: what containerd would write back)."""
+    async with CRIClient(lab.socket) as direct:
+        return (await direct.container_status(cid)).status.resources.linux.cpuset_cpus
+
+
+async def until_recorded(lab: ContainerdLab, cid: str, cpus: str) -> None:
+    for _ in range(300):
+        if await recorded_cpus(lab, cid) == cpus:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"containerd never recorded cpus {cpus} for {cid[:13]}")
+
+
 async def test_cgroup_written_behind_the_proxys_back_is_repaired(
-        kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
+        kubelet: CRIClient, proxy: ProxyProcess, lab: ContainerdLab, machine_cpus: str) -> None:
     _, web = await start_pod(kubelet, "web", 200, qos="burstable")
     _, db = await start_pod(kubelet, "db", 1000, 1000)
     web_pid, db_pid = await pid_of(kubelet, web), await pid_of(kubelet, db)
     assert cpus_of(web_pid) == (SHARED, SHARED)
+    await until_recorded(lab, web, SHARED)  # no update of the proxy's own is still on its way
     write_cgroup_cpus(web_pid, machine_cpus)  # the shared container is on the exclusive CPU again
     assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
     await until(lambda: cpus_of(web_pid) == (SHARED, SHARED), "web narrowed again")
@@ -60,16 +75,36 @@ async def test_reconcile_after_a_restart_judges_the_kernel_not_containerds_recor
     _, web = await start_pod(kubelet, "web", 200, qos="burstable")
     await start_pod(kubelet, "db", 1000, 1000)
     web_pid = await pid_of(kubelet, web)
+    await until_recorded(lab, web, SHARED)  # containerd's record follows the kernel
     proxy.kill()
     write_cgroup_cpus(web_pid, machine_cpus)  # containerd's record still says narrowed
-    async with CRIClient(lab.socket) as direct:
-        st = await direct.container_status(web)
-        assert st.status.resources.linux.cpuset_cpus == SHARED
+    assert await recorded_cpus(lab, web) == SHARED
     await asyncio.to_thread(proxy.start)  # returns once the start-up reconcile is logged
     assert cpus_of(web_pid) == (SHARED, SHARED)
     line = [x for x in proxy.log.read_text().splitlines() if "reconcile:" in x][-1]
     assert "re-applied 0 cpusets containerd recorded differently" in line
     assert "kernel: checked 2 running containers, repaired 1 cpusets (0 failed)" in line
+
+
+async def test_a_kill_between_the_kernel_and_containerds_record_is_made_whole_at_restart(
+        kubelet: CRIClient, proxy: ProxyProcess, lab: ContainerdLab, machine_cpus: str) -> None:
+    """kill -9 right after a narrowing: the kernel has it, containerd's record (sent a moment later) does not.
+    The start-up reconcile sees the record differ and brings it up to date; the kernel never left the decision."""
+    _, web = await start_pod(kubelet, "web", 200, qos="burstable")
+    web_pid = await pid_of(kubelet, web)
+    await until_recorded(lab, web, machine_cpus)
+    _, db = await start_pod(kubelet, "db", 1000, 1000)
+    proxy.kill()
+    assert cpus_of(web_pid) == (SHARED, SHARED)
+    async with CRIClient(lab.socket) as direct:
+        assert cpus_of(await pid_of(direct, db)) == (EXCL, EXCL)
+    stale = await recorded_cpus(lab, web) == machine_cpus  # almost always: the record waits a second
+    await asyncio.to_thread(proxy.start)
+    await until_recorded(lab, web, SHARED)
+    assert cpus_of(web_pid) == (SHARED, SHARED)
+    line = [x for x in proxy.log.read_text().splitlines() if "reconcile:" in x][-1]
+    assert f"re-applied {int(stale)} cpusets containerd recorded differently" in line
+    assert "kernel: checked 2 running containers, repaired 0 cpusets (0 failed)" in line
 
 
 async def test_shared_container_created_before_a_narrowing_starts_narrowed(
@@ -107,47 +142,95 @@ async def test_shared_start_racing_an_exclusive_create_never_runs_on_the_exclusi
         assert cpus_of(await pid_of(kubelet, web)) == (machine_cpus, machine_cpus)
 
 
-async def test_widening_refused_with_unavailable_is_retried_until_it_holds(lab: ContainerdLab, machine_cpus: str,
-                                                                           short_tmp: Path) -> None:
-    """containerd answering UNAVAILABLE to the widening after a release (e.g. restarting): the shared
-    container stays narrowed in the kernel until the convergence applies the widening again."""
-    from criproxy.relay import Forward, Rejection, RelayHandler, Upstream
-    from criproxy.server import start_relay_server
+class RefusingUpdates:
+    """A relay in front of the lab's containerd that answers UNAVAILABLE to UpdateContainerResources while
+    ``refusing`` (containerd restarting), and a proxy in front of it."""
 
-    failing = {"on": False}
+    def __init__(self, lab: ContainerdLab, tmp: Path) -> None:
+        self.lab, self.tmp, self.refusing = lab, tmp, False
 
-    async def update(request: bytes, forward: Forward) -> bytes:
-        if failing["on"]:
-            raise Rejection(grpc.StatusCode.UNAVAILABLE, "injected: containerd is restarting")
-        return await forward(request)
+    async def __aenter__(self) -> ProxyProcess:
+        from criproxy.relay import Forward, Rejection, RelayHandler, Upstream
+        from criproxy.server import start_relay_server
 
-    upstream = Upstream(lab.socket)
-    server = await start_relay_server(str(short_tmp / "faulty.sock"), RelayHandler(upstream, {
-        "UpdateContainerResources": update}))
-    (short_tmp / "p").mkdir()
-    p = ProxyProcess(short_tmp / "p", str(short_tmp / "faulty.sock"), reserved_cpus=SHARED)
-    try:
-        await asyncio.to_thread(p.start)
-        async with CRIClient(p.socket) as k:
-            _, web = await start_pod(k, "web", 200, qos="burstable")
-            db_sid, db = await start_pod(k, "db", 1000, 1000)
-            web_pid = await pid_of(k, web)
-            assert cpus_of(web_pid) == (SHARED, SHARED)
-            failing["on"] = True
-            await k.stop_container(db, 0)
-            await k.stop_pod_sandbox(db_sid)  # releases CPU 1: the widening is refused
-            await until(lambda: "could not repair pod=default/web" in p.log.read_text(), "a failed repair logged")
-            assert cpus_of(web_pid) == (SHARED, SHARED)
-            assert "cpuset update failed" in p.log.read_text()
-            failing["on"] = False
-            await until(lambda: cpus_of(web_pid) == (machine_cpus, machine_cpus), "web widened")
-            await until(lambda: "repaired pod=default/web" in p.log.read_text().split("could not repair")[-1],
-                        "the repair logged")
-    finally:
-        p.stop()
-        await server.stop(0)
-        await upstream.close()
-        async with CRIClient(lab.socket) as direct:
+        async def update(request: bytes, forward: Forward) -> bytes:
+            if self.refusing:
+                raise Rejection(grpc.StatusCode.UNAVAILABLE, "injected: containerd is restarting")
+            return await forward(request)
+
+        self.upstream = Upstream(self.lab.socket)
+        self.server = await start_relay_server(str(self.tmp / "faulty.sock"), RelayHandler(self.upstream, {
+            "UpdateContainerResources": update}))
+        (self.tmp / "p").mkdir()
+        self.proxy = ProxyProcess(self.tmp / "p", str(self.tmp / "faulty.sock"), reserved_cpus=SHARED)
+        await asyncio.to_thread(self.proxy.start)
+        return self.proxy
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.proxy.stop()
+        await self.server.stop(0)
+        await self.upstream.close()
+        async with CRIClient(self.lab.socket) as direct:
             for sb in await direct.list_pod_sandbox():
                 await direct.stop_pod_sandbox(sb.id)
                 await direct.remove_pod_sandbox(sb.id)
+
+
+async def test_widening_reaches_the_kernel_while_containerd_refuses_it_and_its_record_follows(
+        lab: ContainerdLab, machine_cpus: str, short_tmp: Path) -> None:
+    """containerd answering UNAVAILABLE to the widening after a release (e.g. restarting): the kernel has the
+    widening at once (the cgroup is written directly); containerd's record is sent again on every pass until
+    containerd takes it."""
+    faults = RefusingUpdates(lab, short_tmp)
+    async with faults as p, CRIClient(p.socket) as k:
+        _, web = await start_pod(k, "web", 200, qos="burstable")
+        db_sid, db = await start_pod(k, "db", 1000, 1000)
+        web_pid = await pid_of(k, web)
+        assert cpus_of(web_pid) == (SHARED, SHARED)
+        await until_recorded(lab, web, SHARED)
+        faults.refusing = True
+        await k.stop_container(db, 0)
+        await k.stop_pod_sandbox(db_sid)  # releases CPU 1: containerd refuses the widening
+        assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
+        await until(lambda: "containerd's record of pod=default/web container=main" in p.log.read_text(),
+                    "the refused record update logged")
+        assert await recorded_cpus(lab, web) == SHARED
+        faults.refusing = False
+        for _ in range(300):
+            if await recorded_cpus(lab, web) == machine_cpus:
+                break
+            await asyncio.sleep(0.1)
+        assert await recorded_cpus(lab, web) == machine_cpus
+        assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
+
+
+async def test_a_stale_record_containerd_writes_back_is_caught_in_the_kernel_and_repaired(
+        lab: ContainerdLab, machine_cpus: str, short_tmp: Path) -> None:
+    """The narrowing reached the kernel but containerd refused the record update: containerd's record still says
+    the wide pool. An update of something else made directly at containerd makes runc write the whole recorded
+    resources, the stale cpuset included, into the cgroup; the convergence sees it in the kernel and narrows the
+    container again."""
+    faults = RefusingUpdates(lab, short_tmp)
+    async with faults as p, CRIClient(p.socket) as k:
+        _, web = await start_pod(k, "web", 200, qos="burstable")
+        web_pid = await pid_of(k, web)
+        assert cpus_of(web_pid) == (machine_cpus, machine_cpus)
+        faults.refusing = True
+        _, db = await start_pod(k, "db", 1000, 1000)  # narrows web in the kernel; its record stays wide
+        assert cpus_of(web_pid) == (SHARED, SHARED)
+        assert cpus_of(await pid_of(k, db)) == (EXCL, EXCL)
+        assert await recorded_cpus(lab, web) == machine_cpus
+        assert "converge (periodic): repaired pod=default/web" not in p.log.read_text()
+        async with CRIClient(lab.socket) as direct:  # behind the proxy's back: only the CPU shares change
+            await direct.update_container_resources(web, direct.container_config("x", cpu_milli=300).linux.resources)
+        await until(lambda: "converge (periodic): repaired pod=default/web" in p.log.read_text(),
+                    "the rewritten cgroup repaired")
+        assert (f"repaired pod=default/web container=main id={web[:13]} (shared): the kernel showed cgroup "
+                f"cpuset.cpus {machine_cpus}, the decision is cpus={SHARED}") in p.log.read_text()
+        assert cpus_of(web_pid) == (SHARED, SHARED)
+        faults.refusing = False
+        for _ in range(300):
+            if await recorded_cpus(lab, web) == SHARED:
+                break
+            await asyncio.sleep(0.1)
+        assert await recorded_cpus(lab, web) == SHARED

@@ -220,14 +220,16 @@ async def leftovers(before: set[asyncio.Task[Any]]) -> list[str]:
             if t is not asyncio.current_task()]
 
 
-async def test_nothing_runs_after_stop(short_tmp: Path, two_numa_sysfs: Path) -> None:
+@pytest.mark.parametrize("relay", ["grpc", "frames"])
+async def test_nothing_runs_after_stop(short_tmp: Path, two_numa_sysfs: Path, relay: str) -> None:
     """Every attribute of the proxy exists from __init__; every task it started is gone after stop (the runtime,
     a gRPC server too, is stopped as well: its tasks look like the proxy's); the port is closed; no thread is left
     but the loop's worker pool."""
     tasks = asyncio.all_tasks()
     runtime = await MemoryRuntime(str(short_tmp / "own-rt.sock")).start()
     threads = {t.name for t in threading.enumerate()}  # grpc.aio's poller thread (process-wide) runs from here
-    p = CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs, reconcile_period=0.05, converge_period=0.05))
+    p = CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs, reconcile_period=0.05, converge_period=0.05,
+                              relay=relay))
     with pytest.raises(RuntimeError, match="not started"):
         p.allocator  # noqa: B018
     attributes = set(vars(p))
@@ -327,3 +329,20 @@ async def test_stop_while_requests_are_in_flight(short_tmp: Path, two_numa_sysfs
     for outcome in await asyncio.gather(*requests, return_exceptions=True):
         assert isinstance(outcome, OSError) or outcome[0] == 200, outcome
     assert await leftovers(tasks) == []
+
+
+async def test_a_connection_without_a_request_is_closed() -> None:
+    """A client that connects and sends nothing, or only part of a request head, does not hold its connection:
+    the server closes it after its idle timeout (0.5 s here; the wait below is only an upper bound)."""
+    server = ProxyHttpServer(CollectorRegistry(), dict, idle_timeout=0.5)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        for sent in (b"", b"GET /status HTTP/1.1\r\nHost: x\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(sent)
+            assert await asyncio.wait_for(reader.read(), 30) == b""  # closed, nothing answered
+            writer.close()
+        code, _, _ = await aget(f"http://127.0.0.1:{port}/status")
+        assert code == 200
+    finally:
+        await server.stop()

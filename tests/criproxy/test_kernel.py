@@ -11,7 +11,16 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from criproxy.gate import PoolGate
-from criproxy.kernel import CgroupLayout, KernelRoots, cgroup_of_pid, cgroup_of_spec, read_view, read_views
+from criproxy.kernel import (
+    CgroupLayout,
+    KernelReader,
+    KernelRoots,
+    cgroup_of_pid,
+    cgroup_of_spec,
+    read_view,
+    read_views,
+    write_cpuset,
+)
 
 
 def fake_tree(root: Path, *, unified: bool, cgroup: str, cpus: str, mems: str, procs: dict[int, tuple[str, str]]
@@ -139,3 +148,44 @@ def test_roots_that_hold_no_cgroups_are_named(tmp_path: Path) -> None:
                              f"(--cgroup-root)")
     assert CgroupLayout.detect(KernelRoots(tmp_path, Path("/sys/fs/cgroup"))).problem() == (
         f"{tmp_path} is not a proc file system (--proc-root)")
+
+
+def test_the_reader_rereads_processes_when_the_cgroup_changes(tmp_path: Path) -> None:
+    """The reader skips /proc/<pid>/status only while the cgroup's files and process list read as before;
+    any change of them, and any view that disagrees with itself, is read afresh."""
+    roots = fake_tree(tmp_path, unified=False, cgroup="/k/c", cpus="0-1", mems="0", procs={7: ("0-1", "0")})
+    reader = KernelReader(CgroupLayout.detect(roots))
+    d = roots.cgroup / "cpuset/k/c"
+    status = roots.proc / "7" / "status"
+    assert reader.view("/k/c").tasks[0].cpus == CPUSet.parse("0-1")
+    # the cpuset narrowed: the kernel moved the process too; both show
+    (d / "cpuset.cpus").write_text("0\n")
+    status.write_text("Name:\tsleep\nCpus_allowed_list:\t0\nMems_allowed_list:\t0\n")
+    v = reader.view("/k/c")
+    assert (v.cpus, v.tasks[0].cpus) == (CPUSet.parse("0"), CPUSet.parse("0"))
+    # a new process joined: read
+    (roots.proc / "8").mkdir()
+    (roots.proc / "8" / "status").write_text("Name:\tsh\nCpus_allowed_list:\t0\nMems_allowed_list:\t0\n")
+    (d / "cgroup.procs").write_text("7\n8\n")
+    assert [t.pid for t in reader.view("/k/c").tasks] == [7, 8]
+    # a process outside its cgroup's cpuset: that view is never remembered
+    status.write_text("Name:\tsleep\nCpus_allowed_list:\t0-1\nMems_allowed_list:\t0\n")
+    (d / "cgroup.procs").write_text("7\n")
+    assert reader.view("/k/c").disagreement(CPUSet.parse("0"), None) == "pid 7 Cpus_allowed_list 0-1"
+    status.write_text("Name:\tsleep\nCpus_allowed_list:\t0\nMems_allowed_list:\t0\n")
+    assert reader.view("/k/c").disagreement(CPUSet.parse("0"), None) is None
+    reader.retain([])
+    (d / "cgroup.procs").write_text("")
+    assert not reader.view("/k/c").running
+    assert reader.view("/k/gone") is None
+
+
+def test_write_cpuset_moves_a_cgroup_and_never_creates_one(tmp_path: Path) -> None:
+    roots = fake_tree(tmp_path, unified=False, cgroup="/k/c", cpus="0-1", mems="0", procs={})
+    layout = CgroupLayout.detect(roots)
+    assert write_cpuset(layout, "/k/c", CPUSet.parse("1"), CPUSet.parse("0")) is None
+    assert (roots.cgroup / "cpuset/k/c/cpuset.cpus").read_text() == "1"
+    assert (roots.cgroup / "cpuset/k/c/cpuset.mems").read_text() == "0"
+    problem = write_cpuset(layout, "/k/not-started", CPUSet.parse("1"), None)
+    assert problem is not None and "No such file or directory" in problem
+    assert not (roots.cgroup / "cpuset/k/not-started").exists()

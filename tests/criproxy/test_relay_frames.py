@@ -319,6 +319,33 @@ async def test_padded_frames_relayed_to_containerd(short_tmp: Path) -> None:
         await asyncio.to_thread(lab.stop)
 
 
+@pytest.mark.containerd
+async def test_a_grpc_go_client_through_the_relay(short_tmp: Path) -> None:
+    """containerd's own ``ctr`` (a grpc-go client, as kubelet is) against containerd (a grpc-go server) through the
+    frame relay: its non-CRI services pass untouched, answers as direct; CRI from a Python client on the same relay."""
+    from numapin_lab.cri.containerd import ContainerdLab
+
+    lab = ContainerdLab(short_tmp / "ctrd")
+    await asyncio.to_thread(lab.start)
+    try:
+        async with frame_relay(short_tmp, lab.socket, {"Version": grow(2)}) as (relay, server):
+            async def ctr(address: str, *args: str) -> str:
+                p = await asyncio.create_subprocess_exec("ctr", "--address", address, *args,
+                                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                out, err = await asyncio.wait_for(p.communicate(), 60)
+                assert p.returncode == 0, err.decode()
+                return out.decode()
+
+            for args in (("version",), ("namespaces", "ls"), ("-n", "k8s.io", "images", "ls"), ("plugins", "ls")):
+                assert await ctr(relay, *args) == await ctr(lab.socket, *args)
+            async with CRIClient(relay) as k:
+                assert (await k.version()).runtime_version.endswith("rr")
+                assert [i.repo_tags for i in await k.list_images()]
+            await eventually(lambda: server.connections == 0, "the clients' connections close")
+    finally:
+        await asyncio.to_thread(lab.stop)
+
+
 async def test_bad_preface_closes_that_connection_only(short_tmp: Path, runtime: MemoryRuntime) -> None:
     async with frame_relay(short_tmp, runtime.socket_path) as (relay, server):
         for garbage in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n" + b"\0" * 30):
@@ -334,6 +361,37 @@ async def test_bad_preface_closes_that_connection_only(short_tmp: Path, runtime:
         await eventually(lambda: server.connections == 0, "the bad connections are forgotten")
         async with CRIClient(relay) as k:
             assert (await k.version()).runtime_name == "memory"
+
+
+async def test_intercepted_request_beyond_the_held_limit_closes_that_connection(
+        short_tmp: Path, runtime: MemoryRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An intercepted request is held in memory until complete, its data credited back at once: one larger than the
+    limit (64 MiB + 5 in production, 64 KiB here) closes that connection before the decision; others go on."""
+    from criproxy import relay_frames
+    monkeypatch.setattr(relay_frames, "MAX_HELD", 64 * 1024)
+    entered = asyncio.Event()
+
+    async def version(request: bytes, forward: Forward) -> bytes:
+        entered.set()
+        return await forward(request)
+
+    async with frame_relay(short_tmp, runtime.socket_path, {"Version": version}) as (relay, server):
+        c = await RawClient.connect(relay)
+        _, frames = c.request_frames(VERSION, pb.VersionRequest(version="x" * 100_000).SerializeToString())
+        c.writer.write(b"".join(frames))
+        await c.writer.drain()
+        rest = await asyncio.wait_for(c.reader.read(), 20)  # the proxy closes the connection
+        pos = 0
+        while pos < len(rest):
+            hi, lo, ftype, _, _ = h2.FRAME_HEADER.unpack_from(rest, pos)
+            assert ftype not in (h2.HEADERS, h2.DATA), rest[:200]  # never answered
+            pos += 9 + (hi << 16 | lo)
+        await c.close()
+        assert not entered.is_set() and not runtime.requests("Version")
+        await eventually(lambda: server.connections == 0, "the connection is forgotten")
+        async with CRIClient(relay) as k:
+            assert (await k.version()).runtime_name == "memory"
+        assert entered.is_set()
 
 
 async def test_client_vanishing_mid_request_and_mid_decision(short_tmp: Path, runtime: MemoryRuntime) -> None:
@@ -519,3 +577,144 @@ async def test_runtime_goaway_on_graceful_stop(short_tmp: Path) -> None:
             await rt.stop()
 
 
+
+
+async def _read_until_ended(c: RawClient, sids: set[int]) -> dict[int, dict[str, str]]:
+    """Each stream's headers (initial and trailing merged) until every stream of ``sids`` ended."""
+    headers: dict[int, dict[str, str]] = {sid: {} for sid in sids}
+    blocks: dict[int, bytes] = {}
+    open_ = set(sids)
+    while open_:
+        ftype, flags, sid, payload = await c.read_frame()
+        if ftype == h2.SETTINGS and not flags & h2.ACK:
+            c.writer.write(h2.frame(h2.SETTINGS, h2.ACK, 0))
+        elif sid not in open_:
+            continue
+        elif ftype in (h2.HEADERS, h2.CONTINUATION):
+            if ftype == h2.HEADERS:
+                payload = h2.header_block_fragment(flags, payload)
+            blocks[sid] = blocks.get(sid, b"") + payload
+            if flags & h2.END_HEADERS:
+                headers[sid].update(dict(c.decoder.decode(blocks.pop(sid))))
+            if flags & h2.END_STREAM:
+                open_.discard(sid)
+        elif ftype == h2.DATA:
+            if payload:
+                c.writer.write(h2.window_update(0, len(payload)) + h2.window_update(sid, len(payload)))
+            if flags & h2.END_STREAM:
+                open_.discard(sid)
+        elif ftype == h2.RST_STREAM:
+            raise AssertionError(f"stream {sid} reset: {payload.hex()}")
+    return headers
+
+
+async def test_own_frames_wait_for_a_relayed_header_block_to_end(short_tmp: Path, runtime: MemoryRuntime) -> None:
+    """An edited message forwarded while kubelet's header block of another call is half relayed (HEADERS went,
+    its CONTINUATION not yet) goes after the block: a frame between them is a connection error (RFC 9113 6.10)."""
+    entered, release, forwarded = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def version(request: bytes, forward: Forward) -> bytes:
+        entered.set()
+        await release.wait()
+        task = asyncio.ensure_future(forward(request))
+        await asyncio.sleep(0.3)
+        forwarded.set()
+        return await task
+
+    async with frame_relay(short_tmp, runtime.socket_path, {"Version": version}) as (relay, _):
+        c = await RawClient.connect(relay)
+        try:
+            v_sid, v_frames = c.request_frames(VERSION, pb.VersionRequest(version="held").SerializeToString())
+            c.writer.write(b"".join(v_frames))
+            await asyncio.wait_for(entered.wait(), 20)
+            e_sid, e_frames = c.request_frames(ECHO, pb.VersionRequest(version="echo").SerializeToString(),
+                                               split_block=4)
+            c.writer.write(e_frames[0])  # HEADERS without END_HEADERS
+            await c.writer.drain()
+            await asyncio.sleep(0.3)
+            release.set()
+            await asyncio.wait_for(forwarded.wait(), 20)
+            c.writer.write(b"".join(e_frames[1:]))
+            got = await asyncio.wait_for(_read_until_ended(c, {v_sid, e_sid}), 30)
+            assert got[v_sid]["grpc-status"] == "0" and got[e_sid]["grpc-status"] == "0", got
+            assert runtime.requests("Version")[-1] == pb.VersionRequest(version="held").SerializeToString()
+        finally:
+            await c.close()
+
+
+async def test_kubelet_resetting_a_half_sent_intercepted_request(short_tmp: Path, runtime: MemoryRuntime) -> None:
+    """kubelet resets an intercepted call before its request is complete: nothing is decided, the runtime's stream
+    is reset too (it was opened by the HEADERS relayed at once) and the proxy keeps nothing of it."""
+    entered = asyncio.Event()
+
+    async def version(request: bytes, forward: Forward) -> bytes:
+        entered.set()
+        return await forward(request)
+
+    async with frame_relay(short_tmp, runtime.socket_path, {"Version": version}) as (relay, server):
+        c = await RawClient.connect(relay)
+        try:
+            sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="half").SerializeToString())
+            c.writer.write(b"".join(frames[:-1]) + h2.rst_stream(sid))
+            await c.writer.drain()
+            await eventually(lambda: server.connections == 1, "the relay accepts the connection")
+            conns = list(server._shared.connections)
+            await eventually(lambda: not conns[0].held, "the reset call is forgotten")
+            sid2, frames2 = c.request_frames(VERSION, pb.VersionRequest(version="next").SerializeToString())
+            c.writer.write(b"".join(frames2))
+            got = await asyncio.wait_for(_read_until_ended(c, {sid2}), 30)
+            assert got[sid2]["grpc-status"] == "0"
+            assert runtime.requests("Version") == [pb.VersionRequest(version="next").SerializeToString()]
+        finally:
+            await c.close()
+
+
+async def test_credits_wait_for_the_runtimes_header_block_to_end(short_tmp: Path) -> None:
+    """The runtime's header block of a relayed call split over two reads (HEADERS, later its CONTINUATION) while
+    kubelet sends an intercepted request: the credits the proxy writes to kubelet for it come after the
+    CONTINUATION, never between (RFC 9113 6.10). The runtime here is hand-made frames on a unix socket."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append((r, w))
+
+    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
+    try:
+        async with frame_relay(short_tmp, rt_path, {"Version": grow(1)}) as (relay, _):
+            c = await RawClient.connect(relay)
+            msg = pb.VersionRequest(version="x").SerializeToString()
+            e_sid, e_frames = c.request_frames(ECHO, msg)
+            c.writer.write(b"".join(e_frames))
+            await eventually(lambda: bool(conns), "the relay connects to the runtime")
+            rr, rw = conns[0]
+            assert await rr.readexactly(24) == h2.PREFACE
+            while True:  # kubelet's frames, relayed, up to the end of the Echo request
+                hi, lo, ftype, flags, sid = h2.FRAME_HEADER.unpack(await rr.readexactly(9))
+                await rr.readexactly(hi << 16 | lo)
+                if ftype == h2.DATA and flags & h2.END_STREAM:
+                    break
+            encoder = hpack.Encoder()
+            encoder.header_table_size = 0
+            block = encoder.encode([(":status", "200"), ("content-type", "application/grpc"),
+                                    ("x-initial", "i" * 200)])
+            rw.write(h2.frame(h2.HEADERS, 0, e_sid, block[:20]))
+            await rw.drain()
+            await asyncio.sleep(0.3)
+            _, v_frames = c.request_frames(VERSION, msg)  # held: the proxy credits its DATA back to kubelet
+            c.writer.write(b"".join(v_frames))
+            await c.writer.drain()
+            await asyncio.sleep(0.3)
+            rw.write(h2.frame(h2.CONTINUATION, h2.END_HEADERS, e_sid, block[20:]))
+            await rw.drain()
+            seen: list[tuple[int, int, int]] = []
+            while not seen or seen[-1][0] != h2.CONTINUATION:
+                ftype, flags, sid, _ = await asyncio.wait_for(c.read_frame(), 20)
+                seen.append((ftype, flags, sid))
+            split = seen.index((h2.HEADERS, 0, e_sid))
+            assert seen[split + 1] == (h2.CONTINUATION, h2.END_HEADERS, e_sid), seen
+            await c.close()
+    finally:
+        raw_runtime.close()
+        for _, w in conns:
+            w.close()

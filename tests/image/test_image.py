@@ -110,6 +110,7 @@ async def test_webhook_runs_from_the_image_and_answers_healthz_over_tls(image_ar
     async with CRIClient(lab.socket) as cri:
         uid = str(uuid.uuid4())
         sandbox = CRIClient.sandbox_config("numapin-webhook", uid, namespace="numapin", qos="burstable")
+        sandbox.log_directory = str(tmp_path / "logs")  # the container's output, shown if it exits
         sid = await cri.run_pod_sandbox(sandbox)
         try:
             config = pb.ContainerConfig(
@@ -118,7 +119,7 @@ async def test_webhook_runs_from_the_image_and_answers_healthz_over_tls(image_ar
                       "--host=127.0.0.1", f"--port={port}", "--nrt-dir=/var/lib/numapin/nrt"],
                 mounts=[pb.Mount(container_path="/etc/numapin/tls", host_path=str(certs), readonly=True),
                         pb.Mount(container_path="/var/lib/numapin/nrt", host_path=str(nrt), readonly=True)],
-                labels={"io.kubernetes.container.name": "webhook"})
+                labels={"io.kubernetes.container.name": "webhook"}, log_path="webhook.log")
             cid = await cri.create_container(sid, config, sandbox)
             await cri.start_container(cid)
             answer = ""
@@ -128,7 +129,10 @@ async def test_webhook_runs_from_the_image_and_answers_healthz_over_tls(image_ar
                     break
                 except (OSError, urllib.error.URLError):
                     status = await cri.container_status(cid)
-                    assert status.status.state in (0, 1), f"the container exited: {status.status}"
+                    if status.status.state not in (0, 1):
+                        log = tmp_path / "logs" / "webhook.log"
+                        output = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+                        raise AssertionError(f"the container exited: {status.status}\noutput:\n{output}") from None
                     await asyncio.sleep(0.1)
             assert answer == "200 ok", answer
             status = await cri.container_status(cid)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -113,7 +114,7 @@ def test_webhook_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert rc == 0
 
 
-def _serve_webhook(tmp_path: Path, certs: Path) -> tuple[subprocess.Popen[str], int]:
+def _serve_webhook(tmp_path: Path, certs: Path, *extra: str) -> tuple[subprocess.Popen[str], int]:
     nrt = tmp_path / "nrt"
     nrt.mkdir(exist_ok=True)
     with socket.socket() as s:
@@ -121,7 +122,7 @@ def _serve_webhook(tmp_path: Path, certs: Path) -> tuple[subprocess.Popen[str], 
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "numapin", "webhook", "--cert", str(certs / "tls.crt"), "--key",
-         str(certs / "tls.key"), "--host", "127.0.0.1", "--port", str(port), "--nrt-dir", str(nrt)],
+         str(certs / "tls.key"), "--host", "127.0.0.1", "--port", str(port), "--nrt-dir", str(nrt), *extra],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
     for _ in range(300):
         try:
@@ -177,3 +178,69 @@ def test_certs_ip_sans_let_a_client_connect_by_address(tmp_path: Path) -> None:
 def test_certs_bad_ip_address_exits_2() -> None:
     r = numapin("certs", "--ip-address", "10.0.0.300")
     assert r.returncode == 2 and "--ip-address" in r.stderr and "Traceback" not in r.stderr
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _listening(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds a socket listening on ``port`` (from /proc/net/tcp and its descriptors)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "0A":
+            inodes.add(f"socket:[{fields[9]}]")
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) in inodes:
+                return True
+    return False
+
+
+def test_webhook_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
+    """--workers 2: two webhook processes listen on one port (the kernel spreads connections over them: the
+    benchmark shows the throughput); SIGTERM stops both (status 0); a worker killed with -9 makes the supervisor stop
+    the other and exit non-zero (the container restarts); a supervisor killed with -9 takes its workers along."""
+    certs = tmp_path / "certs"
+    assert numapin("certs", "--out-dir", str(certs), "--ip-address", "127.0.0.1").returncode == 0
+    assert numapin("webhook", "--cert", str(certs / "tls.crt"), "--key", str(certs / "tls.key"), "--nrt-dir",
+                   str(tmp_path), "--port", "0", "--workers", "2").returncode == 2
+    for ending in ("sigterm", "worker killed", "supervisor killed"):
+        proc, port = _serve_webhook(tmp_path, certs, "--workers", "2")
+        workers: list[int] = []
+        try:
+            workers = [int(p) for p in subprocess.run(["ps", "--ppid", str(proc.pid), "-o", "pid="],
+                                                      capture_output=True, text=True).stdout.split()]
+            assert len(workers) == 2
+            for _ in range(600):  # both listening (bounded: 60 s)
+                if all(_listening(w, port) for w in workers):
+                    break
+                time.sleep(0.1)
+            assert all(_listening(w, port) for w in workers)
+            assert _healthz_by_ip(port, certs / "ca.crt") == 200
+            if ending == "sigterm":
+                proc.send_signal(signal.SIGTERM)
+                assert proc.wait(30) == 0
+            elif ending == "worker killed":
+                os.kill(workers[0], signal.SIGKILL)
+                assert proc.wait(30) != 0
+            else:
+                proc.kill()
+                proc.wait(10)
+            for _ in range(300):  # the workers end (bounded: 30 s)
+                if not any(_alive(w) for w in workers):
+                    break
+                time.sleep(0.1)
+            assert not any(_alive(w) for w in workers)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            for w in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w, signal.SIGKILL)

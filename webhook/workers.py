@@ -1,0 +1,81 @@
+"""``numapin webhook --workers N``: N webhook processes on one port (SO_REUSEPORT), supervised by the first.
+
+Each worker is a whole webhook (``numapin webhook ... --reuse-port``): its own event loop, API watches, node index,
+pod cache, simulator caches and body parser process. The kernel spreads new connections over the workers'
+listening sockets; a keep-alive connection stays with its worker. The workers share nothing, exactly as replicas
+behind the Service share nothing: a binding allowed by one worker is remembered by that worker only, so two pods
+bound to the same node within one publication of its topology through two workers are each judged against the
+node's last published free CPUs (the node proxy remains the backstop, as with replicas).
+
+The supervisor forwards SIGTERM and SIGINT to the workers and waits for them; a supervisor killed outright takes its
+workers along (the kernel sends them SIGTERM: PR_SET_PDEATHSIG). When a worker ends on its own, the
+supervisor stops the others and exits with that worker's status, so the container restarts whole (a half-sized
+webhook would go on answering, slower, with nobody noticing).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+
+__all__ = ["supervise", "worker_command"]
+
+log = logging.getLogger("numapin.webhook.workers")
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def worker_command(argv: list[str]) -> list[str]:
+    """The command line of one worker: ``argv`` (the supervisor's arguments after ``webhook``) without
+    ``--workers``, with ``--reuse-port``."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--workers":
+            skip = True
+            continue
+        if arg.startswith("--workers="):
+            continue
+        out.append(arg)
+    return [sys.executable, "-m", "numapin", "webhook", *out, "--reuse-port"]
+
+
+def _end_with_parent() -> None:
+    """In a new worker: the kernel sends it SIGTERM when the supervisor dies (even by SIGKILL)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def supervise(command: list[str], workers: int, *, poll_seconds: float = 0.2) -> int:
+    """Run ``workers`` copies of ``command`` until a signal (0 once they have all ended) or until one ends on its own
+    (then the others are stopped and its exit status returned)."""
+    procs = [subprocess.Popen(command, preexec_fn=_end_with_parent) for _ in range(workers)]
+    log.info("started %d webhook workers: pids %s", workers, " ".join(str(p.pid) for p in procs))
+    stopping: list[int] = []
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        stopping.append(signum)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    status = 0
+    while any(p.poll() is None for p in procs):
+        for p in procs:
+            code = p.poll()
+            if code is not None and not stopping:
+                log.error("webhook worker %d ended with status %s: stopping the others", p.pid, code)
+                status = code or 1
+                forward(signal.SIGTERM, None)
+        time.sleep(poll_seconds)
+    return status
