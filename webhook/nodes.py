@@ -29,7 +29,15 @@ from allocator.errors import TopologyError
 from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
 
 from .node_index import NodeIndex, ShapeGroup
-from .sources import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, api_client, poll_until_stopped, run_watches, watch_events
+from .sources import (
+    WATCH_REQUEST_TIMEOUT,
+    WATCH_SECONDS,
+    api_client,
+    poll_until_stopped,
+    run_watches,
+    settled,
+    watch_events,
+)
 
 __all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
 
@@ -266,7 +274,7 @@ class DirectorySource:
                     self._files[p] = (st, prev[1])  # keep what it held; retry when it changes again
                 continue
             self.errors.pop(p, None)
-            self._files[p] = (st, content)
+            self._files[p] = (settled(st), content)
             changed = True
         return changed
 

@@ -32,7 +32,7 @@ from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import PodInfo
 
 from .nodes import load_documents
-from .sources import api_client, poll_until_stopped, run_watches, watch_events
+from .sources import api_client, poll_until_stopped, run_watches, settled, watch_events
 
 __all__ = ["DEFAULT_POD_CACHE_BYTES", "CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "PodFinder",
            "pod_model"]
@@ -140,7 +140,7 @@ class PodDirectorySource:
         self.cache = cache
         self.directory = Path(directory)
         self.poll_seconds = poll_seconds
-        self._stats: dict[Path, tuple[int, int, int]] = {}
+        self._stats: dict[Path, tuple[int, int, int] | None] = {}
         self._keys: dict[Path, set[tuple[str, str]]] = {}
         # one scan at a time: the poller's and a cache miss's scans overlapping in threads made the older one take a
         # file the newer one had just read for gone, and drop the pod the miss had found
@@ -166,7 +166,7 @@ class PodDirectorySource:
             except (OSError, ValueError, yaml.YAMLError, RecursionError) as e:
                 log.warning("pod file %s not loaded: %s", p, e)
                 continue
-            self._stats[p] = key
+            self._stats[p] = settled(key)
             out.append((p, docs))
         return out
 

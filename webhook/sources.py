@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["WATCH_REQUEST_TIMEOUT", "WATCH_SECONDS", "api_client", "poll_until_stopped", "run_watches",
+__all__ = ["WATCH_REQUEST_TIMEOUT", "WATCH_SECONDS", "api_client", "poll_until_stopped", "run_watches", "settled",
            "watch_events", "watch_until_stopped"]
 
 log = logging.getLogger("numapin.webhook.sources")
@@ -18,6 +19,19 @@ log = logging.getLogger("numapin.webhook.sources")
 # that died without being closed (no FIN, e.g. a node gone) is noticed and the source lists and watches again.
 WATCH_SECONDS = 300
 WATCH_REQUEST_TIMEOUT = WATCH_SECONDS + 30
+
+
+# A file modified this recently may be modified again within the file system's timestamp granularity (a jiffy, or a
+# second on some) with the same size and inode: its (inode, mtime, size) cannot yet tell the two versions apart.
+RACY_NS = 2_000_000_000
+
+
+def settled(key: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+    """``key`` (inode, mtime in ns, size) to remember for a file just read, or None (read it again next time) while its
+    mtime is within ``RACY_NS`` of now: a rewrite in the same clock tick would otherwise go unseen for good."""
+    if key is None or time.time_ns() - key[1] < RACY_NS:
+        return None
+    return key
 
 
 async def poll_until_stopped(sync: Callable[[], Awaitable[None]], stop: asyncio.Event, every: float, what: str) -> None:
