@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+
+import asyncio
 import json
 import ssl
 from pathlib import Path
@@ -38,7 +40,13 @@ async def test_readyz_waits_for_the_node_source(pki: PKI, tmp_path: Path) -> Non
             status, text = await c.get("/readyz")
             assert status == 503 and "node topology" in text
             app.nodes.mark_synced("api")
-            assert await c.get("/readyz") == (200, "ok\n")
+            for _ in range(200):  # then the decision paths are warmed up: not ready until they are
+                status, text = await c.get("/readyz")
+                if status == 200:
+                    break
+                assert (status, text) == (503, "warming up the decision paths\n")
+                await asyncio.sleep(0.02)
+            assert (status, text) == (200, "ok\n") and app.prepared.is_set()
     finally:
         await app.stop()
 
