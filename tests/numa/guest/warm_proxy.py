@@ -15,7 +15,7 @@ __all__ = ["WarmProxy"]
 
 
 class WarmProxy(ManagedProcess):
-    """``WarmProxy(log).start()`` (imports, waits), ``launch(args)`` (``numapin criproxy ARGS``); ``stop()``
+    """``WarmProxy(log).start()`` (imports, waits), ``launch(args)`` (``numapin ARGS``); ``stop()``
     before ``launch`` discards it."""
 
     def __init__(self, log: Path) -> None:
@@ -26,12 +26,12 @@ class WarmProxy(ManagedProcess):
         self.proc = spawn_warm(self.log, new_session=True)
 
     def launch(self, args: Sequence[str]) -> None:
-        """``numapin criproxy ARGS`` in the waiting process. OSError if it is no longer there."""
+        """``numapin ARGS`` (``criproxy ...``) in the waiting process. OSError if it is no longer there."""
         if self.proc is None or self.launched:
             raise OSError("the warm proxy was not started or was launched already")
         self.args = list(args)
         self.launched = True
-        launch(self.proc, ["criproxy", *args])
+        launch(self.proc, self.args)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int | None:
         if self.proc is not None and not self.launched:
