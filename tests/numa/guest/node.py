@@ -291,15 +291,17 @@ class GuestNode:
         self._do(f"delete {len(gone)} pod(s)", go)
 
     def delete_all(self) -> None:
-        """Every pod deleted: ours through the proxy, whatever else is left directly in containerd."""
+        """Every pod deleted: ours through the proxy, whatever else is left directly in containerd (with the pod
+        cgroups of ours, as kubelet removes them)."""
         if self.pods and self.proxy is not None and self.proxy.alive():
             self.delete(*self.pods)
+        parents = {r.sandbox_id: r.cgroup_parent for r in self.pods.values()}
         self.pods.clear()
         self.pids.clear()
 
         async def remove(sandbox_id: str) -> None:
             await self.direct.stop_pod_sandbox(sandbox_id)
-            await self.direct.remove_pod_sandbox(sandbox_id)
+            await self.direct.remove_pod_sandbox(sandbox_id, cgroup_parent=parents.get(sandbox_id))
 
         async def sweep() -> None:
             await asyncio.gather(*(remove(sb.id) for sb in await self.direct.list_pod_sandbox()))
