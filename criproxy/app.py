@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 
@@ -23,7 +24,6 @@ from .converge import Converger, Decider, Decision
 from .cpuset_pusher import CpusetPusher
 from .cri_api import RuntimeApi
 from .cri_pods import rebuild_cri_pods
-from .http_server import ProxyHttpServer
 from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
 from .mode_apply import ModeApplier
@@ -38,6 +38,9 @@ from .relays import start_relay
 from .server import RelayServer, SocketInUseError, listen_path
 from .starts import StartGuard
 from .status import status_document
+
+if TYPE_CHECKING:
+    from .http_server import ProxyHttpServer
 
 __all__ = ["CriProxy", "node_parts_of"]
 
@@ -88,7 +91,7 @@ class CriProxy:
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
-        self.http = ProxyHttpServer(self.metrics.registry, lambda: status_document(self))
+        self.http: ProxyHttpServer | None = None  # with --metrics-address only (start)
         self._server: RelayServer | FrameRelayServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # the background tasks (``_spawn``), all cancelled by stop()
         self._nrt_dirty = asyncio.Event()
@@ -190,6 +193,10 @@ class CriProxy:
             self._api = ApiPublisher(cfg.kubeconfig)
         endpoint = cfg.metrics_endpoint()
         if endpoint is not None:
+            # aiohttp is imported only for a proxy that serves HTTP (a third of the proxy's import time); in a
+            # worker thread, as nothing else may hold the loop
+            http_server = await asyncio.to_thread(importlib.import_module, "criproxy.http_server")
+            self.http = http_server.ProxyHttpServer(self.metrics.registry, lambda: status_document(self))
             self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
@@ -315,7 +322,8 @@ class CriProxy:
 
     async def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving, cancel every background task and wait for it: nothing of the proxy runs afterwards."""
-        await self.http.stop()
+        if self.http is not None:
+            await self.http.stop()
         self._stop_watch.set()
         while self._tasks:  # a task being cancelled may not start another (``_spawn``), but be sure
             tasks = list(self._tasks)

@@ -12,8 +12,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, ConfigError
 
@@ -180,6 +178,8 @@ def load_config(file: str | None, overrides: Mapping[str, Any]) -> ProxyConfig:
     ``overrides`` (flags given on the command line; None = not given)."""
     values: dict[str, Any] = {}
     if file:
+        import yaml  # only for a configuration file (a twentieth of the proxy's import time)
+
         try:
             doc = yaml.safe_load(Path(file).read_text())
         except OSError as e:
