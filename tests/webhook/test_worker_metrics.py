@@ -6,7 +6,6 @@ import asyncio
 import json
 import signal
 import ssl
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.webhook.test_cli import _alive, _listening, _serve_webhook, numapin
+from tests.webhook.test_cli import _alive, _serve_webhook, numapin, workers_listening
 from webhook.metrics import WebhookMetrics
 from webhook.worker_metrics import merge
 
@@ -67,13 +66,7 @@ def test_one_scrape_reports_every_worker(tmp_path: Path) -> None:
     assert numapin("certs", "--out-dir", str(certs), "--ip-address", "127.0.0.1").returncode == 0
     proc, port = _serve_webhook(tmp_path, certs, "--workers", "2")
     try:
-        workers = [int(p) for p in subprocess.run(["ps", "--ppid", str(proc.pid), "-o", "pid="],
-                                                  capture_output=True, text=True).stdout.split()]
-        assert len(workers) == 2
-        for _ in range(600):  # both listening (bounded: 60 s)
-            if all(_listening(w, port) for w in workers):
-                break
-            time.sleep(0.1)
+        workers = workers_listening(proc, port, 2)
         cmdline = Path(f"/proc/{workers[0]}/cmdline").read_bytes().split(b"\0")
         directory = Path(cmdline[cmdline.index(b"--worker-metrics-dir") + 1].decode())
         for _ in range(600):  # both answering their metrics (bounded: 60 s)
