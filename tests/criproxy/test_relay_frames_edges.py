@@ -1,0 +1,307 @@
+"""The frame relay at the edges of HTTP/2: flow-control windows after grown edits (neither side is sent more than
+its window), runtime frames arriving for a call the proxy already answered, REFUSED_STREAM, the connection cap.
+
+The peers are hand-made frames on unix sockets (hpack + h2wire) that enforce what RFC 9113 lets a strict peer
+enforce, and real gRPC clients where a library's behaviour is the point (its transparent retry)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import hpack
+import pytest
+
+from criproxy import h2wire as h2
+from criproxy.relay import Forward, Rejection
+from numapin_lab.cri.client import CRIClient, pb
+
+from .test_relay_frames import ECHO, VERSION, RawClient, eventually, frame_relay, grow
+
+WINDOW = 65_535  # RFC 9113's initial windows: neither raw peer here changes them
+REFUSED_STREAM = 0x7  # RFC 9113 7: the stream was not processed
+
+
+class StrictReceiver:
+    """Reads a peer's frames and enforces the connection flow-control window it granted (RFC 9113 6.9.1: a receiver
+    MAY treat an overrun as FLOW_CONTROL_ERROR): more credit only once the window is used up, and only while
+    ``granting`` is set. Keeps every frame; answers SETTINGS and PING."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, preface: bool) -> None:
+        self.reader, self.writer = reader, writer
+        self.preface = preface
+        self.granted = WINDOW
+        self.received = 0
+        self.granting = asyncio.Event()
+        self.granting.set()
+        self.frames: list[tuple[int, int, int, bytes]] = []
+        self.changed = asyncio.Event()
+        self.overrun = ""
+        self.task = asyncio.ensure_future(self._run())
+
+    async def _run(self) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            if self.preface:
+                assert await self.reader.readexactly(24) == h2.PREFACE
+            while True:
+                hi, lo, ftype, flags, sid = h2.FRAME_HEADER.unpack(await self.reader.readexactly(9))
+                payload = await self.reader.readexactly(hi << 16 | lo)
+                sid &= 0x7FFFFFFF
+                if ftype == h2.SETTINGS and not flags & h2.ACK:
+                    self.writer.write(h2.frame(h2.SETTINGS, h2.ACK, 0))
+                elif ftype == h2.PING and not flags & h2.ACK:
+                    self.writer.write(h2.frame(h2.PING, h2.ACK, 0, payload))
+                elif ftype == h2.DATA:
+                    self.received += len(payload)
+                    if self.received > self.granted and not self.overrun:
+                        self.overrun = f"{self.received} bytes of DATA received with {self.granted} granted"
+                    if payload and sid:  # streams get their credit at once: the connection window is under test
+                        self.writer.write(h2.window_update(sid, len(payload)))
+                self.frames.append((ftype, flags, sid, payload))
+                self.changed.set()
+                if self.received == self.granted:
+                    await self.granting.wait()
+                    self.writer.write(h2.window_update(0, WINDOW))
+                    self.granted += WINDOW
+
+    async def until(self, what: str, check: object) -> None:
+        assert callable(check)
+        for _ in range(600):
+            if self.overrun:
+                pytest.fail(f"flow control broken: {self.overrun}")
+            if check():
+                return
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 0.05)
+        pytest.fail(f"never: {what}")
+
+    def data(self, sid: int) -> bytes:
+        return b"".join(p for t, _, s, p in self.frames if t == h2.DATA and s == sid)
+
+    def ended(self, sid: int) -> bool:
+        return any(s == sid and f & h2.END_STREAM and t in (h2.DATA, h2.HEADERS) for t, f, s, _ in self.frames)
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.writer.close()
+
+
+@contextlib.asynccontextmanager
+async def raw_runtime(path: str) -> AsyncIterator[list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]:
+    """A unix socket whose connections the test drives by hand."""
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append((r, w))
+
+    server = await asyncio.start_unix_server(serve, path)
+    try:
+        yield conns
+    finally:
+        server.close()
+        for _, w in conns:
+            w.close()
+
+
+def _encoder() -> hpack.Encoder:
+    e = hpack.Encoder()
+    e.header_table_size = 0  # the proxy sets the runtime's table to 0 (see relay_frames)
+    return e
+
+
+def response_frames(sid: int, message: bytes, *, status: int = 0) -> bytes:
+    """A whole gRPC answer as a runtime sends it: headers, the message in DATA frames of 16384, trailers."""
+    enc = _encoder()
+    body = b"\0" + len(message).to_bytes(4, "big") + message
+    out = [h2.frame(h2.HEADERS, h2.END_HEADERS, sid, enc.encode([(":status", "200"),
+                                                                  ("content-type", "application/grpc")]))]
+    out += h2.data_frames(sid, body, 16_384, False)
+    out.append(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, enc.encode([("grpc-status", str(status))])))
+    return b"".join(out)
+
+
+def request_frames(c: RawClient, method: str, message: bytes) -> tuple[int, bytes]:
+    """A whole unary request, its message in DATA frames of 16384 (the proxy's peers' SETTINGS_MAX_FRAME_SIZE)."""
+    sid, frames = c.request_frames(method, b"")
+    body = b"\0" + len(message).to_bytes(4, "big") + message
+    return sid, frames[0] + b"".join(h2.data_frames(sid, body, 16_384, True))
+
+
+# --- 1. never more than the peer's window ----------------------------------------------------------------------------
+
+async def test_kubelet_counting_on_credit_a_grown_edit_took_waits_for_the_runtimes_window(short_tmp: Path) -> None:
+    """An intercepted request grown by 30000 bytes takes that much of the runtime's connection window, while
+    kubelet (whose held request the proxy credited back at once) still sees the whole window and sends a relayed
+    Echo of 60000 bytes: the runtime is sent no more than it granted; the rest follows its WINDOW_UPDATE, whole."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    async with raw_runtime(rt_path) as conns, \
+            frame_relay(short_tmp, rt_path, {"Version": grow(30_000)}) as (relay, _):
+        c = await RawClient.connect(relay)
+        v_sid, v_frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+        c.writer.write(b"".join(v_frames))
+        await eventually(lambda: bool(conns), "the relay connects to the runtime")
+        rt = StrictReceiver(*conns[0], preface=True)
+        try:
+            await rt.until("the grown request reaches the runtime", lambda: rt.ended(v_sid))
+            assert len(rt.data(v_sid)) > 30_000
+            echo = bytes(range(256)) * 234 + b"end"  # 59907 bytes: with the grown request, beyond 65535
+            e_sid, e_frames = request_frames(c, ECHO, echo)
+            c.writer.write(e_frames)
+            await rt.until("the whole Echo request reaches the runtime", lambda: rt.ended(e_sid))
+            assert rt.data(e_sid) == b"\0" + len(echo).to_bytes(4, "big") + echo
+            assert rt.granted > WINDOW  # it went on after the runtime's credit, not before
+        finally:
+            rt.close()
+            await c.close()
+
+
+async def test_runtime_counting_on_credit_a_grown_answer_took_waits_for_kubelets_window(short_tmp: Path) -> None:
+    """The same the other way: the interceptor's answer grown by 30000 bytes takes that much of kubelet's window,
+    while the runtime (whose answer the proxy credited back) sends a relayed Echo answer of 60000 bytes: kubelet
+    is sent no more than it granted; the rest follows its WINDOW_UPDATE."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    async with raw_runtime(rt_path) as conns, \
+            frame_relay(short_tmp, rt_path, {"Version": grow(30_000)}) as (relay, _):
+        r, w = await asyncio.open_unix_connection(relay)
+        w.write(h2.PREFACE + h2.settings_frame([]))
+        c = RawClient(r, w)
+        kube = StrictReceiver(r, w, preface=False)
+        kube.granting.clear()  # kubelet grants nothing more until the Echo answer is under way
+        v_sid, v_frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+        e_sid, e_frames = request_frames(c, ECHO, b"q")
+        w.write(b"".join(v_frames) + e_frames)
+        await eventually(lambda: bool(conns), "the relay connects to the runtime")
+        rt = StrictReceiver(*conns[0], preface=True)
+        try:
+            await rt.until("both requests reach the runtime", lambda: rt.ended(v_sid) and rt.ended(e_sid))
+            conns[0][1].write(h2.settings_frame([]) + response_frames(
+                v_sid, pb.VersionResponse(runtime_version="v").SerializeToString()))
+            await kube.until("the grown answer reaches kubelet", lambda: kube.ended(v_sid))
+            assert len(kube.data(v_sid)) > 30_000
+            echo = bytes(range(256)) * 234 + b"end"
+            conns[0][1].write(response_frames(e_sid, echo))
+            await kube.until("kubelet's window is used up", lambda: kube.received >= WINDOW)
+            kube.granting.set()
+            await kube.until("the whole Echo answer reaches kubelet", lambda: kube.ended(e_sid))
+            assert kube.data(e_sid) == b"\0" + len(echo).to_bytes(4, "big") + echo
+        finally:
+            rt.close()
+            kube.close()
+
+
+# --- 2. late runtime frames of a call the proxy answered -----------------------------------------------------------
+
+async def test_runtime_frames_crossing_the_proxys_answer_are_dropped_and_credited(short_tmp: Path) -> None:
+    """The interceptor rejects a call whose HEADERS went to the runtime: the proxy answers kubelet itself and resets
+    the runtime's stream, while the runtime's answer is already on its way (it crosses the RST_STREAM). Those late
+    frames never reach kubelet, whose stream is closed (RFC 9113 5.1: a connection error for a strict peer), and
+    their DATA is credited back to the runtime on the connection; the connection goes on serving."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+
+    async def reject(request: bytes, forward: Forward) -> bytes:
+        raise Rejection(grpc.StatusCode.FAILED_PRECONDITION, "numapin: not now")
+
+    async with raw_runtime(rt_path) as conns, frame_relay(short_tmp, rt_path, {"Version": reject}) as (relay, _):
+        r, w = await asyncio.open_unix_connection(relay)
+        w.write(h2.PREFACE + h2.settings_frame([]))
+        c = RawClient(r, w)
+        kube = StrictReceiver(r, w, preface=False)
+        v_sid, v_frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+        w.write(b"".join(v_frames))
+        await eventually(lambda: bool(conns), "the relay connects to the runtime")
+        rt = StrictReceiver(*conns[0], preface=True)
+        try:
+            await kube.until("kubelet gets the rejection", lambda: kube.ended(v_sid))
+            await rt.until("the proxy resets the runtime's stream",
+                           lambda: any(t == h2.RST_STREAM and s == v_sid for t, _, s, _ in rt.frames))
+            late = response_frames(v_sid, b"l" * 20_000)
+            conns[0][1].write(late + h2.frame(h2.PING, 0, 0, b"pingpong"))
+            await rt.until("kubelet answers the runtime's PING that followed",
+                           lambda: any(t == h2.PING and f & h2.ACK for t, f, _, _ in rt.frames))
+            after = kube.frames[[i for i, (t, _, s, _) in enumerate(kube.frames) if s == v_sid][-1]:]
+            assert all(t != h2.HEADERS and t != h2.DATA for t, _, _, _ in after[1:]), after
+            assert [p for t, _, s, p in kube.frames if s == v_sid and t == h2.DATA] == []
+            credit = sum(int.from_bytes(p, "big") for t, _, s, p in rt.frames if t == h2.WINDOW_UPDATE and s == 0)
+            assert credit >= 20_005  # the late DATA given back to the runtime on the connection
+            e_sid, e_frames = request_frames(c, ECHO, b"next")
+            w.write(e_frames)
+            await rt.until("the next call reaches the runtime", lambda: rt.ended(e_sid))
+            conns[0][1].write(response_frames(e_sid, b"next"))
+            await kube.until("and its answer kubelet", lambda: kube.ended(e_sid))
+            assert kube.data(e_sid) == b"\0\0\0\0\4next"
+        finally:
+            rt.close()
+            kube.close()
+
+
+# --- 3. REFUSED_STREAM -----------------------------------------------------------------------------------------------
+
+async def test_refused_stream_on_a_held_call_reaches_kubelet_as_refused_stream(short_tmp: Path) -> None:
+    """The runtime refuses a held call (RST_STREAM REFUSED_STREAM: not processed) and the interceptor passes the
+    failure on: kubelet gets REFUSED_STREAM too (not an UNAVAILABLE status), which its gRPC retries once by
+    itself."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    async with raw_runtime(rt_path) as conns, frame_relay(short_tmp, rt_path, {"Version": grow(1)}) as (relay, _):
+        c = await RawClient.connect(relay)
+        kube = StrictReceiver(c.reader, c.writer, preface=False)
+        v_sid, v_frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+        c.writer.write(b"".join(v_frames))
+        await eventually(lambda: bool(conns), "the relay connects to the runtime")
+        rt = StrictReceiver(*conns[0], preface=True)
+        try:
+            await rt.until("the request reaches the runtime", lambda: rt.ended(v_sid))
+            conns[0][1].write(h2.rst_stream(v_sid, REFUSED_STREAM))
+            await kube.until("kubelet's stream ends", lambda: any(
+                s == v_sid and (t == h2.RST_STREAM or f & h2.END_STREAM) for t, f, s, _ in kube.frames))
+            ends = [(t, p) for t, f, s, p in kube.frames if s == v_sid and t != h2.WINDOW_UPDATE]
+            assert ends == [(h2.RST_STREAM, REFUSED_STREAM.to_bytes(4, "big"))], ends
+        finally:
+            rt.close()
+            kube.close()
+
+
+async def test_a_grpc_client_sees_a_refused_held_call_unavailable_and_goes_on(short_tmp: Path) -> None:
+    """A real gRPC client (gRPC's C core: unlike grpc-go, kubelet's, it does not retry a REFUSED_STREAM by itself)
+    calls Version through the relay; the runtime refuses the first stream and answers the second: the first call
+    fails UNAVAILABLE (as before the proxy passed REFUSED_STREAM on), the next on the same connection succeeds."""
+    rt_path = str(short_tmp / "raw-rt.sock")
+    runs: list[int] = []
+
+    async def version(request: bytes, forward: Forward) -> bytes:
+        runs.append(1)
+        return await forward(request)
+
+    async def serve_runtime(conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> None:
+        await eventually(lambda: bool(conns), "the relay connects to the runtime")
+        r, w = conns[0]
+        w.write(h2.settings_frame([]))
+        rt = StrictReceiver(r, w, preface=True)
+        answered: set[int] = set()
+        refused = 0
+        while True:
+            await rt.until("a Version request", lambda: any(t == h2.DATA and f & h2.END_STREAM and s not in answered
+                                                              for t, f, s, _ in rt.frames))
+            sid = next(s for t, f, s, _ in rt.frames if t == h2.DATA and f & h2.END_STREAM and s not in answered)
+            answered.add(sid)
+            if not refused:
+                refused = sid
+                w.write(h2.rst_stream(sid, REFUSED_STREAM))
+            else:
+                w.write(response_frames(sid, pb.VersionResponse(runtime_version="second").SerializeToString()))
+
+    async with raw_runtime(rt_path) as conns, frame_relay(short_tmp, rt_path, {"Version": version}) as (relay, _):
+        task = asyncio.ensure_future(serve_runtime(conns))
+        try:
+            async with CRIClient(relay) as k:
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await asyncio.wait_for(k.version(), 30)
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert (await asyncio.wait_for(k.version(), 30)).runtime_version == "second"
+            assert len(runs) == 2
+        finally:
+            task.cancel()
