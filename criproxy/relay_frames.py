@@ -61,7 +61,7 @@ from .relay import (
 )
 from .server import SOCKET_MODE, prepare_socket
 
-__all__ = ["FrameRelayServer", "start_frame_relay_server"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "FrameRelayServer", "start_frame_relay_server"]
 
 log = logging.getLogger("numapin.criproxy")
 
@@ -72,6 +72,10 @@ _END_STREAM, _END_HEADERS, _PADDED = h2.END_STREAM, h2.END_HEADERS, h2.PADDED
 _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
 _CONNECT_TIMEOUT = 20.0
+# kubelet connections served at once (each costs two descriptors: it and its runtime connection); kubelet opens two
+DEFAULT_MAX_CONNECTIONS = 128
+_TURNED_AWAY_LINGER = 2.0   # seconds a turned-away client has to read the GOAWAY before its connection closes
+_REFUSAL_LOG_PERIOD = 10.0  # at most one log line per period about turned-away connections
 _CACHE_LIMIT = 1024
 # the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
 _MAX_HEADER_LIST = 16 << 20
@@ -455,12 +459,42 @@ class _RuntimeSide(asyncio.Protocol):
 class _Server:
     """What the connections of one listening socket share."""
 
-    def __init__(self, handler: RelayHandler) -> None:
+    def __init__(self, handler: RelayHandler, max_connections: int, on_turned_away: Callable[[], None] | None
+                 ) -> None:
         self.runtime_path = normalize_endpoint(handler.upstream.endpoint)[len("unix:"):]
         self.routes = _Routes(dict(handler.interceptors))
         self.statuses = _Statuses()
         self.observe: Observer | None = handler.observe
         self.connections: set[_Connection] = set()
+        self.max_connections = max_connections
+        self.on_turned_away = on_turned_away
+        self.lingering = 0         # turned-away connections still open (reading the GOAWAY)
+        self.turned_away = 0       # since the last log line about them
+        self.logged_at = -_REFUSAL_LOG_PERIOD
+
+    def turn_away(self, transport: asyncio.Transport) -> None:
+        """A connection beyond ``max_connections``: told GOAWAY at once (no stream taken, ENHANCE_YOUR_CALM: the
+        client's calls fail UNAVAILABLE, unprocessed) and closed, without a runtime connection."""
+        transport.write(h2.settings_frame([]) + h2.goaway(0, h2.ENHANCE_YOUR_CALM,
+                                                          b"numapin: too many connections to the CRI proxy"))
+        if self.lingering >= self.max_connections:  # a flood: no time to read it
+            transport.abort()
+        else:  # time to read the GOAWAY before the close (a close with its bytes unread resets the connection)
+            self.lingering += 1  # what it sends meanwhile is read and dropped (the connection is "closed")
+            asyncio.get_running_loop().call_later(_TURNED_AWAY_LINGER, self._close_turned_away, transport)
+        if self.on_turned_away is not None:
+            self.on_turned_away()
+        self.turned_away += 1
+        now = time.monotonic()
+        if now - self.logged_at >= _REFUSAL_LOG_PERIOD:
+            log.warning("frame relay: %d connection(s) turned away (GOAWAY): %d connections already served, the "
+                        "most allowed (--max-connections)", self.turned_away, len(self.connections))
+            self.turned_away = 0
+            self.logged_at = now
+
+    def _close_turned_away(self, transport: asyncio.Transport) -> None:
+        self.lingering -= 1
+        transport.close()
 
 
 class _Connection(asyncio.Protocol):
@@ -493,6 +527,10 @@ class _Connection(asyncio.Protocol):
     # --- set-up and tear-down
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if len(self.server.connections) >= self.server.max_connections:
+            self.state = "closed"
+            self.server.turn_away(cast(asyncio.Transport, transport))
+            return
         self.kube.transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's is no subclass)
         self.server.connections.add(self)
         self._spawn(self._connect())
@@ -1128,11 +1166,16 @@ class FrameRelayServer:
         await self._stopped.wait()
 
 
-async def start_frame_relay_server(path: str, handler: RelayHandler) -> FrameRelayServer:
+async def start_frame_relay_server(path: str, handler: RelayHandler, *,
+                                   max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                                   on_turned_away: Callable[[], None] | None = None) -> FrameRelayServer:
     """Serve the frame relay for ``handler`` (its runtime endpoint, interceptors and observer) on the unix socket
-    ``path`` (mode 0660); interceptors run on the calling event loop."""
+    ``path`` (mode 0660); interceptors run on the calling event loop. At most ``max_connections`` clients are
+    served at once: a connection beyond them is told GOAWAY and closed (``on_turned_away`` is told)."""
+    if max_connections < 1:
+        raise ValueError(f"max_connections must be at least 1, got {max_connections}")
     prepare_socket(path)
-    shared = _Server(handler)
+    shared = _Server(handler, max_connections, on_turned_away)
     loop = asyncio.get_running_loop()
     handler.loop = loop
     factory: Callable[[], asyncio.Protocol] = lambda: _Connection(shared)  # noqa: E731

@@ -17,8 +17,10 @@ import hpack
 import pytest
 
 from criproxy import h2wire as h2
-from criproxy.relay import Forward, Rejection
+from criproxy.relay import Forward, Rejection, RelayHandler, Upstream
+from criproxy.relay_frames import start_frame_relay_server
 from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 from .test_relay_frames import ECHO, VERSION, RawClient, eventually, frame_relay, grow
 
@@ -305,3 +307,54 @@ async def test_a_grpc_client_sees_a_refused_held_call_unavailable_and_goes_on(sh
             assert len(runs) == 2
         finally:
             task.cancel()
+
+
+# --- 4. a bounded number of client connections ---------------------------------------------------------------------
+
+async def test_connections_beyond_the_cap_are_told_goaway_and_cost_no_runtime_connection(
+        short_tmp: Path, runtime: MemoryRuntime) -> None:
+    """With ``max_connections`` 2 and two clients served, a third connection is told SETTINGS and GOAWAY
+    (ENHANCE_YOUR_CALM, no stream taken) and closed, without a runtime connection; a gRPC client on it fails
+    UNAVAILABLE; each is counted; once a served client leaves, a new one is served."""
+    turned_away: list[int] = []
+    path = str(short_tmp / "cap.sock")
+    upstream = Upstream(runtime.socket_path)
+    server = await start_frame_relay_server(path, RelayHandler(upstream, {"Version": grow(1)}), max_connections=2,
+                                            on_turned_away=lambda: turned_away.append(1))
+    try:
+        served = [await RawClient.connect(path) for _ in range(2)]
+        for c in served:
+            sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+            c.writer.write(b"".join(frames))
+            headers, _ = await asyncio.wait_for(c.response(sid), 30)
+            assert headers["grpc-status"] == "0"
+        assert server.connections == 2
+        r, w = await asyncio.open_unix_connection(path)
+        w.write(h2.PREFACE + h2.settings_frame([]))
+        got = await asyncio.wait_for(r.read(), 30)  # up to the proxy's close
+        w.close()
+        frames = []
+        pos = 0
+        while pos < len(got):
+            hi, lo, ftype, _, _ = h2.FRAME_HEADER.unpack_from(got, pos)
+            frames.append((ftype, got[pos + 9:pos + 9 + (hi << 16 | lo)]))
+            pos += 9 + (hi << 16 | lo)
+        assert [t for t, _ in frames] == [h2.SETTINGS, h2.GOAWAY], frames
+        assert frames[1][1][:8] == (0).to_bytes(4, "big") + h2.ENHANCE_YOUR_CALM.to_bytes(4, "big")
+        async with CRIClient(path) as k:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await asyncio.wait_for(k.version(), 30)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert server.connections == 2 and len(turned_away) >= 2
+        for c in served:
+            await c.close()
+        await eventually(lambda: server.connections == 0, "the served clients' connections close")
+        d = await RawClient.connect(path)  # (a gRPC client would wait out its reconnect backoff first)
+        sid, frames = d.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+        d.writer.write(b"".join(frames))
+        headers, _ = await asyncio.wait_for(d.response(sid), 30)
+        assert headers["grpc-status"] == "0"
+        await d.close()
+    finally:
+        await server.stop(0)
+        await upstream.close()
