@@ -276,6 +276,7 @@ class _Held:
         "initial_block",
         "initial_frames",
         "kube_reset",
+        "late_mark",
         "metadata",
         "method",
         "refused",
@@ -307,6 +308,7 @@ class _Held:
         self.up_closed = False          # kubelet ended the request on a HEADERS frame (went upstream as it came)
         self.kube_reset = False         # kubelet reset the stream: the decision is carried through, not answered
         self.up_reset = False           # the runtime reset the stream: it sends nothing more on it
+        self.late_mark = 0              # the highest stream the runtime got before the proxy's RST_STREAM
         self.refused = ""               # why the runtime did not process the call (REFUSED_STREAM, GOAWAY)
         self.forwarded = False
         self.answered = False
@@ -939,7 +941,7 @@ class _Connection(asyncio.Protocol):
         stream is closed (RFC 9113 5.1: a peer may treat them as a connection error)."""
         if h.up_reset:
             return
-        self.late[h.sid] = self.last_sid
+        self.late[h.sid] = h.late_mark or self.last_sid
         if len(self.late) > _CACHE_LIMIT:
             del self.late[next(iter(self.late))]
 
@@ -1056,6 +1058,8 @@ class _Connection(asyncio.Protocol):
         sid = h.sid
         if not h.forwarded or not h.response.done():
             self.rt.write(h2.rst_stream(sid))  # nothing (or not all) went upstream: the runtime forgets the call
+            # the streams kubelet opened so far, a header block in progress included, reach the runtime before it
+            h.late_mark = max(self.last_sid, self.kcont[0] if self.kcont is not None else 0)
         if h.kube_reset or self.state == "closed":
             return
         if h.refused and outcome.code == grpc.StatusCode.UNAVAILABLE and outcome.details == h.refused:

@@ -78,8 +78,11 @@ class StrictReceiver:
             if check():
                 return
             self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), 0.05)
+            waiter = asyncio.ensure_future(self.changed.wait())
+            try:  # (not wait_for: on Python 3.11 it can swallow a cancellation)
+                await asyncio.wait([waiter], timeout=0.05)
+            finally:
+                waiter.cancel()
         pytest.fail(f"never: {what}")
 
     def data(self, sid: int) -> bytes:
@@ -358,3 +361,125 @@ async def test_connections_beyond_the_cap_are_told_goaway_and_cost_no_runtime_co
     finally:
         await server.stop(0)
         await upstream.close()
+
+
+# --- attacks: seeded random frame sequences, kill -9 -----------------------------------------------------------------
+
+async def _behave(request: bytes, forward: Forward) -> bytes:
+    """Version as the random tests drive it: the request's ``version`` says what the interceptor does."""
+    what = pb.VersionRequest.FromString(request).version
+    if what == "reject":
+        raise Rejection(grpc.StatusCode.FAILED_PRECONDITION, "numapin: rejected")
+    if what == "own":
+        return pb.VersionResponse(runtime_version="own").SerializeToString()
+    n = int(what.split(":")[1])
+    out = pb.VersionResponse.FromString(await forward(pb.VersionRequest(version="v" * n).SerializeToString()))
+    out.runtime_version += "r" * n
+    return out.SerializeToString()
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_random_frame_sequences_keep_both_peers_in_protocol(short_tmp: Path, seed: int) -> None:
+    """Seeded random mixes on one connection: relayed Echo calls and intercepted Version calls (grown edits both
+    ways, rejections, answers of the proxy's own) of random sizes, kubelet resetting streams at random, the runtime
+    answering, refusing, resetting, failing, late, and sending answers that cross the proxy's reset. Both raw peers
+    enforce their connection windows; kubelet never gets a frame on a stream after its end; every call kubelet did
+    not reset ends; the connection stays up and the proxy forgets every held call."""
+    import random
+
+    rng = random.Random(seed)
+    rt_path = str(short_tmp / "raw-rt.sock")
+    kinds: dict[int, str] = {}
+    async with raw_runtime(rt_path) as conns, frame_relay(short_tmp, rt_path, {"Version": _behave}) as (relay, srv):
+        r, w = await asyncio.open_unix_connection(relay)
+        w.write(h2.PREFACE + h2.settings_frame([]))
+        c = RawClient(r, w)
+        kube = StrictReceiver(r, w, preface=False)
+        reset_by_kube: set[int] = set()
+
+        async def runtime_side() -> None:
+            await eventually(lambda: bool(conns), "the relay connects to the runtime")
+            rr, rw = conns[0]
+            rw.write(h2.settings_frame([]))
+            rt = StrictReceiver(rr, rw, preface=True)
+            seen = 0
+            done: set[int] = set()  # streams answered, reset, or waiting in ``later``
+            later: list[int] = []   # requests that ended, answered after the next read, in random order
+
+            def answer(sid: int) -> None:
+                roll = rng.random()
+                if kinds.get(sid) == "version":
+                    message = pb.VersionResponse(runtime_version="x" * rng.choice((0, 10, 20_000))).SerializeToString()
+                else:
+                    message = bytes(rng.randrange(256) for _ in range(8)) * rng.choice((0, 1, 500, 5000))
+                if roll < 0.7:
+                    rw.write(response_frames(sid, message))
+                elif roll < 0.8:
+                    rw.write(h2.rst_stream(sid, REFUSED_STREAM))
+                elif roll < 0.9:
+                    rw.write(h2.rst_stream(sid, h2.CANCEL))
+                else:
+                    rw.write(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, _encoder().encode(
+                        [(":status", "200"), ("content-type", "application/grpc"), ("grpc-status", "13")])))
+
+            while True:
+                await rt.until("more frames", lambda seen=seen: len(rt.frames) > seen)
+                new, seen = rt.frames[seen:], len(rt.frames)
+                for ftype, flags, sid, _ in new:
+                    if ftype == h2.RST_STREAM and (sid not in done or sid in later):
+                        done.add(sid)
+                        if sid in later:
+                            later.remove(sid)
+                        if rng.random() < 0.5:  # an answer written before the reset was read: they cross
+                            answer(sid)
+                    elif ftype in (h2.DATA, h2.HEADERS) and flags & h2.END_STREAM and sid not in done:
+                        done.add(sid)
+                        later.append(sid)
+                rng.shuffle(later)
+                while later:
+                    answer(later.pop())
+
+        runtime_task = asyncio.ensure_future(runtime_side())
+        try:
+            for _ in range(60):
+                roll = rng.random()
+                if roll < 0.4:
+                    sid, frames = request_frames(c, ECHO, bytes(rng.randrange(256) for _ in range(4))
+                                                 * rng.choice((0, 1, 100, 12_000)))
+                    kinds[sid] = "echo"
+                    w.write(frames)
+                elif roll < 0.85:
+                    what = rng.choice(("reject", "own", "grow:0", "grow:100", "grow:30000"))
+                    sid, parts = c.request_frames(VERSION, pb.VersionRequest(version=what).SerializeToString())
+                    kinds[sid] = "version"
+                    w.write(b"".join(parts))
+                elif kinds:
+                    sid = rng.choice(sorted(kinds))
+                    if not kube.ended(sid) and sid not in reset_by_kube:
+                        reset_by_kube.add(sid)
+                        w.write(h2.rst_stream(sid, h2.CANCEL))
+                if rng.random() < 0.3:
+                    await asyncio.sleep(rng.choice((0, 0.001, 0.01)))
+
+            def over(sid: int) -> bool:
+                if runtime_task.done():  # the runtime side failed (its window overrun): say so
+                    runtime_task.result()
+                return sid in reset_by_kube or any(s == sid and (t == h2.RST_STREAM or f & h2.END_STREAM)
+                                                   for t, f, s, _ in kube.frames)
+
+            await kube.until("every call kubelet did not reset ends", lambda: all(over(s) for s in kinds))
+            ended: set[int] = set()
+            for ftype, flags, sid, _ in kube.frames:
+                assert ftype != h2.GOAWAY, "the proxy closed kubelet's connection"
+                if sid in ended and sid not in reset_by_kube:
+                    assert ftype in (h2.WINDOW_UPDATE, h2.PRIORITY), (seed, sid, kinds[sid], [
+                        (t, f, p[:80]) for t, f, s, p in kube.frames if s == sid])
+                if ftype == h2.RST_STREAM or (ftype in (h2.DATA, h2.HEADERS) and flags & h2.END_STREAM):
+                    ended.add(sid)
+            conn = next(iter(srv._shared.connections))
+            await eventually(lambda: not conn.held, "the proxy forgets every held call")
+        finally:
+            runtime_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await runtime_task
+            kube.close()
