@@ -22,7 +22,7 @@ from criproxy.relay_frames import start_frame_relay_server
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 
-from .test_relay_frames import ECHO, VERSION, RawClient, eventually, frame_relay, grow
+from .test_relay_frames import ECHO, VERSION, RawClient, _runtime_process, eventually, frame_relay, grow
 
 WINDOW = 65_535  # RFC 9113's initial windows: neither raw peer here changes them
 REFUSED_STREAM = 0x7  # RFC 9113 7: the stream was not processed
@@ -483,3 +483,46 @@ async def test_random_frame_sequences_keep_both_peers_in_protocol(short_tmp: Pat
             with contextlib.suppress(asyncio.CancelledError):
                 await runtime_task
             kube.close()
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_runtime_killed_at_a_random_point_of_grown_edits_and_large_calls(short_tmp: Path, seed: int) -> None:
+    """SIGKILL of the runtime process at a seeded random moment while grown edits (both ways, beyond the windows)
+    and large relayed calls are in flight on the same connections, frames waiting for windows: every call ends OK
+    or UNAVAILABLE, none hangs, the proxy forgets its held calls and serves the restarted runtime."""
+    import random
+    import signal
+
+    rng = random.Random(seed)
+    rt_path = str(short_tmp / "rt.sock")
+    rt = _runtime_process(rt_path, 10)
+    try:
+        async with frame_relay(short_tmp, rt_path, {"Version": grow(100_000)}) as (relay, server), \
+                CRIClient(relay) as k:
+            echo = k.channel.unary_unary(ECHO)
+            payload = bytes(range(256)) * 800
+            assert await echo(payload, timeout=60) == payload
+            calls = [asyncio.ensure_future(echo(payload, timeout=60)) for _ in range(6)]
+            calls += [asyncio.ensure_future(k.version()) for _ in range(6)]
+            await asyncio.sleep(rng.choice((0, 0.001, 0.005, 0.02, 0.05)))
+            rt.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(rt.wait)
+            results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+            for r in results:
+                if isinstance(r, BaseException):
+                    assert isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.UNAVAILABLE, r
+            await eventually(lambda: all(not c.held for c in server._shared.connections), "held calls forgotten")
+            rt = _runtime_process(rt_path, 10)
+            for _ in range(300):
+                try:
+                    assert (await k.version()).runtime_version.endswith("r" * 100_000)
+                    break
+                except grpc.aio.AioRpcError as e:
+                    assert e.code() == grpc.StatusCode.UNAVAILABLE
+                    await asyncio.sleep(0.1)
+            else:
+                pytest.fail("never reconnected to the restarted runtime")
+            assert await echo(payload, timeout=60) == payload
+    finally:
+        rt.kill()
+        rt.wait()
