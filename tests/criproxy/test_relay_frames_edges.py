@@ -22,7 +22,16 @@ from criproxy.relay_frames import start_frame_relay_server
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 
-from .test_relay_frames import ECHO, VERSION, RawClient, _runtime_process, eventually, frame_relay, grow
+from .test_relay_frames import (
+    ECHO,
+    VERSION,
+    RawClient,
+    _runtime_process,
+    eventually,
+    frame_relay,
+    grow,
+    version_once_back,
+)
 
 WINDOW = 65_535  # RFC 9113's initial windows: neither raw peer here changes them
 REFUSED_STREAM = 0x7  # RFC 9113 7: the stream was not processed
@@ -137,6 +146,15 @@ def request_frames(c: RawClient, method: str, message: bytes) -> tuple[int, byte
     return sid, frames[0] + b"".join(h2.data_frames(sid, body, 16_384, True))
 
 
+async def version_call(c: RawClient, conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
+                       ) -> tuple[int, StrictReceiver]:
+    """A Version request from ``c``: its stream, and the runtime connection the relay opened for ``c``, read."""
+    sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+    c.writer.write(b"".join(frames))
+    await eventually(lambda: bool(conns), "the relay connects to the runtime")
+    return sid, StrictReceiver(*conns[0], preface=True)
+
+
 # --- 1. never more than the peer's window ----------------------------------------------------------------------------
 
 async def test_kubelet_counting_on_credit_a_grown_edit_took_waits_for_the_runtimes_window(short_tmp: Path) -> None:
@@ -147,10 +165,7 @@ async def test_kubelet_counting_on_credit_a_grown_edit_took_waits_for_the_runtim
     async with raw_runtime(rt_path) as conns, \
             frame_relay(short_tmp, rt_path, {"Version": grow(30_000)}) as (relay, _):
         c = await RawClient.connect(relay)
-        v_sid, v_frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
-        c.writer.write(b"".join(v_frames))
-        await eventually(lambda: bool(conns), "the relay connects to the runtime")
-        rt = StrictReceiver(*conns[0], preface=True)
+        v_sid, rt = await version_call(c, conns)
         try:
             await rt.until("the grown request reaches the runtime", lambda: rt.ended(v_sid))
             assert len(rt.data(v_sid)) > 30_000
@@ -254,10 +269,7 @@ async def test_refused_stream_on_a_held_call_reaches_kubelet_as_refused_stream(s
     async with raw_runtime(rt_path) as conns, frame_relay(short_tmp, rt_path, {"Version": grow(1)}) as (relay, _):
         c = await RawClient.connect(relay)
         kube = StrictReceiver(c.reader, c.writer, preface=False)
-        v_sid, v_frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
-        c.writer.write(b"".join(v_frames))
-        await eventually(lambda: bool(conns), "the relay connects to the runtime")
-        rt = StrictReceiver(*conns[0], preface=True)
+        v_sid, rt = await version_call(c, conns)
         try:
             await rt.until("the request reaches the runtime", lambda: rt.ended(v_sid))
             conns[0][1].write(h2.rst_stream(v_sid, REFUSED_STREAM))
@@ -513,15 +525,7 @@ async def test_runtime_killed_at_a_random_point_of_grown_edits_and_large_calls(s
                     assert isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.UNAVAILABLE, r
             await eventually(lambda: all(not c.held for c in server._shared.connections), "held calls forgotten")
             rt = _runtime_process(rt_path, 10)
-            for _ in range(300):
-                try:
-                    assert (await k.version()).runtime_version.endswith("r" * 100_000)
-                    break
-                except grpc.aio.AioRpcError as e:
-                    assert e.code() == grpc.StatusCode.UNAVAILABLE
-                    await asyncio.sleep(0.1)
-            else:
-                pytest.fail("never reconnected to the restarted runtime")
+            assert (await version_once_back(k)).runtime_version.endswith("r" * 100_000)
             assert await echo(payload, timeout=60) == payload
     finally:
         rt.kill()
