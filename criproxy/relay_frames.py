@@ -19,7 +19,15 @@ per burst of frames, no per-call objects on the relayed path. What it looks at:
   with a trailers-only response, and resets the upstream stream when nothing was forwarded.
 - Flow control stays exact: held DATA is credited back to its sender at once (WINDOW_UPDATE for the stream and the
   connection: the proxy is its receiver), and what the proxy writes itself is withheld from the receiver's next
-  connection-level WINDOW_UPDATEs, so each side's windows match the other's.
+  connection-level WINDOW_UPDATEs, so each side's windows match the other's. Until those come, the sender counts on
+  more of the receiver's connection window than there is (by what the proxy wrote): a relayed DATA frame beyond
+  the receiver's window waits in ``_Peer.backlog`` (split at the window; what follows, the proxy's own frames too,
+  in order behind it) and goes as the receiver grants more, so neither side is sent more than it granted.
+- A held call the proxy answered itself has its runtime stream reset; the runtime's frames still on the way for it
+  (``_Connection.late``) are dropped, not passed to kubelet's closed stream, and their DATA credited back.
+- A held call the runtime refused (RST_STREAM REFUSED_STREAM, or beyond its GOAWAY) is refused to kubelet the same
+  way when the interceptor passes the failure on: kubelet's gRPC retries an unprocessed call once by itself.
+- At most ``max_connections`` kubelet connections are served at once; one beyond is told GOAWAY and closed.
 - The proxy's own frames (credits, edited messages, answers, resets) never go between a relayed HEADERS frame and
   its CONTINUATION frames (RFC 9113 6.10): they wait in ``_Peer.queued`` until the relayed header block ends.
 - The runtime's trailers give each relayed call's status for the metrics (a block is decoded once and
