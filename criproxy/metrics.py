@@ -34,6 +34,9 @@ class ProxyMetrics:
         self.start_refusals = Counter("numapin_criproxy_start_refusals",
                                       "Exclusive containers not started: their CPUs were still used by another "
                                       "running container", registry=r)
+        self.connections_turned_away = Counter("numapin_criproxy_connections_turned_away",
+                                               "Client connections told GOAWAY at once: the frame relay served "
+                                               "--max-connections already", registry=r)
         self.mode_changes = Counter("numapin_criproxy_mode_changes",
                                     "Running pods moved to another CPU mode (qos.gocrane.io/cpu-manager), by modes",
                                     ["from", "to"], registry=r)
@@ -60,6 +63,9 @@ class ProxyMetrics:
 
     def observe_converge(self, seconds: float) -> None:
         self.converge_seconds.observe(seconds)
+
+    def observe_connection_turned_away(self) -> None:
+        self.connections_turned_away.inc()
 
     def observe_start_refusal(self) -> None:
         self.start_refusals.inc()
