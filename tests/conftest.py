@@ -1,5 +1,57 @@
-"""Shared pytest fixtures. ``sysfs_machine``: build a generated sysfs tree of a known machine (tests/fixtures)."""
+"""Shared pytest fixtures and the session's end check.
 
+``sysfs_machine``: build a generated sysfs tree of a known machine (tests/fixtures).
+
+The end check: the lab notes what it makes in a ledger (``numapin_lab.cri.ledger``; here one file per session, its
+path in the environment so that child processes note too). When the session ends, anything the ledger names that is
+still there (a pod's cgroup in any hierarchy, a containerd, shim, runc, proxy or container process, a mount, a lab or
+scratch directory) FAILS the run, named one per line; it is then removed, so a failed run leaves the machine clean.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from numapin_lab.cri import ledger
 from tests.fixtures.make_sysfs import sysfs_machine
+from tests.leak_check import find_leftovers, sweep
 
 __all__ = ["sysfs_machine"]
+
+_LEDGER_KEY = pytest.StashKey[Path]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if ledger.ENV in os.environ or hasattr(config, "workerinput"):
+        return  # an outer session (or xdist's controller) owns the ledger
+    fd, path = tempfile.mkstemp(prefix="numapin-ledger-", suffix=".txt", dir="/tmp")
+    os.close(fd)
+    os.environ[ledger.ENV] = path
+    config.stash[_LEDGER_KEY] = Path(path)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    path = session.config.stash.get(_LEDGER_KEY, None)
+    if path is None:
+        return
+    try:
+        found = find_leftovers(path)
+        if found:
+            still = sweep(path)
+            lines = "\n".join(f"  {line}" for line in found.lines())
+            after = "\nstill there after the sweep:\n  " + "\n  ".join(still) if still else "\n(removed now)"
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            message = f"the tests left behind what the lab made:\n{lines}{after}"
+            if reporter is not None:
+                reporter.write_sep("=", "LEFTOVERS", red=True)
+                reporter.write_line(message)
+            else:
+                print(message)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    finally:
+        os.environ.pop(ledger.ENV, None)
+        path.unlink(missing_ok=True)

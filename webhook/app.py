@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .binding import BindingValidator
+from .heap import settle
 from .limits import ServerLimits
 from .metrics import WebhookMetrics
 from .mutate import is_pod_request, mutate_review
@@ -21,6 +22,7 @@ from .simulate import Simulator
 from .tls import CertReloader
 from .unjudged import UnjudgedAction, UnjudgedRule
 from .validate import PodValidator
+from .warmup import warm_up
 
 __all__ = ["WebhookApp", "WebhookOptions"]
 
@@ -46,6 +48,9 @@ class WebhookOptions:
     unjudged: UnjudgedAction = "allow"
     pod_lookup_timeout: float = 1.0
     pod_cache_bytes: int = DEFAULT_POD_CACHE_BYTES
+    # the process is the webhook's own (``numapin webhook``): after the first load, freeze its heap out of the
+    # garbage collector's full passes (``heap.settle``); off for a webhook embedded in another process (tests)
+    settle_heap: bool = False
 
 
 class WebhookApp:
@@ -79,13 +84,19 @@ class WebhookApp:
                                 cert_poll_seconds=opts.cert_poll_seconds, limits=opts.limits,
                                 client_ca=str(opts.client_ca) if opts.client_ca else None,
                                 reuse_port=opts.reuse_port),
-            ready_checks=(self._nodes_ready,), unjudged=self.unjudged,
+            ready_checks=(self._nodes_ready, self._warmed), unjudged=self.unjudged,
         )
         self.metrics.nodes.set_function(lambda: len(self.nodes))
         self.metrics.pods.set_function(lambda: len(self.pods))
         self.metrics.pod_cache_bytes.set_function(lambda: self.pods.bytes)
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.prepared = asyncio.Event()  # warmed up and heap settled, after the node sources' first sync
+
+    def _warmed(self) -> tuple[bool, str]:
+        if not self.prepared.is_set():
+            return False, "warming up the decision paths"
+        return True, "ok"
 
     def _nodes_ready(self) -> tuple[bool, str]:
         if not self.nodes.synced:
@@ -114,11 +125,41 @@ class WebhookApp:
                 await s.sync()
         for s in self.sources:
             self._tasks.append(asyncio.create_task(self._run_source(s)))
+        if self.nodes.synced:  # directory sources only: ready when serving starts
+            await self._prepare()
+        else:
+            self._tasks.append(asyncio.create_task(self._prepare_when_synced()))
         await self.server.start()
+
+    async def _prepare(self) -> None:
+        """Once the node sources have synced: one synthetic review through each decision path, then the heap
+        settled (``heap.settle``), so the first seconds of traffic pay for neither; /readyz waits for it."""
+        try:
+            warmed = await warm_up(parser=self.server.parser, mutate=self.mutate, validate=self.validate,
+                                   nodes=self.nodes, simulator=self.simulator)
+            log.info("warmed up in %.1f ms (mutate %s, validate %s)", warmed.seconds * 1000, *warmed.verdicts)
+        except Exception:  # a warm-up is an optimisation: serving goes on, the first requests pay
+            log.exception("warming up the decision paths failed; serving without it")
+        if self.opts.settle_heap:
+            settled = settle()
+            log.info("heap settled: %d objects frozen out of the garbage collector's full passes (%d collected, "
+                     "%.1f ms)", settled.frozen_objects, settled.collected, settled.seconds * 1000)
+        self.prepared.set()
+
+    async def _prepare_when_synced(self) -> None:
+        while not self.nodes.synced:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=0.05)
+            if self._stop.is_set():
+                return
+        await self._prepare()
 
     async def _run_source(self, source: Any) -> None:
         try:
-            await source.run(self._stop)
+            if isinstance(source, DirectorySource | PodDirectorySource):
+                await source.run(self._stop, synced=True)  # synced by ``start``
+            else:
+                await source.run(self._stop)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             ("inflight_bytes", args.inflight_bytes)) if v is not None}),
         client_ca=args.client_ca, unjudged=args.unjudged, pod_lookup_timeout=args.pod_lookup_timeout,
         pod_cache_bytes=args.pod_cache_bytes or DEFAULT_POD_CACHE_BYTES, reuse_port=args.reuse_port,
+        settle_heap=True,
     )
     if opts.max_body * 8 > opts.limits.inflight_bytes:
         return _fail(f"--inflight-bytes ({opts.limits.inflight_bytes}) must hold one body of --max-body-bytes "

@@ -292,8 +292,11 @@ class DirectorySource:
             self._publish()
         self.store.mark_synced(self.name)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        await poll_until_stopped(self.sync, stop, self.poll_seconds, str(self.directory))
+    async def run(self, stop: asyncio.Event, *, synced: bool = False) -> None:
+        """Poll until ``stop``; ``synced``: the caller has just synced, the first poll comes after ``poll_seconds``
+        (not at once: the webhook's start syncs before serving, and a second read right after would re-read every
+        file written within the last 2 s)."""
+        await poll_until_stopped(self.sync, stop, self.poll_seconds, str(self.directory), wait_first=synced)
 
 
 class APISource:

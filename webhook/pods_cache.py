@@ -192,8 +192,11 @@ class PodDirectorySource:
                 self.cache.delete(ns, name, source=self.name)
             self._keys[path] = keys
 
-    async def run(self, stop: asyncio.Event) -> None:
-        await poll_until_stopped(self.sync, stop, self.poll_seconds, str(self.directory))
+    async def run(self, stop: asyncio.Event, *, synced: bool = False) -> None:
+        """Poll until ``stop``; ``synced``: the caller has just synced, the first poll comes after ``poll_seconds``
+        (not at once: the webhook's start syncs before serving, and a second read right after would re-read every
+        file written within the last 2 s)."""
+        await poll_until_stopped(self.sync, stop, self.poll_seconds, str(self.directory), wait_first=synced)
 
     async def fetch(self, namespace: str, name: str) -> str:
         """A cache miss: read the directory again now. ``directory`` when the pod is there, else ``not_found``."""

@@ -6,8 +6,9 @@ is not UTF-8 JSON or not an AdmissionReview gets 400 with the reason, another co
 limit 413, a body not sent within the body timeout 408 (``request_body``, ``review``). A decision that raises is
 logged, counted (``numapin_webhook_internal_errors_total``) and answered by the operator's rule for requests that
 cannot be judged (``unjudged``: allowed with a warning, or denied). Any other exception while answering is not the
-client's fault: logged, counted the same way and answered 500, on /mutate and /validate with an AdmissionReview
-naming the error (kube-apiserver applies the webhook's ``failurePolicy`` to any answer that is not 2xx).
+client's fault: logged, counted the same way and answered 500 with a line of plain text naming the error:
+kube-apiserver applies the webhook's ``failurePolicy`` to any answer that is not 2xx, and its client quotes the body of
+such an answer in the error kubectl shows only when it is text (an AdmissionReview there would read "unknown").
 
 Connections are accepted by ``listener.Listener`` within ``limits.ServerLimits`` (connection cap, handshake, header,
 idle and body timeouts, a budget of bytes in flight); with ``client_ca`` set, /mutate and /validate answer only
@@ -133,8 +134,8 @@ class WebhookServer:
         except Exception as e:
             log.exception("unhandled error answering %s %s", request.method, request.path)
             self.metrics.internal_errors.labels(request.path.strip("/") or "root").inc()
-            return _internal_error(request.path, f"internal error answering {request.method} {request.path}: "
-                                                 f"{type(e).__name__} (see the webhook's log)")
+            return _internal_error(f"internal error answering {request.method} {request.path}: {type(e).__name__} "
+                                   "(see the webhook's log)")
 
     def _admission(self, endpoint: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -308,15 +309,12 @@ class WebhookServer:
         await self.parser.close()
 
 
-def _internal_error(path: str, message: str) -> web.Response:
-    """500: on an admission path an AdmissionReview whose response is a failed ``Status`` (``InternalError``) with
-    ``message`` (its uid is empty: the request may not have been read), elsewhere plain text."""
-    if path not in ("/mutate", "/validate"):
-        return _text(500, message)
-    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
-        "uid": "", "allowed": False,
-        "status": {"status": "Failure", "code": 500, "reason": "InternalError", "message": message}}}
-    return web.Response(status=500, body=json_bytes(review), content_type="application/json")
+def _internal_error(message: str) -> web.Response:
+    """500 with ``message`` as plain text, on every path. kube-apiserver's client (client-go ``rest``) turns a non-2xx
+    answer into ``an error on the server ("<body>") has prevented the request from succeeding`` when its content type
+    is ``text/*`` and into ``("unknown")`` otherwise; with ``failurePolicy: Fail`` kubectl shows that sentence after
+    ``Internal error occurred: failed calling webhook "<name>": failed to call webhook:``."""
+    return _text(500, message)
 
 
 def _closing(status: int, message: str) -> web.Response:

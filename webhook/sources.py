@@ -34,8 +34,13 @@ def settled(key: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
     return key
 
 
-async def poll_until_stopped(sync: Callable[[], Awaitable[None]], stop: asyncio.Event, every: float, what: str) -> None:
-    """Call ``sync`` every ``every`` seconds until ``stop`` is set; a failed sync is logged and retried."""
+async def poll_until_stopped(sync: Callable[[], Awaitable[None]], stop: asyncio.Event, every: float, what: str, *,
+                             wait_first: bool = False) -> None:
+    """Call ``sync`` every ``every`` seconds until ``stop`` is set; a failed sync is logged and retried.
+    ``wait_first``: the first call after ``every`` seconds (the caller has just synced)."""
+    if wait_first:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=every)
     while not stop.is_set():
         try:
             await sync()

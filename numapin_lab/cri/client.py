@@ -1,11 +1,13 @@
 """A kubelet-like CRI client over grpc.aio, built on the fuller test proto (``cri_full.proto``).
 
 It calls methods by their real names (``/runtime.v1.RuntimeService/...``), so it talks to containerd,
-to the proxy or to the in-process runtime alike.
+to the proxy or to the in-process runtime alike. Like kubelet it removes a pod's cgroup (the sandbox's
+``cgroup_parent``, in every hierarchy) once the pod's sandbox is removed: runc creates it and never removes it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -16,6 +18,8 @@ from google.protobuf.message import Message
 from criproxy.relay import CHANNEL_OPTIONS, normalize_endpoint
 
 from . import cri_full_pb2 as pb
+from . import ledger
+from .cgroups import existing_cgroup_dirs, remove_cgroup
 
 __all__ = ["CRIClient", "pb"]
 
@@ -29,6 +33,7 @@ class CRIClient:
         self.channel = grpc.aio.insecure_channel(normalize_endpoint(endpoint), options=CHANNEL_OPTIONS)
         self.api = api
         self.timeout = timeout
+        self.cgroup_parents: dict[str, str] = {}  # sandbox id -> the pod cgroup it was run in (removed with it)
 
     async def close(self) -> None:
         await self.channel.close()
@@ -71,7 +76,15 @@ class CRIClient:
                 security_context=pb.LinuxSandboxSecurityContext(namespace_options=pb.NamespaceOption(network=2))))
 
     async def run_pod_sandbox(self, config: pb.PodSandboxConfig) -> str:
-        r = await self.call("RunPodSandbox", pb.RunPodSandboxRequest(config=config), pb.RunPodSandboxResponse)
+        parent = config.linux.cgroup_parent.rstrip("/")
+        try:
+            r = await self.call("RunPodSandbox", pb.RunPodSandboxRequest(config=config), pb.RunPodSandboxResponse)
+        finally:  # a runtime that made the pod's cgroup (not the in-process one), even for a failed call
+            made = bool(parent) and bool(await asyncio.to_thread(existing_cgroup_dirs, parent))
+            if made:
+                ledger.note("cgroup", parent)
+        if made:
+            self.cgroup_parents[r.pod_sandbox_id] = parent
         return r.pod_sandbox_id
 
     @staticmethod
@@ -113,9 +126,14 @@ class CRIClient:
         await self.call("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=sandbox_id),
                         pb.StopPodSandboxResponse)
 
-    async def remove_pod_sandbox(self, sandbox_id: str) -> None:
+    async def remove_pod_sandbox(self, sandbox_id: str, *, cgroup_parent: str | None = None) -> None:
+        """Remove the sandbox, then its pod cgroup as kubelet does: the one it was run with by this client, or
+        ``cgroup_parent`` (a sandbox run by another client). A cgroup still in use is left (see ``remove_cgroup``)."""
         await self.call("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id),
                         pb.RemovePodSandboxResponse)
+        parent = self.cgroup_parents.pop(sandbox_id, None) or cgroup_parent
+        if parent and parent.strip("/"):
+            await asyncio.to_thread(remove_cgroup, parent, settle=0.5)
 
     async def list_containers(self, **filter_: Any) -> list[pb.Container]:
         req = pb.ListContainersRequest(filter=pb.ContainerFilter(**filter_)) if filter_ else pb.ListContainersRequest()

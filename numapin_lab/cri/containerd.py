@@ -3,7 +3,9 @@
 Everything lives in one directory: config, root, state, logs and the socket. The busybox and pause images
 are built offline from the static busybox binary (Debian's busybox-static) as a docker archive and
 imported into the ``k8s.io`` namespace. Only host-network pods work (no CNI). ``stop()`` leaves no
-process, mount or socket behind (empty cgroup directories aside, as containerd itself does).
+process, mount, socket or cgroup behind: it kills the containers (and what ran in them), removes the shims' sockets
+and, as kubelet does for its pods, the cgroups of the pods this containerd ran (runc never removes a pod's cgroup,
+the parent of its containers'); ``leftovers()`` says what stayed. Nothing else is touched.
 
 Needs root and the Debian packages containerd, runc and busybox-static (``scripts/test.sh`` installs
 them); ``LabError`` says what is missing.
@@ -20,18 +22,24 @@ import shutil
 import signal
 import subprocess
 import tarfile
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["BUSYBOX_IMAGE", "PAUSE_IMAGE", "ContainerdLab", "LabError", "scratch_lab"]
+from criproxy.kernel import KernelRoots, cgroup_of_pid
+
+from . import ledger
+from .cgroups import existing_cgroup_dirs, processes_in, remove_cgroup
+
+__all__ = ["BUSYBOX_IMAGE", "PAUSE_IMAGE", "ContainerdLab", "LabError", "scratch_lab", "shim_socket"]
 
 BUSYBOX_IMAGE = "localhost/busybox:latest"
 PAUSE_IMAGE = "localhost/pause:latest"
 MARKER = ".numapin-containerd-lab"
 START_SECONDS = 60  # for containerd to answer after it was started (seconds on a loaded machine or under emulation)
 BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "busybox")
+NAMESPACE = "k8s.io"
+SHIM_SOCKETS = Path("/run/containerd/s")  # where containerd-shim-runc-v2 puts its socket, whatever the lab's dir
 
 
 class LabError(RuntimeError):
@@ -128,6 +136,7 @@ class ContainerdLab:
         self.config = self.dir / "config.toml"
         self.log = self.dir / "containerd.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.pod_cgroups: set[str] = set()  # the pods' cgroups this containerd ran (found at stop, removed by it)
 
     # -- set-up ---------------------------------------------------------------------------------------
     @staticmethod
@@ -195,6 +204,7 @@ disabled_plugins = [{disabled}]
             raise LabError(f"{self.dir} is not empty and not a containerd lab directory")
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / MARKER).touch()
+        ledger.note("lab", str(self.dir))
         self._write_config()
         image = self.dir / "images.tar"
         if not image.exists():
@@ -259,7 +269,11 @@ disabled_plugins = [{disabled}]
 
     # -- tear-down ------------------------------------------------------------------------------------
     def _shim_pids(self) -> list[int]:
-        pids = []
+        return [pid for pid, _ in self._shims()]
+
+    def _shims(self) -> list[tuple[int, str]]:
+        """(pid, container id) of every shim of this lab (found by ``-address <its socket>``, alive or not)."""
+        out = []
         needle = f"-address\0{self.socket}\0".encode()
         for p in Path("/proc").iterdir():
             if not p.name.isdigit():
@@ -269,25 +283,85 @@ disabled_plugins = [{disabled}]
             except OSError:
                 continue
             if b"containerd-shim" in cmd and needle in cmd:
-                pids.append(int(p.name))
-        return pids
+                args = cmd.split(b"\0")
+                cid = args[args.index(b"-id") + 1].decode() if b"-id" in args[:-1] else ""
+                out.append((int(p.name), cid))
+        return out
+
+    def _shim_socket(self, container_id: str) -> Path:
+        return shim_socket(self.socket, container_id)
+
+    def _container_pids(self, shims: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        """(pid, the shim's container id) of the processes the shims run (the containers' init processes), as the
+        kernel says (``PPid``)."""
+        parents = dict(shims)
+        out = []
+        for p in Path("/proc").iterdir():
+            if not p.name.isdigit():
+                continue
+            try:
+                status = (p / "status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if line.startswith("PPid:"):
+                    if int(line.split()[1]) in parents:
+                        out.append((int(p.name), parents[int(line.split()[1])]))
+                    break
+        return out
+
+    def sandbox_cgroups(self) -> set[str]:
+        """The cgroup parents of the pods this containerd knows (its sandbox containers' ``cgroupsPath``)."""
+        return {c for c in self._sandboxes().values() if c}
+
+    def _sandboxes(self) -> dict[str, str | None]:
+        """Every container containerd knows -> its pod's cgroup (None but for sandboxes)."""
+        out: dict[str, str | None] = {}
+        listing = self._ctr("-n", NAMESPACE, "containers", "ls", check=False).stdout.splitlines()[1:]
+        for line in listing:
+            fields = line.split()
+            if not fields:
+                continue
+            out[fields[0]] = None
+            if len(fields) >= 2 and fields[1] == PAUSE_IMAGE:
+                info = self._ctr("-n", NAMESPACE, "containers", "info", fields[0], check=False).stdout
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    out[fields[0]] = _pod_cgroup(json.loads(info)["Spec"]["linux"]["cgroupsPath"], fields[0])
+        return out
 
     def stop(self) -> None:
-        """Kill every container, stop containerd, unmount and delete the lab directory."""
+        """Kill every container, stop containerd, unmount, delete the lab directory, remove the pods' cgroups and
+        the shims' sockets."""
+        shims = self._shims()
+        ids = {cid for _, cid in shims if cid}
+        for pid, sandbox_id in self._container_pids(shims):  # a sandbox's pause process: <pod cgroup>/<sandbox id>
+            pod = _pod_cgroup(cgroup_of_pid(KernelRoots(), pid) or "", sandbox_id)
+            if pod:
+                self.pod_cgroups.add(pod)
         if self.proc is not None and self.proc.poll() is None:
-            for task in self._ctr("-n", "k8s.io", "tasks", "ls", "-q", check=False).stdout.split():
-                self._ctr("-n", "k8s.io", "tasks", "kill", "-a", "-s", "SIGKILL", task, check=False)
-            for task in self._ctr("-n", "k8s.io", "tasks", "ls", "-q", check=False).stdout.split():
+            known = self._sandboxes()
+            ids |= set(known)
+            self.pod_cgroups |= {c for c in known.values() if c}
+            for task in self._ctr("-n", NAMESPACE, "tasks", "ls", "-q", check=False).stdout.split():
+                self._ctr("-n", NAMESPACE, "tasks", "kill", "-a", "-s", "SIGKILL", task, check=False)
+            for task in self._ctr("-n", NAMESPACE, "tasks", "ls", "-q", check=False).stdout.split():
                 for _ in range(25):
-                    if self._ctr("-n", "k8s.io", "tasks", "delete", "-f", task, check=False).returncode == 0:
+                    if self._ctr("-n", NAMESPACE, "tasks", "delete", "-f", task, check=False).returncode == 0:
                         break
                     time.sleep(0.2)
-            for c in self._ctr("-n", "k8s.io", "containers", "ls", "-q", check=False).stdout.split():
-                self._ctr("-n", "k8s.io", "containers", "delete", c, check=False)
+            for c in self._ctr("-n", NAMESPACE, "containers", "ls", "-q", check=False).stdout.split():
+                self._ctr("-n", NAMESPACE, "containers", "delete", c, check=False)
         self.stop_containerd()
-        for pid in self._shim_pids():
+        for pid, _ in self._shims():  # shims containerd could not shut down
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for cgroup in self.pod_cgroups:  # what still runs in the lab's pods (a container whose shim went): killed
+            for pid in processes_in(cgroup):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for cid in ids:  # a killed shim leaves its socket
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._shim_socket(cid))
         prefix = str(self.dir) + "/"
         with open("/proc/mounts") as f:
             mounts = [line.split()[1] for line in f]
@@ -298,6 +372,8 @@ disabled_plugins = [{disabled}]
         for p in (self.socket, self.socket + ".ttrpc"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
+        for cgroup in sorted(self.pod_cgroups):
+            remove_cgroup(cgroup)
 
     def leftovers(self) -> list[str]:
         """What ``stop()`` should have removed but did not (for the clean-up test)."""
@@ -307,6 +383,7 @@ disabled_plugins = [{disabled}]
         out += [f"path {p}" for p in (self.socket, self.socket + ".ttrpc", str(self.dir)) if os.path.exists(p)]
         if self.proc is not None and self.proc.poll() is None:
             out.append(f"containerd pid {self.proc.pid}")
+        out += [f"cgroup {d}" for c in sorted(self.pod_cgroups) for d in existing_cgroup_dirs(c)]
         return out
 
     def __enter__(self) -> ContainerdLab:
@@ -316,11 +393,26 @@ disabled_plugins = [{disabled}]
         self.stop()
 
 
+def shim_socket(address: str, container_id: str, namespace: str = NAMESPACE) -> Path:
+    """A shim's socket: containerd-shim-runc-v2 names it by the sha256 of ``<address>/<namespace>/<id>``."""
+    return SHIM_SOCKETS / hashlib.sha256(os.path.join(address, namespace, container_id).encode()).hexdigest()
+
+
+def _pod_cgroup(sandbox_cgroup: str, sandbox_id: str) -> str | None:
+    """The pod's cgroup from its sandbox container's (cgroupfs ``<cgroup_parent>/<sandbox id>``; the sandbox's own
+    when it has no parent); None unless the path is that of this sandbox (the lab removes nothing else)."""
+    path = sandbox_cgroup.rstrip("/")
+    if not sandbox_id or os.path.basename(path) != sandbox_id:
+        return None
+    parent = os.path.dirname(path)
+    return parent if parent.strip("/") else path
+
+
 @contextlib.contextmanager
 def scratch_lab(prefix: str) -> Iterator[ContainerdLab]:
     """A started lab in a new directory ``/tmp/<prefix>*`` (short: unix socket paths), stopped and the directory
     removed afterwards."""
-    d = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    d = ledger.scratch_dir(prefix)
     try:
         with ContainerdLab(d / "ctrd") as lab:
             yield lab

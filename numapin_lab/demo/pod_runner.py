@@ -1,7 +1,8 @@
 """Run a v1 Pod object on a CRI runtime the way kubelet (``cpuManagerPolicy: none``, cgroupfs driver) drives it:
 ``RunPodSandbox`` with the pod's metadata, labels and annotations (the webhook's CPU intent included) and a cgroup
 parent named after its QoS class, then per app container ``CreateContainer`` (CPU request as ``cpu_shares``, limit
-as CFS quota, no cpuset) and ``StartContainer``; deletion as kubelet does it (stop, stop sandbox, remove).
+as CFS quota, no cpuset) and ``StartContainer``; deletion as kubelet does it (stop, stop sandbox, remove; the pod's
+cgroup removed).
 
 Used by ``numapin demo`` and the end-to-end tests against the proxy's socket. Every container runs busybox
 ``sleep``; init containers are not run (the demo's pods have none).
@@ -36,6 +37,7 @@ class RunningPod:
     uid: str
     sandbox_id: str
     containers: dict[str, str] = field(default_factory=dict)  # container name -> id
+    cgroup_parent: str = ""  # the pod's cgroup (removed with the sandbox)
 
     @property
     def ref(self) -> str:
@@ -66,8 +68,10 @@ class PodRunner:
 
     async def run_sandbox(self, pod: Mapping[str, Any]) -> RunningPod:
         info = PodInfo.from_pod(pod)
-        sid = await self.client.run_pod_sandbox(self.sandbox_config(pod))
-        return RunningPod(info.namespace or "default", info.name, info.uid, sid)
+        config = self.sandbox_config(pod)
+        sid = await self.client.run_pod_sandbox(config)
+        return RunningPod(info.namespace or "default", info.name, info.uid, sid,
+                          cgroup_parent=config.linux.cgroup_parent)
 
     async def run_containers(self, pod: Mapping[str, Any], running: RunningPod) -> None:
         """Create and start every app container; a refused create raises ``grpc.aio.AioRpcError`` (the sandbox
@@ -91,11 +95,12 @@ class PodRunner:
         return int(json.loads(st.info["info"])["pid"])
 
     async def delete(self, running: RunningPod) -> None:
-        """What kubelet does when the pod is deleted: stop containers and sandbox, remove them."""
+        """What kubelet does when the pod is deleted: stop containers and sandbox, remove them and the pod's
+        cgroup."""
         for cid in running.containers.values():
             await self.client.stop_container(cid, timeout=0)
         await self.client.stop_pod_sandbox(running.sandbox_id)
         for cid in running.containers.values():
             await self.client.remove_container(cid)
-        await self.client.remove_pod_sandbox(running.sandbox_id)
+        await self.client.remove_pod_sandbox(running.sandbox_id, cgroup_parent=running.cgroup_parent)
         running.containers.clear()

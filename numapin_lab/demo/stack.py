@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from numapin_lab.cri.cgroups import cgroup_mounts, remove_cgroup
 from numapin_lab.cri.containerd import ContainerdLab
 
 __all__ = ["LocalStack", "ManagedProcess", "StackError", "StackOptions", "cgroup_mounts"]
@@ -46,17 +47,6 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_SRC_ROOT), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     return env
-
-
-def cgroup_mounts() -> list[Path]:
-    """Mount points of every cgroup (v1) and cgroup2 hierarchy."""
-    out = []
-    with open("/proc/mounts") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 2 and parts[2] in ("cgroup", "cgroup2"):
-                out.append(Path(parts[1]))
-    return out
 
 
 class ManagedProcess:
@@ -260,21 +250,9 @@ class LocalStack:
     def cgroup_dirs(self) -> list[Path]:
         return [m / self.cgroup_root for m in cgroup_mounts() if (m / self.cgroup_root).is_dir()]
 
-    def remove_cgroups(self, attempts: int = 50) -> None:
+    def remove_cgroups(self, settle: float = 5.0) -> None:
         """rmdir the pods' cgroup directories bottom-up in every hierarchy (processes may take a moment to go)."""
-        for _ in range(attempts):
-            busy = False
-            for top in self.cgroup_dirs():
-                for dirpath, _dirs, _files in os.walk(top, topdown=False):
-                    try:
-                        os.rmdir(dirpath)
-                    except FileNotFoundError:
-                        pass
-                    except OSError:
-                        busy = True
-            if not busy and not self.cgroup_dirs():
-                return
-            time.sleep(0.1)
+        remove_cgroup(self.cgroup_root, settle=settle)
 
     def leftovers(self) -> list[str]:
         out = list(self.lab.leftovers())

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,13 +9,14 @@ import pytest
 from criproxy.relay import RelayHandler, Upstream
 from criproxy.relays import RELAYS, start_relay
 from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 
 
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A short directory (unix socket paths are limited to 107 bytes)."""
-    d = tempfile.mkdtemp(prefix="npx-", dir="/tmp")
+    d = str(scratch_dir("npx-"))
     yield Path(d)
     shutil.rmtree(d, ignore_errors=True)
 

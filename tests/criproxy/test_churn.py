@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from numapin_lab.cri.churn import ChurnConfig, run_churn
 from numapin_lab.cri.containerd import ContainerdLab
+from numapin_lab.cri.ledger import scratch_dir
 
 pytestmark = pytest.mark.containerd
 
@@ -24,7 +24,7 @@ OPS = 60
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="npx-churn-", dir="/tmp"))
+    d = scratch_dir("npx-churn-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

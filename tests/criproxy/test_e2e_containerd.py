@@ -12,7 +12,7 @@ import asyncio
 import json
 import os
 import shutil
-import tempfile
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,8 +23,10 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
+from numapin_lab.cri.cgroups import existing_cgroup_dirs, remove_cgroup
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.containerd import ContainerdLab, scratch_lab
+from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.proxy_process import ProxyProcess
 
 pytestmark = pytest.mark.containerd
@@ -52,17 +54,20 @@ def machine_cpus() -> str:
 @pytest.fixture(params=["frames", "grpc"])
 async def proxy(lab: ContainerdLab, request: pytest.FixtureRequest) -> AsyncIterator[ProxyProcess]:
     """The proxy process with each relay (``--relay``)."""
-    d = Path(tempfile.mkdtemp(prefix="npx-p-", dir="/tmp"))
+    d = scratch_dir("npx-p-")
     p = ProxyProcess(d, lab.socket, reserved_cpus=SHARED, extra_args=("--relay", request.param))
     await asyncio.to_thread(p.start)
     try:
         yield p
     finally:
         p.stop()
-        async with CRIClient(lab.socket) as direct:  # leave containerd empty for the next test
+        pods = await asyncio.to_thread(lab.sandbox_cgroups)
+        async with CRIClient(lab.socket) as direct:  # leave containerd empty for the next test, as kubelet would
             for sb in await direct.list_pod_sandbox():
                 await direct.stop_pod_sandbox(sb.id)
                 await direct.remove_pod_sandbox(sb.id)
+        for cgroup in pods:
+            await asyncio.to_thread(remove_cgroup, cgroup)
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -216,17 +221,33 @@ async def test_containerd_restarted_under_the_proxy(
 
 
 def test_lab_cleanup_leaves_nothing_behind() -> None:
-    d = Path(tempfile.mkdtemp(prefix="npx-lab2-", dir="/tmp"))
+    """stop() with pods still running (and one whose shim was killed under it): no process, mount, socket, shim
+    socket or pod cgroup stays; a pod removed through the client goes with its cgroup, as kubelet removes it."""
+    d = scratch_dir("npx-lab2-")
     lab = ContainerdLab(d / "c").start()
+    pods: dict[str, str] = {}
     try:
-        async def pod() -> None:
+        async def run() -> None:
             async with CRIClient(lab.socket) as c:
-                await start_pod(c, "x", 100, qos="besteffort")
-        asyncio.run(pod())
-        assert lab._shim_pids()
+                for name, qos in (("x", "besteffort"), ("y", "guaranteed"), ("z", "burstable")):
+                    sid, _ = await start_pod(c, name, 100, qos=qos)
+                    pods[name] = c.cgroup_parents[sid]
+                gone = c.sandbox_config("gone", "lab2-gone")
+                sid = await c.run_pod_sandbox(gone)
+                pods["gone"] = gone.linux.cgroup_parent
+                assert existing_cgroup_dirs(pods["gone"])
+                await c.stop_pod_sandbox(sid)
+                await c.remove_pod_sandbox(sid)
+                assert existing_cgroup_dirs(pods["gone"]) == []
+        asyncio.run(run())
+        shims = lab._shims()
+        assert len(shims) >= 3 and all(existing_cgroup_dirs(p) for p in pods.values() if p != pods["gone"])
+        os.kill(shims[0][0], signal.SIGKILL)  # its container keeps running, reparented
     finally:
         lab.stop()
     assert lab.leftovers() == []
+    assert [p for p in pods.values() if existing_cgroup_dirs(p)] == []
+    assert [cid for _, cid in shims if lab._shim_socket(cid).exists()] == []
     shutil.rmtree(d, ignore_errors=True)
 
 

@@ -12,7 +12,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from criproxy.control import ControlServer, call_control
 from criproxy.mode_request import ModeAnswer, ModeRequest
 from criproxy.pod_watch import NodePodWatch
+from numapin_lab.cri.ledger import scratch_dir
 from tests.webhook.fake_kube import PODS_PATH, FakeKubeAPI
 from tests.webhook.test_api_sources import until
 
@@ -143,7 +143,7 @@ async def control(tmp_path: Path) -> AsyncIterator[tuple[ControlServer, Recorder
 
 async def test_control_socket_is_root_only(tmp_path: Path) -> None:
     sink = Recorder()
-    public = Path(tempfile.mkdtemp(prefix="numapin-ctl-"))  # traversable by everyone: only the socket's mode guards
+    public = scratch_dir("numapin-ctl-")  # traversable by everyone: only the socket's mode guards
     public.chmod(0o755)
     server = ControlServer(str(public / "control.sock"), sink, list)
     await server.start()

@@ -11,9 +11,7 @@ import asyncio
 import contextlib
 import random
 import shutil
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import grpc.aio
@@ -22,6 +20,7 @@ import pytest
 from allocator.cpuset import CPUSet
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab, scratch_lab
+from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.proxy_process import ProxyProcess
 
 from .test_e2e_containerd import ALL, EXCL, SHARED, cpus_of, pid_of
@@ -47,7 +46,7 @@ async def _answer(call: object) -> object:
 async def _run(lab: ContainerdLab, relay: str, seed: int) -> list[object]:
     """The transcript of the sequence through ``--relay relay``."""
     rng = random.Random(seed)
-    d = Path(tempfile.mkdtemp(prefix=f"npx-diff-{relay}-", dir="/tmp"))
+    d = scratch_dir(f"npx-diff-{relay}-")
     proxy = ProxyProcess(d, lab.socket, reserved_cpus=SHARED, extra_args=("--relay", relay))
     await asyncio.to_thread(proxy.start)
     transcript: list[object] = []
@@ -165,7 +164,7 @@ async def test_frames_and_grpc_relays_answer_and_pin_alike(lab: ContainerdLab, s
 
 async def _long_calls(lab: ContainerdLab, relay: str) -> list[object]:
     """ExecSync past its deadline, then ExecSync cut by a containerd restart, through ``--relay relay``."""
-    d = Path(tempfile.mkdtemp(prefix=f"npx-long-{relay}-", dir="/tmp"))
+    d = scratch_dir(f"npx-long-{relay}-")
     proxy = ProxyProcess(d, lab.socket, reserved_cpus=SHARED, extra_args=("--relay", relay))
     await asyncio.to_thread(proxy.start)
     out: list[object] = []

@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import shutil
-import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +19,7 @@ from numapin.cri_view import list_runtime_containers
 from numapin.node_status import NodeStatus, check_runtime, fetch_proxy_status, from_proxy_status
 from numapin.proc_cpus import process_cpus
 from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.demo.admission import AdmissionAnswer, AdmissionClient
 from numapin_lab.demo.play import make_pod, webhook_sees_published
 from numapin_lab.demo.pod_runner import PodRunner, RunningPod
@@ -40,7 +39,7 @@ def machine() -> Topology:
 
 @pytest.fixture(scope="module")
 def stack(machine: Topology) -> Iterator[LocalStack]:
-    d = Path(tempfile.mkdtemp(prefix="npe2e-", dir="/tmp"))
+    d = scratch_dir("npe2e-")
     s = LocalStack(StackOptions(workdir=d / "w", node_name=NODE, reserved_cpus="0"))
     try:
         s.start()

@@ -9,13 +9,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.demo.stack import cgroup_mounts
 
 pytestmark = pytest.mark.containerd
@@ -33,7 +33,7 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="npdemo-", dir="/tmp"))
+    d = scratch_dir("npdemo-")
     yield d / "w"
     shutil.rmtree(d, ignore_errors=True)
 

@@ -11,7 +11,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from allocator.topology import Topology
 from numapin.proc_cpus import process_cpus
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.containerd import ContainerdLab
+from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.demo.pod_runner import PodRunner, RunningPod, cgroup_parent
 from numapin_lab.demo.stack import ManagedProcess, cgroup_mounts
 
@@ -44,7 +44,7 @@ def guide_command(prefix: str) -> list[str]:
 
 @pytest.fixture
 def scratch() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="npmig-", dir="/tmp"))
+    d = scratch_dir("npmig-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

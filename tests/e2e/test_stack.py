@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pytest
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
 from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.demo.admission import AdmissionClient
 from numapin_lab.demo.stack import SERVER_NAME, LocalStack, StackOptions, cgroup_mounts
 
@@ -199,7 +199,7 @@ def _processes_mentioning(text: str) -> list[str]:
 
 
 def test_stopping_the_stack_leaves_nothing_behind() -> None:
-    d = Path(tempfile.mkdtemp(prefix="npe2c-", dir="/tmp"))
+    d = scratch_dir("npe2c-")
     stack = LocalStack(StackOptions(workdir=d / "w", node_name="cleanup-node"))
     try:
         stack.start()

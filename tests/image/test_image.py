@@ -22,7 +22,6 @@ import ssl
 import subprocess
 import sys
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 import uuid
@@ -33,6 +32,7 @@ import pytest
 
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab, scratch_lab
+from numapin_lab.cri.ledger import scratch_dir
 
 pytestmark = pytest.mark.containerd
 
@@ -42,7 +42,7 @@ IMAGE = "localhost/numapin:0.1.0"  # what manifests/ name and build-image.sh bui
 
 @pytest.fixture(scope="module")
 def image_archive() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="numapin-image-test-"))
+    d = scratch_dir("numapin-image-test-")
     out = d / "numapin-image.tar"
     r = subprocess.run(["bash", str(ROOT / "scripts/build-image.sh"), "--out", str(out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=1500)

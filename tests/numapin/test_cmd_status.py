@@ -7,7 +7,6 @@ import asyncio
 import json
 import shutil
 import socket
-import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -19,13 +18,14 @@ from criproxy.app import CriProxy
 from criproxy.config import load_config
 from numapin.cli import main
 from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 from tests.criproxy.conftest import make_sysfs
 
 
 @pytest.fixture
 def tmp() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="npst-", dir="/tmp"))  # short: unix socket paths
+    d = scratch_dir("npst-")  # short: unix socket paths
     yield d
     shutil.rmtree(d, ignore_errors=True)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.webhook import apiserver_view
 from tests.webhook.helpers import PKI, SERVER_NAME, Client, container, make_pod, pod_request, review
 from webhook.app import WebhookApp
 
@@ -38,7 +39,13 @@ async def test_readyz_waits_for_the_node_source(pki: PKI, tmp_path: Path) -> Non
             status, text = await c.get("/readyz")
             assert status == 503 and "node topology" in text
             app.nodes.mark_synced("api")
-            assert await c.get("/readyz") == (200, "ok\n")
+            for _ in range(200):  # then the decision paths are warmed up: not ready until they are
+                status, text = await c.get("/readyz")
+                if status == 200:
+                    break
+                assert (status, text) == (503, "warming up the decision paths\n")
+                await asyncio.sleep(0.02)
+            assert (status, text) == (200, "ok\n") and app.prepared.is_set()
     finally:
         await app.stop()
 
@@ -164,11 +171,12 @@ async def test_decision_errors_are_answered_not_500(pki: PKI) -> None:
         await srv.stop()
 
 
-async def test_an_internal_error_is_a_500_inside_an_admission_review(pki: PKI,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
+async def test_an_internal_error_is_a_500_the_operator_reads_in_kubectl(pki: PKI,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
     """An exception that is not the client's fault, outside the decision (here: a verdict whose patch cannot be
-    written as JSON, a bug), is answered 500 with an AdmissionReview naming the error, over real TLS; the probes
-    answer plain text; the server keeps serving."""
+    written as JSON, a bug), is answered 500 with a line of text naming the error, over real TLS, on every path; the
+    API server, reading it as it does (``apiserver_view``), refuses the request under ``failurePolicy: Fail`` with
+    that line in kubectl's message and lets it through under ``Ignore``; the server keeps serving."""
     from webhook.metrics import WebhookMetrics
     from webhook.review import AdmissionRequest, Verdict
     from webhook.server import ServerConfig, WebhookServer
@@ -192,28 +200,48 @@ async def test_an_internal_error_is_a_500_inside_an_admission_review(pki: PKI,
     srv = WebhookServer(reloader=CertReloader(pki.cert, pki.key), mutate=unwritable, validate=allow, metrics=metrics,
                         config=ServerConfig(host="127.0.0.1", port=0), ready_checks=(broken_check,))
     await srv.start()
+    said = "internal error answering POST /mutate: TypeError (see the webhook's log)"
     try:
         async with aiohttp.ClientSession() as s:
             c = Client(srv.port, pki, s)  # type: ignore[arg-type]
-            status, body = await c.post("/mutate", review(pod_request(make_pod("p", [container("c")]))))
-            assert status == 500
-            assert body == {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
-                "uid": "", "allowed": False, "status": {
-                    "status": "Failure", "code": 500, "reason": "InternalError",
-                    "message": "internal error answering POST /mutate: TypeError (see the webhook's log)"}}}
             async with s.post(c.base + "/mutate", data=json.dumps(review(pod_request(make_pod("p", [container("c")])))),
                               headers={"Content-Type": "application/json"}, ssl=c.ctx,
                               server_hostname=SERVER_NAME) as r:
-                assert r.status == 500 and r.content_type == "application/json"
+                status, content_type, body = r.status, r.headers.get("Content-Type", ""), await r.read()
+            assert (status, body) == (500, said.encode() + b"\n") and content_type.startswith("text/plain")
+            error = apiserver_view.call_error(status, content_type, body)
+            assert error == f'an error on the server ("{said}") has prevented the request from succeeding'
+            refused = apiserver_view.outcome("mutate.pods.numapin.io", "Fail", error)
+            assert not refused.allowed and refused.message is not None
+            assert apiserver_view.kubectl_line(refused.message) == (
+                'Error from server (InternalError): error when creating "pod.yaml": Internal error occurred: failed '
+                'calling webhook "mutate.pods.numapin.io": failed to call webhook: an error on the server ("internal '
+                "error answering POST /mutate: TypeError (see the webhook's log)\") has prevented the request from "
+                "succeeding")
+            assert apiserver_view.outcome("validate.bindings.numapin.io", "Ignore", error).allowed  # failurePolicy
             assert await c.get("/readyz") == (500, "internal error answering GET /readyz: ZeroDivisionError (see the "
                                                    "webhook's log)\n")
             # the same server goes on answering
             assert (await c.admit("/validate", pod_request(make_pod("p", [container("c")]))))["allowed"] is True
             assert await c.get("/readyz") == (200, "ok\n")
-        assert metrics.internal_error_count() == 3
+        assert metrics.internal_error_count() == 2
         assert "unhandled error answering POST /mutate" in caplog.text and "TypeError" in caplog.text
     finally:
         await srv.stop()
+
+
+def test_the_apiserver_view_reads_what_was_observed() -> None:
+    """The reading the test above relies on gives what operators saw of the old answer (an AdmissionReview in a
+    500: ``("unknown")``) and keeps a v1 Status's message."""
+    old = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": {
+        "uid": "", "allowed": False, "status": {"status": "Failure", "code": 500, "message": "boom"}}}).encode()
+    assert apiserver_view.call_error(500, "application/json", old) == \
+        'an error on the server ("unknown") has prevented the request from succeeding'
+    busy = apiserver_view.call_error(503, "text/plain", b"busy")
+    assert busy == "the server is currently unable to handle the request"
+    assert apiserver_view.call_error(200, "application/json", old) is None
+    status = json.dumps({"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": "boom"}).encode()
+    assert apiserver_view.call_error(500, "application/json", status) == "boom"
 
 
 async def _raw_exchange(port: int, pki: PKI, data: bytes) -> bytes:
