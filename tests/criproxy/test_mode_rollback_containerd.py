@@ -120,7 +120,26 @@ async def test_proxy_killed_while_narrowing_loses_nothing_and_leaks_nothing_excl
     _, db = await start_pod(kubelet, "db", 1000, 1000, annotations={MODE: "none"})
     web_pid, api_pid, db_pid = [await pid_of(kubelet, c) for c in (web, api, db)]
     state = proxy.state()
-    mid_change = False
+    landed = []  # per try: whether the kill landed mid-change (web narrowed, the command not answered)
+    for _ in range(4):  # a kill may land after the rollback on a loaded machine: tried again then
+        landed.append(await kill_while_narrowing(proxy, lab, web_pid, api_pid))
+        await asyncio.to_thread(proxy.start)  # reconcile and a convergence pass, judged from the kernel
+        for pid in (web_pid, api_pid, db_pid):
+            assert cpus_of(pid) == (ALL, ALL), (pid, landed, proxy.log.read_text()[-3000:])
+        assert proxy.state() == state  # nothing exclusive on disk, nothing lost
+        if landed[-1]:
+            break
+    assert landed[-1], f"no kill landed in the middle of the narrowing in {len(landed)} tries"
+    out = await asyncio.to_thread(numapin_mode, proxy, "default/db", "exclusive")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert cpus_of(db_pid) == (EXCL, EXCL) and cpus_of(web_pid) == (SHARED, SHARED)
+    assert cpus_of(api_pid) == (SHARED, SHARED)
+
+
+async def kill_while_narrowing(proxy: ProxyProcess, lab: ContainerdLab, web_pid: int, api_pid: int) -> bool:
+    """Ask for db -> exclusive with api's cgroup refusing the narrowing; as soon as the kernel shows web narrowed,
+    freeze containerd (the proxy's way round api's cgroup) and kill -9 the proxy. Returns whether the kill landed
+    while web was narrowed and the change unanswered."""
     with cpu_held_by_a_child_cgroup(api_pid, EXCL):
         command = subprocess.Popen([sys.executable, "-m", "numapin", "mode", "default/db", "exclusive", "--socket",
                                     str(proxy.dir / "control.sock")], stdout=subprocess.PIPE,
@@ -132,16 +151,8 @@ async def test_proxy_killed_while_narrowing_loses_nothing_and_leaks_nothing_excl
                 if cpus_of(web_pid)[1] == SHARED or command.poll() is not None:
                     break
             with frozen(lab):
-                mid_change = command.poll() is None and cpus_of(web_pid)[1] == SHARED
+                landed = command.poll() is None and cpus_of(web_pid)[1] == SHARED
                 proxy.kill()
         finally:
-            output = command.communicate(timeout=60)[0]
-    assert mid_change, f"the kill did not land while web was narrowed: {output}"
-    await asyncio.to_thread(proxy.start)  # reconcile and a convergence pass, judged from the kernel
-    for pid in (web_pid, api_pid, db_pid):
-        assert cpus_of(pid) == (ALL, ALL), (pid, proxy.log.read_text()[-3000:])
-    assert proxy.state() == state  # nothing exclusive on disk, nothing lost
-    out = await asyncio.to_thread(numapin_mode, proxy, "default/db", "exclusive")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert cpus_of(db_pid) == (EXCL, EXCL) and cpus_of(web_pid) == (SHARED, SHARED)
-    assert cpus_of(api_pid) == (SHARED, SHARED)
+            command.communicate(timeout=60)
+    return landed
