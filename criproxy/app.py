@@ -180,7 +180,8 @@ class CriProxy:
             on_rejected=self.metrics.observe_rejection, on_narrow=self.metrics.observe_narrowing)
         modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
-                            on_refusal=self.metrics.observe_mode_refusal)
+                            on_refusal=self.metrics.observe_mode_refusal,
+                            on_rollback=self.metrics.observe_mode_rollback)
         self._parts = ProxyParts(node_config, store, allocator, upstream, pusher, converger, starts, pinning, modes,
                                  Decider(allocator, node_config.topology))
         interceptors = dict(self.pinning.interceptors())

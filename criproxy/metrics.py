@@ -43,6 +43,10 @@ class ProxyMetrics:
         self.mode_refusals = Counter("numapin_criproxy_mode_refusals",
                                      "Changes of a running pod's CPU mode the node refused, by kubelet's reason",
                                      ["reason"], registry=r)
+        self.mode_rollbacks = Counter("numapin_criproxy_mode_rollbacks",
+                                      "Changes of a running pod's CPU mode rolled back because the shared pool could "
+                                      "not be narrowed off the new exclusive CPUs, by modes", ["from", "to"],
+                                      registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
 
@@ -75,6 +79,9 @@ class ProxyMetrics:
 
     def observe_mode_refusal(self, reason: str) -> None:
         self.mode_refusals.labels(reason).inc()
+
+    def observe_mode_rollback(self, old: str, new: str) -> None:
+        self.mode_rollbacks.labels(old, new).inc()
 
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():
