@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import signal
 import ssl
 import time
@@ -46,6 +47,30 @@ def test_merge_sums_counters_and_histograms_and_labels_gauges_by_worker() -> Non
     assert merged[created] == min(_samples(x.render())[created] for x in (a, b))  # the earliest start
     alone = _samples(merge({7: a.render()}))
     assert alone[("numapin_webhook_requests_total", (("endpoint", "mutate"), ("verdict", "patched")))] == 2
+
+
+def test_merge_of_seeded_random_workers_counts_as_one_process() -> None:
+    """Seeded random traffic over 1-4 workers: the merge counts as one process seeing all of it would."""
+    rng = random.Random(13)
+    endpoints, verdicts = ("mutate", "validate"), ("allowed", "patched", "denied", "bad_request")
+    for _ in range(40):
+        workers = [WebhookMetrics() for _ in range(rng.randint(1, 4))]
+        whole = WebhookMetrics()
+        for _ in range(rng.randint(0, 60)):
+            w = rng.choice(workers)
+            call = (rng.choice(endpoints), rng.choice(verdicts), rng.choice((0.0004, 0.003, 0.02, 0.7, 9.0)))
+            w.observe(*call)
+            whole.observe(*call)
+            if rng.random() < 0.2:
+                reason = rng.choice(("pod_unknown", "node_unknown"))
+                w.unjudged.labels("validate", reason, "allow").inc()
+                whole.unjudged.labels("validate", reason, "allow").inc()
+        merged = _samples(merge({pid: w.render() for pid, w in enumerate(workers, 100)}))
+        expected = {k: v for k, v in _samples(whole.render()).items()
+                    if k[0].endswith(("_total", "_bucket", "_count", "_sum"))}
+        assert {k: round(v, 9) for k, v in merged.items() if k in expected} == {
+            k: round(v, 9) for k, v in expected.items()}
+        assert merged[("numapin_webhook_workers_scraped", ())] == len(workers)
 
 
 def _worker_metrics(directory: Path, pid: int) -> bytes:
