@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 
@@ -23,7 +24,6 @@ from .converge import Converger, Decider, Decision
 from .cpuset_pusher import CpusetPusher
 from .cri_api import RuntimeApi
 from .cri_pods import rebuild_cri_pods
-from .http_server import ProxyHttpServer
 from .kernel import CgroupLayout, KernelRoots
 from .metrics import ProxyMetrics
 from .mode_apply import ModeApplier
@@ -38,6 +38,9 @@ from .relays import start_relay
 from .server import RelayServer, SocketInUseError, listen_path
 from .starts import StartGuard
 from .status import status_document
+
+if TYPE_CHECKING:
+    from .http_server import ProxyHttpServer
 
 __all__ = ["CriProxy", "node_parts_of"]
 
@@ -88,7 +91,7 @@ class CriProxy:
         self.reconciled = asyncio.Event()
         self.last_reconcile: ReconcileReport | None = None
         self.metrics_port: int | None = None
-        self.http = ProxyHttpServer(self.metrics.registry, lambda: status_document(self))
+        self.http: ProxyHttpServer | None = None  # with --metrics-address only (start)
         self._server: RelayServer | FrameRelayServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # the background tasks (``_spawn``), all cancelled by stop()
         self._nrt_dirty = asyncio.Event()
@@ -177,7 +180,8 @@ class CriProxy:
             on_rejected=self.metrics.observe_rejection, on_narrow=self.metrics.observe_narrowing)
         modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
-                            on_refusal=self.metrics.observe_mode_refusal)
+                            on_refusal=self.metrics.observe_mode_refusal,
+                            on_rollback=self.metrics.observe_mode_rollback)
         self._parts = ProxyParts(node_config, store, allocator, upstream, pusher, converger, starts, pinning, modes,
                                  Decider(allocator, node_config.topology))
         interceptors = dict(self.pinning.interceptors())
@@ -190,10 +194,16 @@ class CriProxy:
             self._api = ApiPublisher(cfg.kubeconfig)
         endpoint = cfg.metrics_endpoint()
         if endpoint is not None:
+            # aiohttp is imported only for a proxy that serves HTTP (a third of the proxy's import time); in a
+            # worker thread, as nothing else may hold the loop
+            http_server = await asyncio.to_thread(importlib.import_module, "criproxy.http_server")
+            self.http = http_server.ProxyHttpServer(self.metrics.registry, lambda: status_document(self))
             self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_relay(listen_path(cfg.listen), handler, cfg.relay)
+        self._server = await start_relay(listen_path(cfg.listen), handler, cfg.relay,
+                                         max_connections=cfg.max_connections,
+                                         on_turned_away=self.metrics.observe_connection_turned_away)
         log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s",
                  cfg.listen, cfg.relay, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
@@ -315,7 +325,8 @@ class CriProxy:
 
     async def stop(self, grace: float | None = 1.0) -> None:
         """Stop serving, cancel every background task and wait for it: nothing of the proxy runs afterwards."""
-        await self.http.stop()
+        if self.http is not None:
+            await self.http.stop()
         self._stop_watch.set()
         while self._tasks:  # a task being cancelled may not start another (``_spawn``), but be sure
             tasks = list(self._tasks)

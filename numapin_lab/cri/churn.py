@@ -78,6 +78,7 @@ class ChurnConfig:
     monitor_period: float = 0.2
     proxy_root: str | None = None   # another checkout's numapin to run as the proxy (e.g. to judge an old build)
     time_scale: float = 1.0         # multiplies every deadline and bound (e.g. 5 under software emulation)
+    warm_proxy: bool = False        # proxy restarts pre-imported (numapin_lab.warm_start; under emulation)
 
 
 @dataclass
@@ -713,7 +714,8 @@ async def run_churn(cfg: ChurnConfig, lab: ContainerdLab, workdir: Path) -> Chur
     """Run the churn against ``lab`` (started) with a fresh proxy in ``workdir``; returns the report."""
     report = ChurnReport(cfg.seed, cfg.ops)
     kw = {"root": Path(cfg.proxy_root).resolve()} if cfg.proxy_root else {}
-    proxy = ProxyProcess(workdir, lab.socket, reserved_cpus=cfg.reserved_cpus, sysfs=cfg.sysfs, **kw)
+    proxy = ProxyProcess(workdir, lab.socket, reserved_cpus=cfg.reserved_cpus, sysfs=cfg.sysfs,
+                         warm=cfg.warm_proxy, **kw)
     await asyncio.to_thread(proxy.start)
     try:
         await Churn(cfg, lab, proxy, report).run()

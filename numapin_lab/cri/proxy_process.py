@@ -16,9 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..warm_start import PROXY_MODULES, discard, launch, spawn_warm
+
 __all__ = ["ProxyProcess", "free_port"]
 
 ROOT = Path(__file__).resolve().parents[2]
+WARM_MODULES = (*PROXY_MODULES, "criproxy.http_server")  # this proxy serves /status
 
 
 def free_port() -> int:
@@ -29,10 +32,12 @@ def free_port() -> int:
 
 class ProxyProcess:
     """``python -m numapin criproxy`` listening on ``<dir>/proxy.sock``, state in ``<dir>/state``, logs to
-    ``<dir>/proxy.log``, ``/status`` on a local port."""
+    ``<dir>/proxy.log``, ``/status`` on a local port. ``warm``: every start but the first is of a process that
+    began importing when the previous one started (numapin_lab.warm_start; for emulated machines, where a start
+    is mostly imports), so a restart after a kill comes back in the time the proxy itself needs."""
 
     def __init__(self, directory: Path, runtime_socket: str, *, reserved_cpus: str, sysfs: str = "/sys",
-                 extra_args: Sequence[str] = (), root: Path = ROOT) -> None:
+                 extra_args: Sequence[str] = (), root: Path = ROOT, warm: bool = False) -> None:
         self.dir = directory
         self.socket = str(directory / "proxy.sock")
         self.log = directory / "proxy.log"
@@ -44,6 +49,8 @@ class ProxyProcess:
         self.root = root
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.warm = warm
+        self._next: subprocess.Popen[bytes] | None = None  # warm: the next start's process, importing
 
     @property
     def running(self) -> bool:
@@ -51,13 +58,22 @@ class ProxyProcess:
 
     def spawn(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "numapin", "criproxy", "--listen", self.socket,
-                 "--runtime-endpoint", f"unix://{self.runtime_socket}", "--state-dir", str(self.state_dir),
-                 "--sysfs", self.sysfs, "--reserved-cpus", self.reserved_cpus,
-                 "--metrics-address", f"127.0.0.1:{self.port}", "--node-name", "lab", *self.extra_args],
-                cwd=self.root, env={**os.environ, "PYTHONPATH": str(self.root)}, stdout=log, stderr=log)
+        args = ["criproxy", "--listen", self.socket, "--runtime-endpoint", f"unix://{self.runtime_socket}",
+                "--state-dir", str(self.state_dir), "--sysfs", self.sysfs, "--reserved-cpus", self.reserved_cpus,
+                "--metrics-address", f"127.0.0.1:{self.port}", "--node-name", "lab", *self.extra_args]
+        launched = False
+        if self.warm and self._next is not None:
+            proc, self._next = self._next, None
+            try:
+                launch(proc, args)
+                self.proc, launched = proc, True
+            except OSError:  # it died while waiting: a cold start
+                discard(proc)
+        if not launched:
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen([sys.executable, "-m", "numapin", *args], cwd=self.root,
+                                             env={**os.environ, "PYTHONPATH": str(self.root)}, stdout=log,
+                                             stderr=log)
 
     def status(self, timeout: float = 5.0) -> dict[str, Any] | None:
         """The proxy's ``/status`` document, or None when it does not answer."""
@@ -81,7 +97,10 @@ class ProxyProcess:
 
     def start(self, timeout: float = 120.0) -> dict[str, Any]:
         self.spawn()
-        return self.wait_reconciled(timeout)
+        status = self.wait_reconciled(timeout)
+        if self.warm and self._next is None:  # the next restart's imports, from now on
+            self._next = spawn_warm(self.log, modules=WARM_MODULES, root=self.root)
+        return status
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -90,6 +109,9 @@ class ProxyProcess:
             self.proc = None
 
     def stop(self) -> None:
+        if self._next is not None:
+            discard(self._next)
+            self._next = None
         if self.proc is not None:
             self.proc.send_signal(signal.SIGTERM)
             try:

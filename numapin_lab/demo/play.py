@@ -26,6 +26,7 @@ from numapin.render import render_topology
 from numapin_lab.cri.client import CRIClient
 
 from .admission import AdmissionAnswer, AdmissionClient
+from .pod_manifest import make_pod
 from .pod_runner import PodRunner, RunningPod
 from .stack import SERVER_NAME, LocalStack
 
@@ -34,20 +35,6 @@ __all__ = ["Demo", "make_pod", "say"]
 
 def say(text: str = "") -> None:
     print(text, flush=True)
-
-
-def make_pod(name: str, *, cpu: str, limit: str | None = None, mode: str | None = None) -> dict[str, Any]:
-    """A v1 Pod as a user writes it: one busybox container ``app`` with a CPU request (and limit)."""
-    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": "32Mi"}}
-    if limit is not None:
-        resources["limits"] = {"cpu": limit, "memory": "32Mi"}
-    meta: dict[str, Any] = {"name": name, "namespace": "default", "labels": {"app": name}}
-    if mode is not None:
-        meta["annotations"] = {CPU_MANAGER_ANNOTATION: mode}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": [{"name": "app", "image": "localhost/busybox:latest", "command": ["sleep", "86400"],
-                                     "resources": resources}],
-                     "restartPolicy": "Always", "schedulerName": "default-scheduler"}}
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ from allocator.quantity import cpu_milli
 from numapin.proc_cpus import cgroup_file, process_cpus
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab
-from numapin_lab.demo.play import make_pod
+from numapin_lab.demo.pod_manifest import make_pod
 from numapin_lab.demo.pod_runner import PodRunner, RunningPod
 from numapin_lab.demo.stack import ManagedProcess
+from tests.numa.guest.warm_proxy import WarmProxy
 from webhook.mutate import mutate_pod
 
 __all__ = ["OPLOG_ENV", "WORK", "GuestNode", "Kernel", "NodeConfig", "Refusal"]
@@ -98,6 +99,7 @@ class GuestNode:
         self.proxy_socket = str(work / "criproxy.sock")
         self.state_dir = work / "state"
         self.proxy: ManagedProcess | None = None
+        self._warm: WarmProxy | None = None  # the next proxy, importing (prepare_proxy)
         self.config: NodeConfig | None = None
         self.pods: dict[str, RunningPod] = {}
         self.pids: dict[tuple[str, str], int] = {}
@@ -138,6 +140,7 @@ class GuestNode:
 
     def start(self) -> GuestNode:
         self.work.mkdir(parents=True, exist_ok=True)
+        self.prepare_proxy()  # its imports while containerd starts
         t0 = time.monotonic()
         self.lab.start()
         if self._oplog:
@@ -150,6 +153,7 @@ class GuestNode:
             self.delete_all()
         finally:
             self._stop_proxy()
+            self._drop_warm()
             if self._direct is not None:
                 self._runner.run(self._direct.close())
             self._runner.close()
@@ -170,16 +174,47 @@ class GuestNode:
         args = ["criproxy", "--listen", self.proxy_socket, "--runtime-endpoint", f"unix://{self.lab.socket}",
                 "--state-dir", str(self.state_dir), "--nrt-file", str(self.work / "nrt.json"), "--sysfs", "/sys",
                 "--node-name", "numa-vm", "--metrics-address", "", *config.args()]
-        self.proxy = ManagedProcess("numapin criproxy", args, self.work / f"criproxy-{time.monotonic_ns()}.log")
-        self.proxy.start()
+        warm = self._warm is not None and self._warm.alive()
+        self.prepare_proxy()
+        assert self._warm is not None
+        self.proxy, self._warm = self._warm, None
+        self._warm_launch(args)
         self.proxy.wait_for(r"reconcile: ", timeout=120)
         self.config = config
         if self._oplog:
             with open(self._oplog, "a") as f:
-                f.write(f"{time.monotonic() - t0:.2f} proxy start {' '.join(config.args())}\n")
+                f.write(f"{time.monotonic() - t0:.2f} proxy start{' (warm)' if warm else ''} "
+                        f"{' '.join(config.args())}\n")
+
+    def _warm_launch(self, args: Sequence[str]) -> None:
+        assert isinstance(self.proxy, WarmProxy)
+        try:
+            self.proxy.launch(args)
+        except OSError:  # it died while waiting: another one, cold
+            self.proxy.stop()
+            self.proxy = WarmProxy(self._proxy_log())
+            self.proxy.start()
+            self.proxy.launch(args)
+
+    def prepare_proxy(self) -> None:
+        """Start the next proxy's process now (it imports, then waits for ``configure``'s command line): a proxy
+        start under emulation is mostly Python's imports, which then overlap the node's other work."""
+        if self._warm is None or not self._warm.alive():
+            self._drop_warm()
+            self._warm = WarmProxy(self._proxy_log())
+            self._warm.start()
+
+    def _drop_warm(self) -> None:
+        if self._warm is not None:
+            self._warm.stop()
+            self._warm = None
+
+    def _proxy_log(self) -> Path:
+        return self.work / f"criproxy-{time.monotonic_ns()}.log"
 
     def release(self) -> None:
         """Leave containerd to another proxy (the churn runs its own): pods deleted, this node's proxy stopped."""
+        self._drop_warm()
         self.delete_all()
         self._stop_proxy()
         self.delete_all()

@@ -29,9 +29,11 @@ TIME_SCALE = 4.0       # a call's deadline becomes 2 min (30 s x 4: kubelet's ow
 MONITOR_PERIOD = 1.0   # the monitor's own reads cost CPU the emulated machine has little of
 
 
-def test_churn_keeps_every_invariant_on_a_multi_numa_kernel(node: GuestNode, machine: Topology) -> None:
+def test_churn_keeps_every_invariant_on_a_multi_numa_kernel(guest_node: GuestNode, machine: Topology) -> None:
+    node = guest_node
     node.release()  # one proxy per containerd: the churn starts its own
-    cfg = ChurnConfig(seed=SEED, ops=OPS, reserved_cpus="0", monitor_period=MONITOR_PERIOD, time_scale=TIME_SCALE)
+    cfg = ChurnConfig(seed=SEED, ops=OPS, reserved_cpus="0", monitor_period=MONITOR_PERIOD, time_scale=TIME_SCALE,
+                      warm_proxy=True)
     report = asyncio.run(run_churn(cfg, node.lab, WORK / "churn"))
     doc = report.to_json()
     shared = os.environ.get(SHARED_ENV)
