@@ -19,7 +19,7 @@ the shared pool, Crane's mode) or ``shared`` (the shared pool).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .compact_hints import HintFamily
@@ -215,6 +215,14 @@ class PodDecision:
         raise KeyError(name)
 
 
+def _admitted_before(pod: PodInfo, state: CPUState, only: str) -> PodInfo:
+    """The pod as a later admission sees it: ``only``, the containers holding CPUs and those asking none."""
+    held = state.assignments.get(pod.uid, {})
+    keep = tuple(c for c in pod.containers
+                 if c.name == only or c.name in held or guaranteed_cpus(pod, c) == 0)
+    return pod if len(keep) == len(pod.containers) else replace(pod, containers=keep)
+
+
 def _hint_dict(h: TopologyHint) -> dict[str, Any]:
     return {"numa": None if h.numa is None else sorted(h.numa), "preferred": h.preferred}
 
@@ -266,17 +274,27 @@ class NodeAllocator:
         devices: DeviceMap | None = None,
         dry_run: bool = False,
         reallocate: Iterable[str] = (),
+        only: str | None = None,
     ) -> PodDecision:
         """Admit ``pod`` as kubelet would (see the module doc). Raises PodSpecError for a pod it cannot read,
         ConfigError for devices on NUMA nodes the machine does not have.
 
         ``reallocate`` names containers whose current CPUs are dropped first (in the working copy, so a
         rejection keeps them): they get CPUs again like a new container. The CRI proxy uses it for a container
-        it took for an init container whose CPUs passed to a sibling, and which kubelet re-creates."""
+        it took for an init container whose CPUs passed to a sibling, and which kubelet re-creates.
+
+        ``only`` names the container being created of a pod admitted before. kubelet admits a pod once, every
+        container at the pod's admission, and keeps the CPUs for the pod's life: a container created later (a
+        restart, attempt+1) only looks its CPUs up. So only ``only`` may get CPUs it does not hold; the pod's other
+        containers without CPUs (an init container that completed and was removed, a container running on the
+        shared pool) are left out of the admission and keep what they have: no running container is given CPUs,
+        nor moved, behind its back, and a completed init container takes no CPU from the pool again."""
         info = with_pod_mode(pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod), self.state)
         work = self.state.copy()
         for name in reallocate:
             self.policy.remove(work, info.uid, name)
+        if only is not None:
+            info = _admitted_before(info, work, only)
         if info.bypass:
             return self._decision(info, work, None, True, None, "bypassed (numapin.io/bypass)")
         device_map = {c: {r: _device_nodes(n) for r, n in d.items()} for c, d in (devices or {}).items()}

@@ -571,8 +571,7 @@ async def bench_narrow_containerd(work: Path, shared: int, rounds: int, pause: f
             narrow = str(min(int(c) for c in pool.replace("-", ",").split(",")))
             out["anchor_no_proxy"] = await _anchor_updates(direct, cgroups, str(work / "ctrd" / "state" / "runc" /
                                                                                 "k8s.io"), narrow, pool, rounds)
-            await direct.stop_pod_sandbox(sid)
-            await direct.remove_pod_sandbox(sid)
+        await lab.remove_all_pods()  # with their cgroups, whoever ran them
         return out
     finally:
         await asyncio.to_thread(lab.stop)

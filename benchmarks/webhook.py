@@ -14,15 +14,19 @@ request of:
   shape and free-CPU state asked once).
 
 Every figure stands beside its anchor, ``healthz_anchor`` (GET /healthz over the same connections: the cost of TLS
-and HTTP alone). The load comes from ``wrk`` when it is installed (``apt-get install wrk``; C, so the load generator
-takes a tenth of the webhook's CPU per request, reported as ``client_cpu_ms_per_request``), else from a Python client
-in this process (``--client python``; it takes about as much CPU as the webhook). ``--replicas 1,2`` repeats
-everything with that many webhook processes on their own ports, the clients spread over them as the Service spreads
-connections; ``--workers 2`` with one webhook of that many worker processes on one port. ``--soak N`` then sends N
-more requests to one webhook and reports its resident memory along the way (``--soak 1000000`` is the long form).
+and HTTP alone). Each (endpoint, concurrency) is measured twice on new connections, and both are reported: ``cold``,
+its first ``--cold-seconds`` (2; the very first of them starts right after /readyz turned ready: what a rollout's
+first seconds look like), which is also the warm-up of ``warm``, the ``--seconds`` window after it.
 
-Usage: python benchmarks/webhook.py [--seconds 10] [--concurrency 1,16,64] [--nodes 5000] [--replicas 1,2]
-                                    [--workers 1,2] [--client auto|wrk|python] [--soak N]
+The load comes from ``wrk`` when it is installed (``apt-get install wrk``; C, so the load generator takes a tenth of
+the webhook's CPU per request, reported as ``client_cpu_ms_per_request``), else from a Python client in this process
+(``--client python``; it takes about as much CPU as the webhook). ``--replicas 1,2`` repeats everything with that
+many webhook processes on their own ports, the clients spread over them as the Service spreads connections;
+``--workers 2`` with one webhook of that many worker processes on one port. ``--soak N`` then sends N more requests
+to one webhook and reports its resident memory along the way (``--soak 1000000`` is the long form).
+
+Usage: python benchmarks/webhook.py [--seconds 10] [--cold-seconds 2] [--concurrency 1,16,64] [--nodes 5000]
+                                    [--replicas 1,2] [--workers 1,2] [--client auto|wrk|python] [--soak N]
 """
 
 from __future__ import annotations
@@ -331,6 +335,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         (d / "tls.crt").write_bytes(pair.cert_pem)
         (d / "tls.key").write_bytes(pair.key_pem)
         distinct = write_nodes(d / "nrt", args.nodes)
+        # as a directory written before the webhook started: a file read within 2 s of its mtime is read again at
+        # the source's next poll (--nrt-poll-seconds 60: inside a measured window), which no steady cluster shows
+        old = time.time() - 60
+        for f in (d / "nrt").iterdir():
+            os.utime(f, (old, old))
         pod = realistic_pod("checkout-7d9f-abcde")
         # the pod as the API server stores it (mutated), known to the webhooks' pod source for its bindings
         stored = json.loads(json.dumps(mutate_pod(pod)[0]))
@@ -365,11 +374,23 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 assert jsonpatch.JsonPatch(patch).apply(pod) == stored
                 key = f"replicas_{replicas}" + (f"_workers_{workers}" if workers > 1 else "")
                 pids = [p.pid for p in procs]
+                first = True
                 for name in paths:
-                    results.setdefault(key, {})[name] = [
-                        wrk_load(d, ports, paths[name], files[name], args.seconds, c, pids) if args.client == "wrk"
-                        else await run_load(ports, ssl_ctx, paths[name], bodies[name], args.requests, c, pids)
-                        for c in args.concurrency]
+                    rows = []
+                    for c in args.concurrency:
+                        # the first seconds of this endpoint at this concurrency (new connections, caches filling;
+                        # right after the webhook became ready for the first of them), then the warm window
+                        cold = (wrk_load(d, ports, paths[name], files[name], args.cold_seconds, c, pids)
+                                if args.client == "wrk" else
+                                await run_load(ports, ssl_ctx, paths[name], bodies[name], max(args.requests // 4, 1),
+                                               c, pids))
+                        warm = (wrk_load(d, ports, paths[name], files[name], args.seconds, c, pids)
+                                if args.client == "wrk" else
+                                await run_load(ports, ssl_ctx, paths[name], bodies[name], args.requests, c, pids))
+                        rows.append({"concurrency": c, "warm": warm,
+                                     "cold": {**cold, "first_after_ready": first}})
+                        first = False
+                    results.setdefault(key, {})[name] = rows
                 if args.soak and memory is None:
                     memory = (soak_wrk(d, ports[0], procs[0].pid, files, args.soak, args.soak_seconds)  # type: ignore[arg-type]
                               if args.client == "wrk" else
@@ -384,6 +405,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                                     if args.client == "wrk" else " (Python, in this process)"),
            "pod": "8 containers (2 init, 1 native sidecar, 5 app), Guaranteed, cpu-manager exclusive",
            "anchor": "healthz_anchor: GET /healthz over the same connections (TLS + HTTP, no decision)",
+           "windows": "per endpoint and concurrency: 'cold', the first seconds (new connections; the first of them "
+                      "right after /readyz turned ready), then 'warm', the measured window after it",
            "nodes": args.nodes, "distinct_node_states": distinct, "cpu_count": os.cpu_count(),
            "results": results}
     if memory is not None:
@@ -404,7 +427,11 @@ def main() -> None:
                    "port), e.g. 1,2")
     p.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
                    help="load generator: wrk (C, Debian's wrk; auto when installed) or the Python client")
-    p.add_argument("--seconds", type=float, default=10.0, help="wrk: seconds per (endpoint, concurrency)")
+    p.add_argument("--seconds", type=float, default=10.0, help="wrk: seconds of the warm window per (endpoint, "
+                   "concurrency)")
+    p.add_argument("--cold-seconds", type=float, default=2.0, help="wrk: seconds of the cold window before it (the "
+                   "first seconds of each endpoint and concurrency; the first of them right after the webhook is "
+                   "ready): reported as 'cold' beside the warm window, and the warm-up of it")
     p.add_argument("--soak-seconds", type=float, default=5.0, help="wrk: seconds of each endpoint per soak round")
     args = p.parse_args()
     if args.client == "auto":

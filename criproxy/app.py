@@ -180,7 +180,8 @@ class CriProxy:
             on_rejected=self.metrics.observe_rejection, on_narrow=self.metrics.observe_narrowing)
         modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
-                            on_refusal=self.metrics.observe_mode_refusal)
+                            on_refusal=self.metrics.observe_mode_refusal,
+                            on_rollback=self.metrics.observe_mode_rollback)
         self._parts = ProxyParts(node_config, store, allocator, upstream, pusher, converger, starts, pinning, modes,
                                  Decider(allocator, node_config.topology))
         interceptors = dict(self.pinning.interceptors())
@@ -200,7 +201,9 @@ class CriProxy:
             self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_relay(listen_path(cfg.listen), handler, cfg.relay)
+        self._server = await start_relay(listen_path(cfg.listen), handler, cfg.relay,
+                                         max_connections=cfg.max_connections,
+                                         on_turned_away=self.metrics.observe_connection_turned_away)
         log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s",
                  cfg.listen, cfg.relay, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")

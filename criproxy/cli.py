@@ -76,6 +76,10 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
                           "help": "how calls reach the runtime: frames (HTTP/2 frames copied between kubelet's "
                                   "and the runtime's connections, decoded only for the intercepted methods) or "
                                   f"grpc (a gRPC server and channel in the proxy) (default {DEFAULTS.relay})"}),
+    ("--max-connections", "max_connections",
+     {"help": "clients (kubelet's connections) the frame relay serves at once, two file descriptors each; one "
+              "beyond is told GOAWAY and closed, logged and counted in numapin_criproxy_connections_turned_away "
+              f"(default {DEFAULTS.max_connections})"}),
 )
 
 

@@ -68,6 +68,7 @@ class ProxyConfig:
     self_pod_uid: str | None = None
     log_level: str = "INFO"
     relay: str = "frames"         # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
+    max_connections: int = 128    # clients the frame relay serves at once (two descriptors each)
 
     @property
     def state_file(self) -> Path:
@@ -138,13 +139,14 @@ def _coerce(name: str, value: Any) -> Any:
         if value not in ("kernel", "runtime"):
             raise ConfigError(f"{where}: expected kernel or runtime, got {value!r}")
         return value
-    if name == "num_reserved_cpus":
+    if name in ("num_reserved_cpus", "max_connections"):
         try:
             n = int(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected a whole number, got {value!r}") from None
-        if n < 0:
-            raise ConfigError(f"{where}: must not be negative, got {n}")
+        if n < (1 if name == "max_connections" else 0):
+            raise ConfigError(f"{where}: must be {'at least 1' if name == 'max_connections' else 'not negative'}, "
+                              f"got {n}")
         return n
     if name in ("lift_cfs_quota", "publish_nrt", "watch_pods"):
         if isinstance(value, bool):

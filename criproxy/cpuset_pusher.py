@@ -115,8 +115,8 @@ class CpusetPusher:
         direct = [i for i in todo if i[3] is None and i[0].id in self.cgroups]
         if not direct:
             return [], todo
-        # an older record update not sent yet is superseded; one still at containerd with CPUs the new cpuset
-        # lacks would undo the write when it lands
+        # an older record update not sent yet is superseded; one still at containerd with another value would
+        # put that value back when it lands after the write
         for t, _, _, _ in direct:
             self.records.drop(t.id)
         await asyncio.gather(*(self.records.quiesce(t.id, c, m) for t, c, m, _ in direct))

@@ -52,8 +52,11 @@ SETTINGS_HEADER_TABLE_SIZE = 0x1
 SETTINGS_INITIAL_WINDOW_SIZE = 0x4
 SETTINGS_MAX_FRAME_SIZE = 0x5
 
-CANCEL = 0x8
+# error codes (RFC 9113 7)
 NO_ERROR = 0x0
+REFUSED_STREAM = 0x7
+CANCEL = 0x8
+ENHANCE_YOUR_CALM = 0xB
 
 # length (24 bits: high byte + low 16), type, flags, stream id (the reserved bit masked by the reader)
 FRAME_HEADER = struct.Struct(">BHBBI")

@@ -34,12 +34,19 @@ class ProxyMetrics:
         self.start_refusals = Counter("numapin_criproxy_start_refusals",
                                       "Exclusive containers not started: their CPUs were still used by another "
                                       "running container", registry=r)
+        self.connections_turned_away = Counter("numapin_criproxy_connections_turned_away",
+                                               "Client connections told GOAWAY at once: the frame relay served "
+                                               "--max-connections already", registry=r)
         self.mode_changes = Counter("numapin_criproxy_mode_changes",
                                     "Running pods moved to another CPU mode (qos.gocrane.io/cpu-manager), by modes",
                                     ["from", "to"], registry=r)
         self.mode_refusals = Counter("numapin_criproxy_mode_refusals",
                                      "Changes of a running pod's CPU mode the node refused, by kubelet's reason",
                                      ["reason"], registry=r)
+        self.mode_rollbacks = Counter("numapin_criproxy_mode_rollbacks",
+                                      "Changes of a running pod's CPU mode rolled back because the shared pool could "
+                                      "not be narrowed off the new exclusive CPUs, by modes", ["from", "to"],
+                                      registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
 
@@ -61,6 +68,9 @@ class ProxyMetrics:
     def observe_converge(self, seconds: float) -> None:
         self.converge_seconds.observe(seconds)
 
+    def observe_connection_turned_away(self) -> None:
+        self.connections_turned_away.inc()
+
     def observe_start_refusal(self) -> None:
         self.start_refusals.inc()
 
@@ -69,6 +79,9 @@ class ProxyMetrics:
 
     def observe_mode_refusal(self, reason: str) -> None:
         self.mode_refusals.labels(reason).inc()
+
+    def observe_mode_rollback(self, old: str, new: str) -> None:
+        self.mode_rollbacks.labels(old, new).inc()
 
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():

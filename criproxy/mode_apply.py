@@ -6,7 +6,13 @@ pod keeps running as it was), written to the checkpoint, and then applied to the
 
 - CPUs leave the shared pool (a container becomes ``exclusive``): every container of the shared pool is narrowed
   first, and only then are the pod's containers moved onto their own CPUs, so no exclusive CPU is ever in another
-  container's cpuset;
+  container's cpuset. The narrowing is all-or-nothing: the kernel is read after it, and if any other running
+  container still has one of the new exclusive CPUs (a cgroup the kernel refused to narrow, a runtime that died
+  meanwhile) the change is rolled back: the allocator's state goes back to what it was, every cpuset the narrowing
+  touched is widened back and checked in the kernel, the pod's containers never move, and the failure is logged,
+  counted (``numapin_criproxy_mode_rollbacks_total``) and shown in ``/status`` (``podModes[].failure``). The
+  checkpoint is written only once the narrowing is seen in the kernel, so a kill -9 of the proxy mid-narrowing
+  leaves the old decision on disk and the restarted proxy's convergence widens the shared containers back;
 - otherwise (``share``, ``none``, kubelet's rule without exclusive CPUs): the pod's containers are moved first and
   the shared pool is widened after (CPUs come back, nothing can overlap).
 
@@ -17,9 +23,9 @@ and refusals. Nothing here is used by CreateContainer: that path only sees the a
 mode is recorded (``CPUState.pod_modes``), so a restarted container gets the new mode and a restarted proxy's
 reconcile and convergence apply it.
 
-A request from the API the node refuses is kept and tried again whenever the allocation changes (CPUs freed by a
-deleted pod may let the pod become ``exclusive``) and every ``retry_seconds``, until it succeeds or another request
-for the pod replaces it.
+A request from the API the node refuses, or whose narrowing was rolled back, is kept and tried again whenever the
+allocation changes (CPUs freed by a deleted pod may let the pod become ``exclusive``) and every ``retry_seconds``,
+until it succeeds or another request for the pod replaces it.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.mode_change import KUBELET_RULE, ModeChange, parse_target
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, QOSClass, qos_class
+from allocator.state import CPUState
 from protos import cri_pb2
 
 from .cfs import milli_cpu_to_quota
@@ -48,21 +55,33 @@ from .cri_api import UNLIMITED_QUOTA
 from .cri_intent import container_from_cri, qos_from_cgroup_parent
 from .mode_request import ModeAnswer, ModeRequest
 from .pinning import Pinning
-from .registry import Registry, Tracked
+from .registry import Registry, Tracked, TrackedMode
 from .relay import Upstream
 
-__all__ = ["ModeApplier"]
+__all__ = ["ROLLED_BACK", "ModeApplier"]
 
 log = logging.getLogger("numapin.criproxy.modes")
 
 _QUOTA_PERIOD = 100000  # kubelet's default cpuCFSQuotaPeriod (100 ms)
+ROLLED_BACK = "NarrowingFailed"  # the reason of a change rolled back because the shared pool could not be narrowed
+
+Move = tuple[Tracked, CPUSet | None, int | None]  # a container of the pod, its own CPUs (None: the pool), CFS quota
+
+
+class _NarrowingFailed(Exception):
+    """The kernel still shows other running containers on CPUs that were to become exclusive."""
+
+    def __init__(self, blockers: list[str]) -> None:
+        super().__init__("; ".join(blockers))
+        self.blockers = blockers
 
 
 class ModeApplier:
     def __init__(self, pinning: Pinning, upstream: Upstream, registry: Registry, converger: Converger, *,
                  lift_cfs_quota: bool = True, retry_seconds: float = 10.0,
                  on_transition: Callable[[str, str], None] | None = None,
-                 on_refusal: Callable[[str], None] | None = None) -> None:
+                 on_refusal: Callable[[str], None] | None = None,
+                 on_rollback: Callable[[str, str], None] | None = None) -> None:
         self.pinning = pinning
         self.allocator = pinning.allocator
         self.upstream = upstream
@@ -72,6 +91,8 @@ class ModeApplier:
         self.retry_seconds = retry_seconds
         self.on_transition = on_transition or (lambda old, new: None)
         self.on_refusal = on_refusal or (lambda reason: None)
+        self.on_rollback = on_rollback or (lambda old, new: None)
+        self.failures: dict[str, dict[str, object]] = {}  # pod uid -> its last change rolled back (for status)
         self.pending: dict[str, ModeRequest] = {}   # pod uid -> a refused request, tried again
         self.refs: dict[str, str] = {}               # pod uid -> namespace/name, for status
         self._kick = asyncio.Event()
@@ -88,7 +109,7 @@ class ModeApplier:
                                          f"{e.details()}); mode {req.mode} not applied")
         except PodSpecError as e:
             answer = ModeAnswer("error", f"pod {req.ref}: {e}")
-        if answer.outcome == "refused" and req.source == "api":
+        if req.source == "api" and (answer.outcome == "refused" or answer.reason == ROLLED_BACK):
             self.pending[req.uid] = req
         elif req.uid:
             self.pending.pop(req.uid, None)
@@ -123,15 +144,18 @@ class ModeApplier:
             # the pool gate is held from the decision until the kernel shows it: no convergence pass (which
             # follows the state) can move the pod's containers before the shared ones are narrowed
             async with gate.exclusive():
+                before = self.allocator.state.copy()
                 change = await asyncio.to_thread(self.allocator.change_mode, pod, target)
                 self.models[uid] = pod
                 if not change.admitted:
                     self.on_refusal(change.reason or "Refused")
                     return ModeAnswer("refused", change.message, change.reason, change.to_dict())
-                await self.pinning.save()  # on disk before any container moves: a restart converges to it
-                self.pinning.on_change()
-                seconds = await self._apply(change)
+                try:
+                    seconds = await self._apply(change)
+                except _NarrowingFailed as e:
+                    return await self._roll_back(change, before, ref, e)
             self.pinning.pusher.on_resized()
+        self.failures.pop(uid, None)
         self.on_transition(change.old, change.new)
         moved = ", ".join(f"{m.name} {m.old_mode}->{m.new_mode} cpus={m.new_cpus or 'shared pool'}"
                           for m in change.moves if m.moved) or "no container moved"
@@ -200,10 +224,38 @@ class ModeApplier:
     # -- applying -------------------------------------------------------------------------------------------
     async def _apply(self, change: ModeChange) -> float:
         """Move the pod's running containers and the shared pool (zero-window order), the pool gate held by the
-        caller; returns the seconds taken."""
+        caller, the change's state in the allocator; returns the seconds taken. Raises _NarrowingFailed (nothing
+        of the pod moved, the container modes as they were) when the kernel keeps another container on the new
+        exclusive CPUs."""
         t0 = time.perf_counter()
+        moves, modes = self._moves(change)
+        if change.narrows_pool:
+            try:
+                await self._narrow(change, moves)  # 1. the shared containers leave the new exclusive CPUs
+            except _NarrowingFailed:
+                for t, mode in modes:
+                    t.mode = mode
+                raise
+            await self._commit()               # the narrowing is in the kernel: the new decision goes on disk
+            await self._push_pod(moves)        # 2. then the pod's containers take the CPUs
+        else:
+            await self._commit()               # on disk before any container moves: a restart converges to it
+            await self._push_pod(moves)        # 1. the pod's containers move (nothing new is exclusive)
+            await self._resize_shared()        # 2. then the shared pool widens
+        # the kernel, not the updates' answers, is the truth
+        await self.converger.repair(self.converger.live(), "after a mode change")
+        return time.perf_counter() - t0
+
+    async def _commit(self) -> None:
+        await self.pinning.save()
+        self.pinning.on_change()
+
+    def _moves(self, change: ModeChange) -> tuple[list[Move], list[tuple[Tracked, TrackedMode]]]:
+        """The pod's live containers with their new CPUs and quota (their modes set to the new ones), and their
+        modes before."""
         info = self.models.get(change.uid)
-        moves: list[tuple[Tracked, CPUSet | None, int | None]] = []
+        moves: list[Move] = []
+        modes: list[tuple[Tracked, TrackedMode]] = []
         for t in self.registry.of_pod(change.uid):
             m = change.move(t.name)
             if t.exited or t.mode == "bypass" or m is None:
@@ -214,18 +266,50 @@ class ModeApplier:
                 quota = UNLIMITED_QUOTA
             elif self.lift_cfs_quota and m.new_mode == "shared" and m.old_mode != "shared":
                 quota = milli_cpu_to_quota(c.cpu_limit_milli, _QUOTA_PERIOD) if c and c.cpu_limit_milli else None
+            modes.append((t, t.mode))
             t.mode = m.new_mode
             moves.append((t, m.new_cpus, quota))
-        if change.narrows_pool:
-            await self._resize_shared()    # 1. the shared containers leave the new exclusive CPUs,
-            await self.converger.repair(self.registry.on_shared_pool(), "before a mode change")  # in the kernel
-            await self._push_pod(moves)    # 2. then the pod's containers take them
-        else:
-            await self._push_pod(moves)    # 1. the pod's containers move (nothing new is exclusive)
-            await self._resize_shared()    # 2. then the shared pool widens
-        # the kernel, not the updates' answers, is the truth
-        await self.converger.repair(self.converger.live(), "after a mode change")
-        return time.perf_counter() - t0
+        return moves, modes
+
+    async def _narrow(self, change: ModeChange, moves: list[Move]) -> None:
+        """Narrow the shared pool's containers, repair from the kernel, and read the kernel again: raises
+        _NarrowingFailed naming every other running container that still has a CPU becoming exclusive."""
+        await self._resize_shared()
+        await self.converger.repair(self.registry.on_shared_pool(), "before a mode change")
+        taken = CPUSet()
+        for m in change.moves:
+            if m.new_mode == "exclusive" and m.new_cpus is not None:
+                taken = taken | m.new_cpus
+        moving = {t.id for t, own, _ in moves if own is not None}
+        others = [t for t in self.converger.live() if t.id not in moving]
+        views = await self.converger.views(others)
+        blockers = []
+        for t in others:
+            view = views.get(t.id)
+            if view is not None and view.running and not view.all_cpus.isdisjoint(taken):
+                blockers.append(f"pod={t.pod_ref} container={t.name} id={t.id[:13]} still runs on "
+                                f"{view.all_cpus & taken} (cgroup cpuset.cpus {view.cpus or '(empty)'})")
+        if blockers:
+            raise _NarrowingFailed(blockers)
+
+    async def _roll_back(self, change: ModeChange, before: CPUState, ref: str, e: _NarrowingFailed) -> ModeAnswer:
+        """Undo a change whose narrowing failed (the pool gate held): the allocator's state as before (the
+        checkpoint was not written), every shared container widened back, the kernel checked."""
+        self.allocator.state = before
+        await self._resize_shared()
+        checked, repairs = await self.converger.repair(self.converger.live(), "rolling back a mode change")
+        self.pinning.pusher.on_resized()
+        still = [f"pod={r.pod} container={r.name}" for r in repairs if not r.ok]
+        self.on_rollback(change.old, change.new)
+        restored = (f"every cpuset restored ({checked} running containers checked in the kernel)" if not still else
+                    f"not yet restored in the kernel: {', '.join(still)} (the convergence keeps trying)")
+        message = (f"pod {ref}: mode {change.old} -> {change.new} rolled back: the shared pool could not be narrowed "
+                   f"off the new exclusive CPUs ({e}); the pod keeps running in mode {change.old}, {restored}; "
+                   "fix the cause (see the proxy's log) and ask again")
+        log.warning("mode change rolled back: %s", message)
+        self.failures[change.uid] = {"mode": change.new, "reason": ROLLED_BACK, "message": message,
+                                     "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        return ModeAnswer("error", message, ROLLED_BACK, change.to_dict())
 
     async def _resize_shared(self) -> None:
         pool, mems = self.pinning.shared_pool()
@@ -235,7 +319,7 @@ class ModeApplier:
             log.info("shared pool -> cpus=%s mems=%s: %d containers updated, %d failed in %.1f ms", pool, mems,
                      result.changed, result.failed, result.seconds * 1000)
 
-    async def _push_pod(self, moves: list[tuple[Tracked, CPUSet | None, int | None]]) -> None:
+    async def _push_pod(self, moves: list[Move]) -> None:
         pool, pool_mems = self.pinning.shared_pool()
         topology = self.pinning.topology
         items = []
@@ -270,11 +354,12 @@ class ModeApplier:
         gone = [uid for uid in state.pod_modes if uid not in live_uids]
         for uid in gone:
             del state.pod_modes[uid]
-        for uid in [u for u in {*self.refs, *self.created, *self.models} if u not in live_uids]:
+        for uid in [u for u in {*self.refs, *self.created, *self.models, *self.failures} if u not in live_uids]:
             self.refs.pop(uid, None)
             self.created.pop(uid, None)
             self.models.pop(uid, None)
             self.pending.pop(uid, None)
+            self.failures.pop(uid, None)
         return gone
 
     def modes(self) -> list[dict[str, object]]:
@@ -290,7 +375,8 @@ class ModeApplier:
                                               self.created.get(t.pod_uid, "as created"))
             out.append({"pod": t.pod_ref, "uid": t.pod_uid, "mode": mode,
                         "changed": t.pod_uid in changed,
-                        "pending": self.pending[t.pod_uid].mode if t.pod_uid in self.pending else None})
+                        "pending": self.pending[t.pod_uid].mode if t.pod_uid in self.pending else None,
+                        "failure": self.failures.get(t.pod_uid)})
         return out
 
 

@@ -203,7 +203,8 @@ class Pinning:
                 pod, reallocate = await self._pod_model(req, ident, forward)
                 devices = await self._devices(req)
                 async with self.lock:
-                    placement, flights = await self._decide(pod, ident, name, devices, reallocate)
+                    placement, flights = await self._decide(pod, ident, name, devices, reallocate,
+                                                            req.pod_sandbox_id)
                     flight = self._take_off(placement)
                     self.creating.add((ident.uid, name))
                 created: bytes | None = None
@@ -325,7 +326,7 @@ class Pinning:
         return await asyncio.to_thread(devices_numa_nodes, paths, self.options.sysfs) if paths else {}
 
     async def _decide(self, pod: PodInfo, ident: PodIdentity, name: str, devices: Mapping[str, frozenset[int]],
-                      reallocate: tuple[str, ...]) -> tuple[Placement, list[_Flight]]:
+                      reallocate: tuple[str, ...], sandbox_id: str) -> tuple[Placement, list[_Flight]]:
         """Admit the pod (call with the lock held) and commit: the state is on disk and the registered shared
         containers narrowed before the runtime hears of the container. Returns the placement and the in-flight
         shared creates to wait for (they may hold CPUs the pool just lost). Raises Rejection."""
@@ -334,7 +335,8 @@ class Pinning:
         pool_before = self.allocator.shared_pool()
         try:
             decision = await asyncio.to_thread(self.allocator.admit_pod, pod,
-                                               devices={name: devices} if devices else None, reallocate=reallocate)
+                                               devices={name: devices} if devices else None, reallocate=reallocate,
+                                               only=name if self._admitted_before(ident.uid, sandbox_id) else None)
         except AllocatorError as e:
             self.on_rejected(getattr(e, "reason", type(e).__name__))
             raise Rejection(grpc.StatusCode.FAILED_PRECONDITION,
@@ -364,6 +366,11 @@ class Pinning:
             lost = pool_before - self.allocator.shared_pool()
             flights = [f for f in self._flights if not f.cpus.isdisjoint(lost)]
         return placement, flights
+
+    def _admitted_before(self, uid: str, sandbox_id: str) -> bool:
+        """Whether the runtime already created a container of this sandbox (kubelet admitted the pod before its
+        first container's create; later creates only look their CPUs up)."""
+        return any(t.sandbox_id == sandbox_id for t in self.registry.of_pod(uid))
 
     def _take_off(self, placement: Placement) -> _Flight | None:
         """A shared container's create leaves for the runtime with the pool of this moment (call under the lock)."""

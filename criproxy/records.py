@@ -11,8 +11,10 @@ and sent again on the next convergence pass (``retry``); meanwhile the kernel al
 containerd or runc rewrites the stale record into the cgroup, the convergence pass sees it in the kernel and
 repairs it.
 
-Before the proxy writes a cgroup, ``quiesce`` waits for that container's update at containerd if it could give
-the container CPUs the new value does not (a widening still landing while a narrowing is written would undo it).
+Before the proxy writes a cgroup, ``quiesce`` waits for that container's update at containerd unless it carries
+the very value being written: landing after the write, it would put its older value back into the cgroup (a
+widening still landing while a narrowing is written would undo the narrowing; a narrowing still landing while a
+widening is written would keep the container off the CPUs it was just given, until the next record or convergence).
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ class Record:
     cpus: CPUSet
     mems: CPUSet | None
 
-    def within(self, cpus: CPUSet, mems: CPUSet | None) -> bool:
-        """Whether this record gives no CPU (or memory node) outside ``cpus``/``mems``."""
-        return self.cpus.issubset(cpus) and (mems is None or self.mems is None or self.mems.issubset(mems))
+    def same(self, cpus: CPUSet, mems: CPUSet | None) -> bool:
+        """Whether this record, landing in the cgroup, leaves ``cpus``/``mems`` there (None: mems not written)."""
+        return self.cpus == cpus and (mems is None or self.mems is None or self.mems == mems)
 
 
 # sends one record; True when containerd took it, False when it must be sent again later
@@ -78,10 +80,10 @@ class RecordQueue:
         self._note_idle()
 
     async def quiesce(self, container_id: str, cpus: CPUSet | None = None, mems: CPUSet | None = None) -> bool:
-        """Wait until no update of the container that could give it CPUs outside ``cpus``/``mems`` (None: any
-        update) is at containerd. False when one still is after ``timeout`` (containerd hangs)."""
+        """Wait until no update of the container with another value than ``cpus``/``mems`` (None: any update) is
+        at containerd. False when one still is after ``timeout`` (containerd hangs)."""
         sending = self._sending.get(container_id)
-        if sending is None or (cpus is not None and sending[0].within(cpus, mems)):
+        if sending is None or (cpus is not None and sending[0].same(cpus, mems)):
             return True
         try:
             await asyncio.wait_for(asyncio.shield(sending[1]), self.timeout)

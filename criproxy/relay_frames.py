@@ -19,7 +19,15 @@ per burst of frames, no per-call objects on the relayed path. What it looks at:
   with a trailers-only response, and resets the upstream stream when nothing was forwarded.
 - Flow control stays exact: held DATA is credited back to its sender at once (WINDOW_UPDATE for the stream and the
   connection: the proxy is its receiver), and what the proxy writes itself is withheld from the receiver's next
-  connection-level WINDOW_UPDATEs, so each side's windows match the other's.
+  connection-level WINDOW_UPDATEs, so each side's windows match the other's. Until those come, the sender counts on
+  more of the receiver's connection window than there is (by what the proxy wrote): a relayed DATA frame beyond
+  the receiver's window waits in ``_Peer.backlog`` (split at the window; what follows, the proxy's own frames too,
+  in order behind it) and goes as the receiver grants more, so neither side is sent more than it granted.
+- A held call the proxy answered itself has its runtime stream reset; the runtime's frames still on the way for it
+  (``_Connection.late``) are dropped, not passed to kubelet's closed stream, and their DATA credited back.
+- A held call the runtime refused (RST_STREAM REFUSED_STREAM, or beyond its GOAWAY) is refused to kubelet the same
+  way when the interceptor passes the failure on: kubelet's gRPC retries an unprocessed call once by itself.
+- At most ``max_connections`` kubelet connections are served at once; one beyond is told GOAWAY and closed.
 - The proxy's own frames (credits, edited messages, answers, resets) never go between a relayed HEADERS frame and
   its CONTINUATION frames (RFC 9113 6.10): they wait in ``_Peer.queued`` until the relayed header block ends.
 - The runtime's trailers give each relayed call's status for the metrics (a block is decoded once and
@@ -61,7 +69,7 @@ from .relay import (
 )
 from .server import SOCKET_MODE, prepare_socket
 
-__all__ = ["FrameRelayServer", "start_frame_relay_server"]
+__all__ = ["DEFAULT_MAX_CONNECTIONS", "FrameRelayServer", "start_frame_relay_server"]
 
 log = logging.getLogger("numapin.criproxy")
 
@@ -72,6 +80,10 @@ _END_STREAM, _END_HEADERS, _PADDED = h2.END_STREAM, h2.END_HEADERS, h2.PADDED
 _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
 _CONNECT_TIMEOUT = 20.0
+# kubelet connections served at once (each costs two descriptors: it and its runtime connection); kubelet opens two
+DEFAULT_MAX_CONNECTIONS = 128
+_TURNED_AWAY_LINGER = 2.0   # seconds a turned-away client has to read the GOAWAY before its connection closes
+_REFUSAL_LOG_PERIOD = 10.0  # at most one log line per period about turned-away connections
 _CACHE_LIMIT = 1024
 # the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
 _MAX_HEADER_LIST = 16 << 20
@@ -167,7 +179,8 @@ def _metadata(headers: list[tuple[bytes, bytes]], *, skip: frozenset[bytes] = _S
 class _Peer:
     """One side of a relayed connection, as the proxy writes to it."""
 
-    __slots__ = ("block_open", "init_window", "max_frame", "name", "queued", "transport", "window", "withhold")
+    __slots__ = ("backlog", "backlog_size", "block_open", "init_window", "max_frame", "name", "queued", "transport",
+                 "window", "withhold")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -178,23 +191,80 @@ class _Peer:
         self.withhold = 0                    # credit to take off its next connection WINDOW_UPDATEs
         self.block_open = False              # a relayed header block to it awaits its CONTINUATION frames
         self.queued: list[bytes] = []        # the proxy's own frames held back until that block ends
+        # frames waiting for its connection window, in order: (frames, counted) where counted frames (the proxy's
+        # own) took their window when written and the others' DATA takes it as they go (see ``drain``)
+        self.backlog: list[tuple[bytes, bool]] = []
+        self.backlog_size = 0
 
     def write(self, data: bytes) -> None:
         """The proxy's own frames: after the relayed header block in progress, if any (RFC 9113 6.10: nothing may
-        come between a HEADERS frame without END_HEADERS and its CONTINUATION frames)."""
+        come between a HEADERS frame without END_HEADERS and its CONTINUATION frames), and after the frames
+        waiting for its window."""
         if self.block_open:
             self.queued.append(data)
+        elif self.backlog:
+            self._wait(data, True)
         else:
             self._send(data)
 
-    def relay(self, data: bytes, block_open: bool) -> None:
-        """Frames passed on from the other side; ``block_open``: they end inside a header block."""
-        self._send(data)
+    def relay(self, data: bytes, block_open: bool, over: bytes = b"") -> None:
+        """Frames passed on from the other side: ``data`` within this peer's connection window (its DATA taken off
+        ``window`` already), then ``over``, from a DATA frame beyond the window on, which waits for the window;
+        ``block_open``: they end inside a header block."""
+        if data:
+            self._send(data)
+        if over:
+            self._wait(over, False)
+            self.drain()  # as far as the window goes: a peer sends credit only for what it received
         self.block_open = block_open
         if not block_open and self.queued:
             queued = b"".join(self.queued)
             self.queued.clear()
-            self._send(queued)
+            if self.backlog:
+                self._wait(queued, True)
+            else:
+                self._send(queued)
+
+    def _wait(self, data: bytes, counted: bool) -> None:
+        self.backlog.append((data, counted))
+        self.backlog_size += len(data)
+
+    def drain(self) -> None:
+        """Send what waits for the connection window as far as the window goes (a DATA frame beyond it is split
+        when it has no padding)."""
+        out: list[bytes] = []
+        backlog = self.backlog
+        while backlog:
+            data, counted = backlog[0]
+            if counted:
+                out.append(data)
+                del backlog[0]
+                continue
+            rest = b""
+            for start, end, ftype, flags, sid in _frames(data, 0):
+                n = end - start - 9
+                if ftype != _DATA or n <= self.window:
+                    if ftype == _DATA:
+                        self.window -= n
+                    continue
+                out.append(data[:start])
+                if self.window > 0 and not flags & _PADDED:
+                    k = self.window
+                    self.window = 0
+                    out.append(h2.frame(_DATA, flags & ~_END_STREAM, sid, data[start + 9:start + 9 + k]))
+                    rest = h2.frame(_DATA, flags, sid, data[start + 9 + k:end]) + data[end:]
+                else:
+                    rest = data[start:]
+                break
+            else:
+                out.append(data)
+                del backlog[0]
+                continue
+            backlog[0] = (rest, False)
+            break
+        self.backlog_size = sum(len(d) for d, _ in backlog)
+        if out:
+            self._send(b"".join(out))
 
     def _send(self, data: bytes) -> None:
         t = self.transport
@@ -214,8 +284,10 @@ class _Held:
         "initial_block",
         "initial_frames",
         "kube_reset",
+        "late_mark",
         "metadata",
         "method",
+        "refused",
         "request",
         "resp_data",
         "response",
@@ -225,6 +297,7 @@ class _Held:
         "trailer_block",
         "trailer_frames",
         "up_closed",
+        "up_reset",
         "up_window",
     )
 
@@ -242,6 +315,9 @@ class _Held:
         self.request = bytearray()
         self.up_closed = False          # kubelet ended the request on a HEADERS frame (went upstream as it came)
         self.kube_reset = False         # kubelet reset the stream: the decision is carried through, not answered
+        self.up_reset = False           # the runtime reset the stream: it sends nothing more on it
+        self.late_mark = 0              # the highest stream the runtime got before the proxy's RST_STREAM
+        self.refused = ""               # why the runtime did not process the call (REFUSED_STREAM, GOAWAY)
         self.forwarded = False
         self.answered = False
         self.down_window = down_window  # kubelet's receive window of this stream
@@ -355,14 +431,20 @@ def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
         pos = end
 
 
-def _pass_on(peer: _Peer, data: bytes, start: int, pos: int, out: list[bytes], block_open: bool) -> None:
+def _pass_on(peer: _Peer, data: bytes, start: int, pos: int, out: list[bytes], block_open: bool,
+             cut: int | None) -> None:
     """Write to ``peer`` what a pass over ``data`` kept (``out``, then ``data[start:pos]``): ``data`` itself when
-    every frame went as it came; ``block_open``: what was kept ends inside a header block."""
-    if start == 0 and pos == len(data):
-        peer.relay(data, block_open)
+    every frame went as it came; ``block_open``: what was kept ends inside a header block; ``cut``: the pieces of
+    ``out`` from there on (and ``data[start:pos]``) wait for ``peer``'s connection window (None: nothing waits)."""
+    if cut is None:
+        if start == 0 and pos == len(data):
+            peer.relay(data, block_open)
+        else:
+            out.append(data[start:pos])
+            peer.relay(b"".join(out), block_open)
     else:
         out.append(data[start:pos])
-        peer.relay(b"".join(out), block_open)
+        peer.relay(b"".join(out[:cut]), block_open, b"".join(out[cut:]))
 
 
 class _RuntimeSide(asyncio.Protocol):
@@ -387,12 +469,42 @@ class _RuntimeSide(asyncio.Protocol):
 class _Server:
     """What the connections of one listening socket share."""
 
-    def __init__(self, handler: RelayHandler) -> None:
+    def __init__(self, handler: RelayHandler, max_connections: int, on_turned_away: Callable[[], None] | None
+                 ) -> None:
         self.runtime_path = normalize_endpoint(handler.upstream.endpoint)[len("unix:"):]
         self.routes = _Routes(dict(handler.interceptors))
         self.statuses = _Statuses()
         self.observe: Observer | None = handler.observe
         self.connections: set[_Connection] = set()
+        self.max_connections = max_connections
+        self.on_turned_away = on_turned_away
+        self.lingering = 0         # turned-away connections still open (reading the GOAWAY)
+        self.turned_away = 0       # since the last log line about them
+        self.logged_at = -_REFUSAL_LOG_PERIOD
+
+    def turn_away(self, transport: asyncio.Transport) -> None:
+        """A connection beyond ``max_connections``: told GOAWAY at once (no stream taken, ENHANCE_YOUR_CALM: the
+        client's calls fail UNAVAILABLE, unprocessed) and closed, without a runtime connection."""
+        transport.write(h2.settings_frame([]) + h2.goaway(0, h2.ENHANCE_YOUR_CALM,
+                                                          b"numapin: too many connections to the CRI proxy"))
+        if self.lingering >= self.max_connections:  # a flood: no time to read it
+            transport.abort()
+        else:  # time to read the GOAWAY before the close (a close with its bytes unread resets the connection)
+            self.lingering += 1  # what it sends meanwhile is read and dropped (the connection is "closed")
+            asyncio.get_running_loop().call_later(_TURNED_AWAY_LINGER, self._close_turned_away, transport)
+        if self.on_turned_away is not None:
+            self.on_turned_away()
+        self.turned_away += 1
+        now = time.monotonic()
+        if now - self.logged_at >= _REFUSAL_LOG_PERIOD:
+            log.warning("frame relay: %d connection(s) turned away (GOAWAY): %d connections already served, the "
+                        "most allowed (--max-connections)", self.turned_away, len(self.connections))
+            self.turned_away = 0
+            self.logged_at = now
+
+    def _close_turned_away(self, transport: asyncio.Transport) -> None:
+        self.lingering -= 1
+        transport.close()
 
 
 class _Connection(asyncio.Protocol):
@@ -414,6 +526,8 @@ class _Connection(asyncio.Protocol):
         self.rcont: tuple[int, bytearray] | None = None        # runtime trailer block of a relayed call
         self.rcont_held: _Held | None = None
         self.rblock_open = False  # the runtime's frames passed on to kubelet end inside a header block
+        self.late: dict[int, int] = {}  # answered streams the runtime may still send on: highest stream id then
+        self.late_block = 0              # a late stream whose dropped header block goes on in CONTINUATIONs
         self.last_sid = 0
         self.kube_gone = False
         self.credit = asyncio.Event()
@@ -423,6 +537,10 @@ class _Connection(asyncio.Protocol):
     # --- set-up and tear-down
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if len(self.server.connections) >= self.server.max_connections:
+            self.state = "closed"
+            self.server.turn_away(cast(asyncio.Transport, transport))
+            return
         self.kube.transport = cast(asyncio.Transport, transport)  # a stream transport (uvloop's is no subclass)
         self.server.connections.add(self)
         self._spawn(self._connect())
@@ -541,13 +659,20 @@ class _Connection(asyncio.Protocol):
         rt = self.rt
         held = self.held
         done = pos
+        cut: int | None = 0 if rt.backlog else None  # where the frames waiting for the runtime's window begin
         try:
             for pos, end, ftype, flags, sid in _frames(data, done):
                 length = end - pos - 9
                 if ftype == _DATA:
                     h = held.get(sid)
                     if h is None:
-                        rt.window -= length
+                        if cut is None:
+                            if length <= rt.window:
+                                rt.window -= length
+                            else:  # kubelet counts on credit the proxy's own DATA took (RFC 9113 6.9.1)
+                                out.append(data[start:pos])
+                                start = pos
+                                cut = len(out)
                     else:
                         out.append(data[start:pos])
                         start = end
@@ -581,7 +706,9 @@ class _Connection(asyncio.Protocol):
             self._fail(str(e))
             return
         self.ktail = data[done:]
-        _pass_on(rt, data, start, done, out, self.kcont is not None)
+        _pass_on(rt, data, start, done, out, self.kcont is not None, cut)
+        if cut is not None:
+            self._check_backlog(rt)
 
     def _kubelet_settings(self, payload: bytes) -> bytes:
         """kubelet's SETTINGS as the runtime gets them: HEADER_TABLE_SIZE 0 (see the module doc)."""
@@ -611,6 +738,8 @@ class _Connection(asyncio.Protocol):
         inc = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if sid == 0:
             sender.window += inc
+            if sender.backlog:
+                sender.drain()
             self.credit.set()
             if sender.withhold:
                 cut = min(sender.withhold, inc)
@@ -699,14 +828,28 @@ class _Connection(asyncio.Protocol):
         out: list[bytes] = []
         kube = self.kube
         held = self.held
+        late = self.late
         done = pos
+        cut: int | None = 0 if kube.backlog else None  # where the frames waiting for kubelet's window begin
         try:
             for pos, end, ftype, flags, sid in _frames(data, done):
                 length = end - pos - 9
+                if late and sid in late:
+                    out.append(data[start:pos])
+                    start = end
+                    self._late_frame(ftype, flags, sid, length)
+                    done = end
+                    continue
                 if ftype == _DATA:
                     h = held.get(sid)
                     if h is None:
-                        kube.window -= length
+                        if cut is None:
+                            if length <= kube.window:
+                                kube.window -= length
+                            else:  # the runtime counts on credit the proxy's own DATA took (RFC 9113 6.9.1)
+                                out.append(data[start:pos])
+                                start = pos
+                                cut = len(out)
                         if flags & _END_STREAM and self.calls:
                             self._call_ended(sid, grpc.StatusCode.UNKNOWN)
                     else:
@@ -714,6 +857,8 @@ class _Connection(asyncio.Protocol):
                         start = end
                         self._held_response_data(h, flags, data[pos + 9:end], length)
                 elif ftype == _HEADERS:
+                    if late:
+                        self._forget_late(sid)
                     h = held.get(sid)
                     if h is not None:
                         out.append(data[start:pos])
@@ -762,18 +907,21 @@ class _Connection(asyncio.Protocol):
                 elif ftype == _GOAWAY and length >= 8:
                     last = int.from_bytes(data[pos + 9:pos + 13], "big") & 0x7FFFFFFF
                     for h in held.values():  # RFC 9113 6.8: the runtime will not process these: fail them now
-                        if h.sid > last:
-                            h.done(grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None,
-                                                        "numapin: the runtime is going away (GOAWAY) and did "
-                                                        "not take the call"))
+                        if h.sid > last and not h.response.done():
+                            h.refused = "numapin: the runtime is going away (GOAWAY) and did not take the call"
+                            h.done(grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, h.refused))
                 elif ftype == _RST:
                     h = held.get(sid)
                     if h is not None:
                         out.append(data[start:pos])
                         start = end
                         code = int.from_bytes(data[pos + 9:end], "big") if length == 4 else 0
+                        h.up_reset = True
+                        why = f"numapin: the runtime reset the stream (HTTP/2 error {code})"
+                        if code == h2.REFUSED_STREAM and not h.response.done():
+                            h.refused = why
                         h.done(grpc.aio.AioRpcError(_RST_CODES.get(code, grpc.StatusCode.INTERNAL), None, None,
-                                                    f"numapin: the runtime reset the stream (HTTP/2 error {code})"))
+                                                    why))
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
                 done = end
@@ -783,7 +931,58 @@ class _Connection(asyncio.Protocol):
         self.rtail = data[done:]
         if held:  # a held call may have been answered or reset: its sender stops waiting for credit (send_data)
             self.credit.set()
-        _pass_on(kube, data, start, done, out, self.rblock_open)
+        _pass_on(kube, data, start, done, out, self.rblock_open, cut)
+        if cut is not None:
+            self._check_backlog(kube)
+
+    def _check_backlog(self, peer: _Peer) -> None:
+        """Frames waiting for ``peer``'s window are bounded by the credit the proxy's own DATA took from it (the
+        other side's view of the window is larger by that much): beyond it, the other side broke flow control."""
+        if peer.backlog_size > peer.withhold + MAX_HELD:
+            other = "runtime" if peer is self.kube else "kubelet"
+            self._fail(f"the {other} sent beyond {peer.name}'s flow-control window "
+                       f"({peer.backlog_size} bytes waiting)")
+
+    def _late(self, h: _Held) -> None:
+        """``h`` is answered and forgotten while the runtime may still send on its stream (frames crossing the
+        proxy's RST_STREAM, or a reset after its trailers): those frames are dropped, not passed to kubelet, whose
+        stream is closed (RFC 9113 5.1: a peer may treat them as a connection error)."""
+        if h.up_reset:
+            return
+        self.late[h.sid] = h.late_mark or self.last_sid
+        if len(self.late) > _CACHE_LIMIT:
+            del self.late[next(iter(self.late))]
+
+    def _forget_late(self, sid: int) -> None:
+        """The runtime answers stream ``sid``: it has read every frame the proxy sent before that stream's HEADERS,
+        so the streams reset before them get no more frames."""
+        late = self.late
+        while late:
+            first, mark = next(iter(late.items()))
+            if mark >= sid:
+                return
+            del late[first]
+
+    def _late_frame(self, ftype: int, flags: int, sid: int, length: int) -> None:
+        """A runtime frame on a late stream (``_late``): dropped; its DATA credited back to the runtime on the
+        connection (the proxy is its receiver); the stream forgotten once the runtime has ended it."""
+        if ftype == _DATA:
+            if length:
+                self.rt.write(h2.window_update(0, length))
+            ended = bool(flags & _END_STREAM)
+        elif ftype == _HEADERS:
+            ended = bool(flags & _END_STREAM)
+            if ended and not flags & _END_HEADERS:
+                self.late_block = sid
+                return
+        elif ftype == _CONT:
+            ended = bool(flags & _END_HEADERS) and self.late_block == sid
+            if ended:
+                self.late_block = 0
+        else:
+            ended = ftype == _RST
+        if ended:
+            del self.late[sid]
 
     def _held_response_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
         if flags & _PADDED:
@@ -817,7 +1016,7 @@ class _Connection(asyncio.Protocol):
             if h.response.done() if to_rt else h.kube_reset:
                 return  # the receiver ended the call (answered early, or reset it): no credit comes for the rest
             stream_window = h.up_window if to_rt else h.down_window
-            room = min(peer.max_frame, peer.window, stream_window, len(body) - pos)
+            room = 0 if peer.backlog else min(peer.max_frame, peer.window, stream_window, len(body) - pos)
             if room <= 0 and pos < len(body):
                 self.credit.clear()
                 await self.credit.wait()
@@ -858,6 +1057,7 @@ class _Connection(asyncio.Protocol):
             if self.server.observe is not None:
                 code = outcome.code if outcome is not None else grpc.StatusCode.UNAVAILABLE
                 self.server.observe(h.method, time.perf_counter() - h.t0, code)
+            self._late(h)
             if self.kube_gone and not self.held:
                 self._close()
 
@@ -866,7 +1066,14 @@ class _Connection(asyncio.Protocol):
         sid = h.sid
         if not h.forwarded or not h.response.done():
             self.rt.write(h2.rst_stream(sid))  # nothing (or not all) went upstream: the runtime forgets the call
+            # the streams kubelet opened so far, a header block in progress included, reach the runtime before it
+            h.late_mark = max(self.last_sid, self.kcont[0] if self.kcont is not None else 0)
         if h.kube_reset or self.state == "closed":
+            return
+        if h.refused and outcome.code == grpc.StatusCode.UNAVAILABLE and outcome.details == h.refused:
+            # the runtime did not process the call and the interceptor passed that on: kubelet's gRPC (grpc-go)
+            # retries such a call once by itself (transparent retry), as it does without the proxy
+            kube.write(h2.rst_stream(sid, h2.REFUSED_STREAM))
             return
         runtime_answered = h.forwarded and h.response.done() and h.response.result() is None
         if outcome.code == grpc.StatusCode.OK:
@@ -971,11 +1178,16 @@ class FrameRelayServer:
         await self._stopped.wait()
 
 
-async def start_frame_relay_server(path: str, handler: RelayHandler) -> FrameRelayServer:
+async def start_frame_relay_server(path: str, handler: RelayHandler, *,
+                                   max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                                   on_turned_away: Callable[[], None] | None = None) -> FrameRelayServer:
     """Serve the frame relay for ``handler`` (its runtime endpoint, interceptors and observer) on the unix socket
-    ``path`` (mode 0660); interceptors run on the calling event loop."""
+    ``path`` (mode 0660); interceptors run on the calling event loop. At most ``max_connections`` clients are
+    served at once: a connection beyond them is told GOAWAY and closed (``on_turned_away`` is told)."""
+    if max_connections < 1:
+        raise ValueError(f"max_connections must be at least 1, got {max_connections}")
     prepare_socket(path)
-    shared = _Server(handler)
+    shared = _Server(handler, max_connections, on_turned_away)
     loop = asyncio.get_running_loop()
     handler.loop = loop
     factory: Callable[[], asyncio.Protocol] = lambda: _Connection(shared)  # noqa: E731

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .relay import RelayHandler
-from .relay_frames import FrameRelayServer, start_frame_relay_server
+from .relay_frames import DEFAULT_MAX_CONNECTIONS, FrameRelayServer, start_frame_relay_server
 from .server import RelayServer, start_relay_server
 
 __all__ = ["RELAYS", "start_relay"]
@@ -13,10 +15,14 @@ __all__ = ["RELAYS", "start_relay"]
 RELAYS = ("frames", "grpc")
 
 
-async def start_relay(path: str, handler: RelayHandler, relay: str) -> RelayServer | FrameRelayServer:
-    """Serve ``handler`` with the relay named ``relay`` (one of ``RELAYS``) on the unix socket ``path``."""
+async def start_relay(path: str, handler: RelayHandler, relay: str, *,
+                      max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                      on_turned_away: Callable[[], None] | None = None) -> RelayServer | FrameRelayServer:
+    """Serve ``handler`` with the relay named ``relay`` (one of ``RELAYS``) on the unix socket ``path``; the frame
+    relay serves at most ``max_connections`` clients at once and tells ``on_turned_away`` of each one beyond."""
     if relay == "frames":
-        return await start_frame_relay_server(path, handler)
+        return await start_frame_relay_server(path, handler, max_connections=max_connections,
+                                              on_turned_away=on_turned_away)
     if relay == "grpc":
         return await start_relay_server(path, handler)
     raise ValueError(f"unknown relay {relay!r}: expected one of {', '.join(RELAYS)}")

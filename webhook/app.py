@@ -23,6 +23,7 @@ from .tls import CertReloader
 from .unjudged import UnjudgedAction, UnjudgedRule
 from .validate import PodValidator
 from .warmup import warm_up
+from .worker_metrics import WorkerMetrics
 
 __all__ = ["WebhookApp", "WebhookOptions"]
 
@@ -51,6 +52,7 @@ class WebhookOptions:
     # the process is the webhook's own (``numapin webhook``): after the first load, freeze its heap out of the
     # garbage collector's full passes (``heap.settle``); off for a webhook embedded in another process (tests)
     settle_heap: bool = False
+    worker_metrics_dir: Path | None = None  # a worker of ``--workers N``: where the workers answer each other's metrics
 
 
 class WebhookApp:
@@ -86,6 +88,10 @@ class WebhookApp:
                                 reuse_port=opts.reuse_port),
             ready_checks=(self._nodes_ready, self._warmed), unjudged=self.unjudged,
         )
+        self.worker_metrics: WorkerMetrics | None = None
+        if opts.worker_metrics_dir is not None:  # one scrape reports every worker
+            self.worker_metrics = WorkerMetrics(opts.worker_metrics_dir, self.server.render_metrics)
+            self.server.scrape = self.worker_metrics.scrape
         self.metrics.nodes.set_function(lambda: len(self.nodes))
         self.metrics.pods.set_function(lambda: len(self.pods))
         self.metrics.pod_cache_bytes.set_function(lambda: self.pods.bytes)
@@ -130,6 +136,8 @@ class WebhookApp:
         else:
             self._tasks.append(asyncio.create_task(self._prepare_when_synced()))
         await self.server.start()
+        if self.worker_metrics is not None:
+            await self.worker_metrics.start()
 
     async def _prepare(self) -> None:
         """Once the node sources have synced: one synthetic review through each decision path, then the heap
@@ -167,6 +175,8 @@ class WebhookApp:
 
     async def stop(self) -> None:
         self._stop.set()
+        if self.worker_metrics is not None:
+            await self.worker_metrics.stop()
         await self.server.stop()
         for t in self._tasks:
             t.cancel()

@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "and API watches, as replicas are (docs/webhook.md, Scaling)")
     scale.add_argument("--reuse-port", action="store_true",
                        help="listen with SO_REUSEPORT, so several processes share --port (what --workers starts)")
+    scale.add_argument("--worker-metrics-dir", type=Path, default=None, metavar="DIR",
+                       help="set by --workers for its workers: each answers its own metrics on a unix socket in DIR, "
+                            "and /metrics answers every worker's, counters summed (docs/metrics.md)")
     parser.add_argument("--cert-poll-seconds", type=float, default=5.0, help="how often to check the cert files")
     parser.add_argument("--nrt-poll-seconds", type=float, default=2.0, help="how often to re-read --nrt-dir")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -95,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--client-ca {args.client_ca} is not a file")
     if args.workers < 1:
         return _fail(f"--workers must be at least 1, got {args.workers}")
+    if args.worker_metrics_dir is not None and not args.worker_metrics_dir.is_dir():
+        return _fail(f"--worker-metrics-dir {args.worker_metrics_dir} is not a directory")
     for name in ("max_body_bytes", "cert_poll_seconds", "nrt_poll_seconds", "pod_lookup_timeout", "pod_cache_bytes",
                  "max_connections", "idle_timeout", "header_timeout", "body_timeout", "inflight_bytes"):
         value = getattr(args, name)
@@ -111,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             ("inflight_bytes", args.inflight_bytes)) if v is not None}),
         client_ca=args.client_ca, unjudged=args.unjudged, pod_lookup_timeout=args.pod_lookup_timeout,
         pod_cache_bytes=args.pod_cache_bytes or DEFAULT_POD_CACHE_BYTES, reuse_port=args.reuse_port,
-        settle_heap=True,
+        settle_heap=True, worker_metrics_dir=args.worker_metrics_dir,
     )
     if opts.max_body * 8 > opts.limits.inflight_bytes:
         return _fail(f"--inflight-bytes ({opts.limits.inflight_bytes}) must hold one body of --max-body-bytes "

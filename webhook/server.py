@@ -80,6 +80,8 @@ class WebhookServer:
         self.listener: Listener | None = None
         self._decide = {"mutate": mutate, "validate": validate}
         self._ready_checks = ready_checks
+        # what /metrics answers when it is more than this process's (``worker_metrics``: every worker's)
+        self.scrape: Callable[[], Awaitable[bytes]] | None = None
         self._runner: web.AppRunner | None = None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -244,11 +246,16 @@ class WebhookServer:
         ok, why = self.ready()
         return _text(200 if ok else 503, why)
 
-    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+    def render_metrics(self) -> bytes:
+        """This process's metrics in Prometheus' text format."""
         info = self.reloader.info
         if info is not None:
             self.metrics.cert_not_after.set(info.not_after.timestamp())
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        return self.metrics.render()
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        body = await self.scrape() if self.scrape is not None else self.render_metrics()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:

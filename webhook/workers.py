@@ -7,6 +7,9 @@ behind the Service share nothing: a binding allowed by one worker is remembered 
 bound to the same node within one publication of its topology through two workers are each judged against the
 node's last published free CPUs (the node proxy remains the backstop, as with replicas).
 
+``/metrics`` answers for the whole webhook: the workers answer each other's metrics on unix sockets in a directory the
+supervisor makes (and removes), and the worker a scrape lands on merges them (``worker_metrics``).
+
 The supervisor forwards SIGTERM and SIGINT to the workers and waits for them; a supervisor killed outright takes its
 workers along (the kernel sends them SIGTERM: PR_SET_PDEATHSIG). When a worker ends on its own, the
 supervisor stops the others and exits with that worker's status, so the container restarts whole (a half-sized
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from types import FrameType
 
@@ -32,17 +37,17 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 def worker_command(argv: list[str]) -> list[str]:
     """The command line of one worker: ``argv`` (the supervisor's arguments after ``webhook``) without
-    ``--workers``, with ``--reuse-port``."""
+    ``--workers`` and ``--worker-metrics-dir``, with ``--reuse-port`` (``supervise`` adds the metrics directory)."""
     out: list[str] = []
     skip = False
     for arg in argv:
         if skip:
             skip = False
             continue
-        if arg == "--workers":
+        if arg in ("--workers", "--worker-metrics-dir"):
             skip = True
             continue
-        if arg.startswith("--workers="):
+        if arg.startswith(("--workers=", "--worker-metrics-dir=")):
             continue
         out.append(arg)
     return [sys.executable, "-m", "numapin", "webhook", *out, "--reuse-port"]
@@ -57,6 +62,14 @@ def _end_with_parent() -> None:
 def supervise(command: list[str], workers: int, *, poll_seconds: float = 0.2) -> int:
     """Run ``workers`` copies of ``command`` until a signal (0 once they have all ended) or until one ends on its own
     (then the others are stopped and its exit status returned)."""
+    metrics_dir = tempfile.mkdtemp(prefix="numapin-webhook-workers-")  # their metrics sockets (worker_metrics)
+    try:
+        return _supervise([*command, "--worker-metrics-dir", metrics_dir], workers, poll_seconds)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _supervise(command: list[str], workers: int, poll_seconds: float) -> int:
     procs = [subprocess.Popen(command, preexec_fn=_end_with_parent) for _ in range(workers)]
     log.info("started %d webhook workers: pids %s", workers, " ".join(str(p.pid) for p in procs))
     stopping: list[int] = []

@@ -8,6 +8,7 @@ to the proxy or to the in-process runtime alike. Like kubelet it removes a pod's
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -127,13 +128,24 @@ class CRIClient:
                         pb.StopPodSandboxResponse)
 
     async def remove_pod_sandbox(self, sandbox_id: str, *, cgroup_parent: str | None = None) -> None:
-        """Remove the sandbox, then its pod cgroup as kubelet does: the one it was run with by this client, or
-        ``cgroup_parent`` (a sandbox run by another client). A cgroup still in use is left (see ``remove_cgroup``)."""
+        """Remove the sandbox, then its pod cgroup as kubelet does: the one it was run with by this client, else
+        ``cgroup_parent``, else the one the runtime says. A cgroup still in use is left (see ``remove_cgroup``)."""
+        parent = self.cgroup_parents.pop(sandbox_id, None) or cgroup_parent or await self.sandbox_cgroup(sandbox_id)
         await self.call("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id),
                         pb.RemovePodSandboxResponse)
-        parent = self.cgroup_parents.pop(sandbox_id, None) or cgroup_parent
         if parent and parent.strip("/"):
             await asyncio.to_thread(remove_cgroup, parent, settle=0.5)
+
+    async def sandbox_cgroup(self, sandbox_id: str) -> str | None:
+        """The sandbox's ``cgroup_parent`` as the runtime keeps it (containerd's verbose PodSandboxStatus); None when
+        the runtime does not say (the in-process runtime, an unknown sandbox)."""
+        try:
+            r = await self.call("PodSandboxStatus", pb.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True),
+                                pb.PodSandboxStatusResponse)
+            parent = json.loads(r.info["info"])["config"]["linux"]["cgroup_parent"]
+        except (grpc.aio.AioRpcError, KeyError, TypeError, ValueError):
+            return None
+        return parent if isinstance(parent, str) and parent.strip("/") else None
 
     async def list_containers(self, **filter_: Any) -> list[pb.Container]:
         req = pb.ListContainersRequest(filter=pb.ContainerFilter(**filter_)) if filter_ else pb.ListContainersRequest()

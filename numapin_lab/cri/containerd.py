@@ -13,6 +13,7 @@ them); ``LabError`` says what is missing.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import io
@@ -310,9 +311,16 @@ disabled_plugins = [{disabled}]
                     break
         return out
 
-    def sandbox_cgroups(self) -> set[str]:
-        """The cgroup parents of the pods this containerd knows (its sandbox containers' ``cgroupsPath``)."""
-        return {c for c in self._sandboxes().values() if c}
+    async def remove_all_pods(self) -> None:
+        """Leave containerd empty as kubelet would: every sandbox stopped and removed (its containers with it) and
+        its pod's cgroup removed, whoever ran it."""
+        from .client import CRIClient
+
+        known = await asyncio.to_thread(self._sandboxes)
+        async with CRIClient(self.socket) as direct:
+            for sb in await direct.list_pod_sandbox():
+                await direct.stop_pod_sandbox(sb.id)
+                await direct.remove_pod_sandbox(sb.id, cgroup_parent=known.get(sb.id))
 
     def _sandboxes(self) -> dict[str, str | None]:
         """Every container containerd knows -> its pod's cgroup (None but for sandboxes)."""

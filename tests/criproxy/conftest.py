@@ -9,6 +9,7 @@ import pytest
 from criproxy.relay import RelayHandler, Upstream
 from criproxy.relays import RELAYS, start_relay
 from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.containerd import ContainerdLab, scratch_lab
 from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 
@@ -19,6 +20,14 @@ def short_tmp() -> Iterator[Path]:
     d = str(scratch_dir("npx-"))
     yield Path(d)
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shared_lab() -> Iterator[ContainerdLab]:
+    """One private containerd for the modules on a real containerd that leave it empty (each module's ``lab``
+    fixture empties it when the module ends): one start and stop instead of one per module."""
+    with scratch_lab("npx-lab-") as lab:
+        yield lab
 
 
 @pytest.fixture

@@ -23,9 +23,9 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from numapin_lab.cri.cgroups import existing_cgroup_dirs, remove_cgroup
+from numapin_lab.cri.cgroups import existing_cgroup_dirs
 from numapin_lab.cri.client import CRIClient
-from numapin_lab.cri.containerd import ContainerdLab, scratch_lab
+from numapin_lab.cri.containerd import ContainerdLab
 from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.proxy_process import ProxyProcess
 
@@ -35,9 +35,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[ContainerdLab]:
-    with scratch_lab("npx-lab-") as lab:
-        yield lab
+def lab(shared_lab: ContainerdLab) -> Iterator[ContainerdLab]:
+    """The session's containerd (its modules share it), left empty of pods when the module ends."""
+    yield shared_lab
+    asyncio.run(shared_lab.remove_all_pods())
 
 
 ALL = Topology.from_sysfs("/sys").all_cpus
@@ -61,13 +62,7 @@ async def proxy(lab: ContainerdLab, request: pytest.FixtureRequest) -> AsyncIter
         yield p
     finally:
         p.stop()
-        pods = await asyncio.to_thread(lab.sandbox_cgroups)
-        async with CRIClient(lab.socket) as direct:  # leave containerd empty for the next test, as kubelet would
-            for sb in await direct.list_pod_sandbox():
-                await direct.stop_pod_sandbox(sb.id)
-                await direct.remove_pod_sandbox(sb.id)
-        for cgroup in pods:
-            await asyncio.to_thread(remove_cgroup, cgroup)
+        await lab.remove_all_pods()  # leave containerd empty for the next test
         shutil.rmtree(d, ignore_errors=True)
 
 

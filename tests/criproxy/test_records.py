@@ -1,6 +1,6 @@
 """The queue that brings containerd's records up to date after direct cgroup writes: one update per container at
 containerd at a time and in decision order, a newer value replacing one not sent yet, refused ones sent again,
-and ``quiesce`` waiting only for an update that could hand out CPUs the new cpuset lacks. The sender here is
+and ``quiesce`` waiting for an update at containerd with another value than the one being written. The sender here is
 the test's own (the real one, against containerd, is covered by test_converge_containerd)."""
 
 from __future__ import annotations
@@ -78,18 +78,20 @@ async def test_refused_updates_are_sent_again_for_live_containers_only() -> None
     assert c.landed == {"c1": ["0"]} and q.pending == 0
 
 
-async def test_quiesce_waits_only_for_an_update_that_could_widen() -> None:
+async def test_quiesce_waits_for_an_update_with_another_value() -> None:
     c = Containerd(auto=False)
     q = RecordQueue(c.send, delay=0, timeout=5)
     t = tracked(1)
     q.put(Record(t, CPUSet.parse("0-3"), None))  # a widening at containerd
     await asyncio.sleep(0)
-    assert await q.quiesce("c1", CPUSet.parse("0-7"), None)  # within the new value: no wait
+    assert await q.quiesce("c1", CPUSet.parse("0-3"), None)  # the value being written: no wait
     narrowing = asyncio.create_task(q.quiesce("c1", CPUSet.parse("0"), None))
+    widening = asyncio.create_task(q.quiesce("c1", CPUSet.parse("0-7"), None))
     await asyncio.sleep(0.01)
-    assert not narrowing.done()  # the widening could land after the narrowing's write
+    # landing after the write, the update would undo the narrowing, or keep the container off CPUs just given
+    assert not narrowing.done() and not widening.done()
     c.gates[0].set()
-    assert await narrowing
+    assert await narrowing and await widening
     q.put(Record(t, CPUSet.parse("0-7"), None))
     await asyncio.sleep(0)
     q.timeout = 0.05

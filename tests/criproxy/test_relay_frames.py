@@ -516,6 +516,17 @@ def _runtime_process(path: str, bulk: int) -> subprocess.Popen[bytes]:
     return p
 
 
+async def version_once_back(k: CRIClient) -> pb.VersionResponse:
+    """Version, tried until the runtime is back (UNAVAILABLE meanwhile)."""
+    for _ in range(300):
+        try:
+            return await k.version()
+        except grpc.aio.AioRpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE
+            await asyncio.sleep(0.1)
+    pytest.fail("never reconnected to the restarted runtime")
+
+
 async def test_runtime_killed_under_load_then_back(short_tmp: Path) -> None:
     """SIGKILL of the runtime with calls in flight: they fail UNAVAILABLE (kubelet's connection is closed, as a
     direct connection would be), none hangs; once the runtime is back, calls go through again."""
@@ -538,15 +549,7 @@ async def test_runtime_killed_under_load_then_back(short_tmp: Path) -> None:
                 await k.version()
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
             rt = _runtime_process(rt_path, 10)
-            for _ in range(300):
-                try:
-                    assert (await k.version()).runtime_version == "1r"
-                    break
-                except grpc.aio.AioRpcError as e:
-                    assert e.code() == grpc.StatusCode.UNAVAILABLE
-                    await asyncio.sleep(0.1)
-            else:
-                pytest.fail("never reconnected to the restarted runtime")
+            assert (await version_once_back(k)).runtime_version == "1r"
             assert len(await k.list_containers()) == 10
             assert server.connections == 1
     finally:

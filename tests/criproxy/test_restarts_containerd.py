@@ -51,8 +51,9 @@ async def test_crashed_app_container_keeps_its_cpu_and_gets_it_back_when_recreat
         kubelet: CRIClient, proxy: ProxyProcess) -> None:
     cfg = sandbox(kubelet, "pair")
     sid = await kubelet.run_pod_sandbox(cfg)
-    app1 = await create(kubelet, sid, cfg, "app1", ("sh", "-c", "sleep 0.3; exit 3"))
-    assert cpus_of(await pid_of(kubelet, app1)) == (EXCL, EXCL)
+    app1 = await create(kubelet, sid, cfg, "app1", ("sh", "-c", "until [ -e /tmp/crash ]; do sleep 0.02; done; exit 3"))
+    assert cpus_of(await pid_of(kubelet, app1)) == (EXCL, EXCL)  # read while it runs: it crashes when told
+    await kubelet.exec_sync(app1, ["touch", "/tmp/crash"])
     assert await exited(kubelet, app1) == 3
     with pytest.raises(grpc.aio.AioRpcError) as err:  # app2's first create: app1's CPU is not an init's
         await create(kubelet, sid, cfg, "app2", ("sleep", "3600"))

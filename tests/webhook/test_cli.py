@@ -202,6 +202,19 @@ def _listening(pid: int, port: int) -> bool:
     return False
 
 
+def workers_listening(supervisor: subprocess.Popen[str], port: int, count: int) -> list[int]:
+    """The pids of the supervisor's ``count`` workers, once all of them listen on ``port`` (bounded: 60 s)."""
+    workers = [int(p) for p in subprocess.run(["ps", "--ppid", str(supervisor.pid), "-o", "pid="],
+                                              capture_output=True, text=True).stdout.split()]
+    assert len(workers) == count
+    for _ in range(600):
+        if all(_listening(w, port) for w in workers):
+            break
+        time.sleep(0.1)
+    assert all(_listening(w, port) for w in workers)
+    return workers
+
+
 def test_webhook_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
     """--workers 2: two webhook processes listen on one port (the kernel spreads connections over them: the
     benchmark shows the throughput); SIGTERM stops both (status 0); a worker killed with -9 makes the supervisor stop
@@ -214,14 +227,7 @@ def test_webhook_workers_share_the_port_and_stop_together(tmp_path: Path) -> Non
         proc, port = _serve_webhook(tmp_path, certs, "--workers", "2")
         workers: list[int] = []
         try:
-            workers = [int(p) for p in subprocess.run(["ps", "--ppid", str(proc.pid), "-o", "pid="],
-                                                      capture_output=True, text=True).stdout.split()]
-            assert len(workers) == 2
-            for _ in range(600):  # both listening (bounded: 60 s)
-                if all(_listening(w, port) for w in workers):
-                    break
-                time.sleep(0.1)
-            assert all(_listening(w, port) for w in workers)
+            workers = workers_listening(proc, port, 2)
             assert _healthz_by_ip(port, certs / "ca.crt") == 200
             if ending == "sigterm":
                 proc.send_signal(signal.SIGTERM)
