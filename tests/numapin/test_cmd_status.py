@@ -112,6 +112,7 @@ async def test_files_only_and_runtime_down(proxy: CriProxy, tmp: Path, capsys: p
     assert code == 0 and "pinned containers:\n  uid-db app: exclusive" in out
     # the reserved CPUs, the node and the policy come from the published NodeResourceTopology
     assert "node node-a (from state files" in out and "policy single-numa-node, scope container; reserved CPUs 0" in out
+    await proxy.stop()  # the node's proxy is down from here: it would publish its NRT again over the edits below
     [published] = (tmp / "state" / "nrt").glob("*.json")
     published.write_text(published.read_text()[:40])  # cut short by a crash of its writer
     code, out = await status("--state-dir", str(tmp / "state"), "--sysfs", str(tmp / "sys"), "--no-runtime",
