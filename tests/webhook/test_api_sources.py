@@ -258,6 +258,8 @@ async def test_webhook_judges_binding_from_api_server_only(kube: FakeKubeAPI, ku
         async with aiohttp.ClientSession() as session:
             client = Client(app.port, pki, session)  # type: ignore[arg-type]
             await until(lambda: app.nodes.synced and app.pods.get("default", "db") is not None, "webhook synced")
+            # ready once the decision paths are warmed up, just after the API sources' first sync
+            await until(lambda: app.prepared.is_set(), "webhook warmed up")
             status, _ = await client.get("/readyz")
             assert status == 200
             resp = await client.admit("/validate", binding_request("default", "db", "busy"))
