@@ -28,7 +28,7 @@ import resource
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -131,43 +131,92 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+GUEST_STALLED = 126  # run_in_vm's return code when ``stalled`` said the guest stopped making progress
+
+
 @dataclass(frozen=True)
 class VMResult:
-    returncode: int     # the command's, or 124 (timeout), 125 (the VM failed), 130 (interrupted)
+    returncode: int     # the command's, or 124 (timeout), 125 (the VM failed), 126 (stalled), 130 (interrupted)
     boots: int          # how many times numa-vm.sh was started (1, or 2 after a failed VM)
     seconds: float
     cpu_seconds: float = 0.0   # CPU time of numa-vm.sh and QEMU (user + system): the work, whatever the host's load
+    stall: str = ""     # why the VM was stopped as stalled (``stalled``'s answer)
+
+
+class Heartbeat:
+    """Whether a guest still lives, judged on the host from a file the guest rewrites every few seconds: stalled
+    once the file was seen and has not changed for ``limit`` seconds of the host's clock (the guest's own clock
+    and the file's timestamps are not trusted: under emulation they can run fast or stop)."""
+
+    def __init__(self, path: Path, limit: float) -> None:
+        self.path = path
+        self.limit = limit
+        self._seen: bytes | None = None
+        self._since = 0.0
+
+    def __call__(self, now: float | None = None) -> str | None:
+        now = time.monotonic() if now is None else now
+        try:
+            content = self.path.read_bytes()
+        except OSError:
+            content = None
+        if content is not None and content != self._seen:
+            self._seen, self._since = content, now
+            return None
+        if self._seen is not None and now - self._since > self.limit:
+            return f"the guest's heartbeat ({self.path.name}) stopped {now - self._since:.0f} s ago"
+        return None
 
 
 def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int | None = None,
-              stderr: IO[bytes] | int | None = None, attempts: int = 2, cwd: str | None = None) -> VMResult:
+              stderr: IO[bytes] | int | None = None, attempts: int = 2, cwd: str | None = None,
+              stalled: Callable[[], str | None] | None = None) -> VMResult:
     """Run ``command`` in a VM of ``spec`` (in ``cwd``, the same path in the guest), its output to ``stdout`` /
-    ``stderr`` (default: ours). A VM failure (125) is retried up to ``attempts`` runs in all. Ctrl-C stops the
-    VM (numa-vm.sh kills QEMU) before the KeyboardInterrupt goes on; if this process dies, numa-vm.sh gets
-    SIGTERM and stops the VM too."""
+    ``stderr`` (default: ours). A VM failure (125) is retried up to ``attempts`` runs in all. ``stalled`` (e.g. a
+    ``Heartbeat``) is asked every few seconds; when it gives a reason the VM is stopped and the result is
+    GUEST_STALLED with that reason (not retried here: the caller decides). Ctrl-C stops the VM (numa-vm.sh kills
+    QEMU) before the KeyboardInterrupt goes on; if this process dies, numa-vm.sh gets SIGTERM and stops the VM
+    too."""
     argv = spec.argv(find_numa_vm(), command)
     t0 = time.monotonic()
     cpu0 = _children_cpu()
     rc = VM_FAILURE
     boots = 0
+    stall = ""
     for _ in range(max(1, attempts)):
         boots += 1
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
                                 start_new_session=True, preexec_fn=_die_with_parent)
         try:
-            rc = proc.wait()
+            while True:
+                try:
+                    rc = proc.wait(timeout=5)
+                    break
+                except subprocess.TimeoutExpired:
+                    why = stalled() if stalled is not None else None
+                    if why:
+                        stall = why
+                        _stop(proc)
+                        rc = GUEST_STALLED
+                        break
         except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)  # numa-vm.sh traps it and stops QEMU
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            _stop(proc)
             raise
         if rc != VM_FAILURE:
             break
-    return VMResult(rc, boots, time.monotonic() - t0, _children_cpu() - cpu0)
+    return VMResult(rc, boots, time.monotonic() - t0, _children_cpu() - cpu0, stall)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop numa-vm.sh (it traps SIGTERM and stops QEMU), killing its group if it has not within 30 s."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _children_cpu() -> float:

@@ -29,7 +29,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         boot = f"{run.boot_seconds:.0f} s" if run.boot_seconds is not None else "?"
         terminalreporter.write_line(f"{name}: {run.seconds:.0f} s on the host, {run.boots} boot(s): boot and shutdown "
                                     f"{boot}, guest tests {tests}; QEMU's CPU {run.cpu_seconds:.0f} s; "
-                                    f"{passed}/{len(run.cases)} passed{run.clock_note}")
+                                    f"{passed}/{len(run.cases)} passed{run.clock_note}{run.stall_note}")
         churn = run.log.parent / "churn.json"
         if churn.exists():
             doc = json.loads(churn.read_text())

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from numapin_lab.numa_vm import VMSpec, run_in_vm
+from numapin_lab.numa_vm import GUEST_STALLED, Heartbeat, VMSpec, run_in_vm
 from tests.numa.guest_results import RESULTS
 from tests.numa.shapes import IN_VM_ENV, SHARED_ENV
 
@@ -35,6 +35,11 @@ PACKAGES = ("allocator", "criproxy", "numapin", "webhook", "protos", "tests")
 # pytest options of the guest's run: no hypothesis plugin (importing it costs 10-15 s under emulation; no guest
 # test uses it), no cache directory (the tree is read-only there)
 GUEST_PYTEST = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-o", "addopts=")
+# a guest whose heartbeat (rewritten every 10 s by a shell loop beside its pytest) has not changed for this long is
+# frozen (seen once: an emulated kernel spinning on all its vCPUs for 20 min with the host idle): it is stopped and
+# booted again, once; a hang of numapin's own code keeps the heartbeat going and still fails at the time limit
+STALL_SECONDS = 240.0
+HEARTBEAT = "heartbeat"
 
 
 @dataclass(frozen=True)
@@ -52,13 +57,14 @@ class CaseResult:
 
 @dataclass(frozen=True)
 class GuestRun:
-    returncode: int      # the guest pytest's (0 all passed, 1 some failed), or numa-vm.sh's 124/125/130
+    returncode: int      # the guest pytest's (0 all passed, 1 some failed), numa-vm.sh's 124/125/130, or 126 (stalled)
     boots: int
     seconds: float
     cases: tuple[CaseResult, ...]
     log: Path            # the guest's pytest output and numa-vm.sh's messages
     guest_seconds: float | None = None   # the guest's pytest by the guest's clock (boot excluded)
     cpu_seconds: float = 0.0             # QEMU's CPU time: the work, whatever the host's load
+    stalls: tuple[str, ...] = ()         # boots stopped as frozen before this one (what was running, where kept)
 
     @property
     def boot_seconds(self) -> float | None:
@@ -72,6 +78,10 @@ class GuestRun:
             return (f" WARNING: the guest's clock ran fast ({self.guest_seconds:.0f} s in the guest for "
                     f"{self.seconds:.0f} s on the host)")
         return ""
+
+    @property
+    def stall_note(self) -> str:
+        return "".join(f" WARNING: a boot froze and was booted again: {s}" for s in self.stalls)
 
     def of(self, check: str) -> list[CaseResult]:
         return [c for c in self.cases if c.check == check]
@@ -147,18 +157,40 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
     # the guest's own clock around the run (guest-start, guest-end, its clocksource): GuestRun.guest_seconds
     command = ["/bin/sh", "-c", 'mount -t tmpfs -o mode=1777 numapin-tmp /tmp || exit 125; w=$NUMAPIN_VM_SHARED; '
                'cat /sys/devices/system/clocksource/clocksource0/current_clocksource > "$w/guest-clocksource"; '
-               'date +%s.%N > "$w/guest-start"; "$@"; rc=$?; date +%s.%N > "$w/guest-end"; exit $rc',
+               # the heartbeat, with what runs, for the host's stall check and for a frozen boot's post-mortem
+               f'( i=0; while :; do i=$((i+1)); echo $i > "$w/{HEARTBEAT}"; '
+               'ps -eo pid,stat,pcpu,etime,args --sort=-pcpu 2>/dev/null | head -15 > "$w/ps.txt"; sleep 10; '
+               'done ) & hb=$!; '
+               'date +%s.%N > "$w/guest-start"; "$@"; rc=$?; date +%s.%N > "$w/guest-end"; kill $hb; exit $rc',
                "sh", *pytest_argv]
-    for f in ("guest-start", "guest-end", "guest-clocksource"):
-        (workdir / f).unlink(missing_ok=True)
     spec = replace(spec, shares=(*spec.shares, str(workdir)),
                    env={**spec.env, IN_VM_ENV: "1", SHARED_ENV: str(workdir), "PYTHONUNBUFFERED": "1",
                         **(env or {})})
     log = workdir / "vm.log"
-    with open(log, "wb") as out:
-        result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT))
-    return GuestRun(result.returncode, result.boots, result.seconds, parse_results(results), log,
-                    guest_seconds(workdir), result.cpu_seconds)
+    stalls: list[str] = []
+    seconds = cpu = 0.0
+    boots = 0
+    while True:
+        for f in ("guest-start", "guest-end", "guest-clocksource", HEARTBEAT, "ps.txt", RESULTS):
+            (workdir / f).unlink(missing_ok=True)
+        for f in (env or {}).values():  # files the guest appends to (the operation log): fresh per boot
+            if f.startswith(str(workdir) + os.sep):
+                Path(f).unlink(missing_ok=True)
+        with open(log, "wb") as out:
+            result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                               stalled=Heartbeat(workdir / HEARTBEAT, STALL_SECONDS))
+        seconds, cpu, boots = seconds + result.seconds, cpu + result.cpu_seconds, boots + result.boots
+        if result.returncode != GUEST_STALLED or stalls:
+            break
+        kept = workdir / f"stalled-{len(stalls) + 1}"
+        kept.mkdir(exist_ok=True)
+        for f in workdir.iterdir():
+            if f.is_file():
+                f.replace(kept / f.name)
+        running = next((c.nodeid for c in parse_results(kept / RESULTS) if c.outcome == "unfinished"), "?")
+        stalls.append(f"{result.stall} during {running} ({result.seconds:.0f} s; kept in {kept})")
+    return GuestRun(result.returncode, boots, seconds, parse_results(results), log, guest_seconds(workdir), cpu,
+                    tuple(stalls))
 
 
 def guest_seconds(workdir: Path) -> float | None:
@@ -187,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("        " + c.message.replace("\n", "\n        ")[:4000])
     print(f"guest pytest exit {run.returncode}, {run.boots} boot(s), {run.seconds:.0f} s "
           f"({run.guest_seconds or 0:.0f} s of tests by the guest's clock, {run.cpu_seconds:.0f} s of CPU)"
-          f"{run.clock_note}; log {run.log}")
+          f"{run.clock_note}{run.stall_note}; log {run.log}")
     return 0 if run.returncode == 0 and run.cases else 1
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from numapin_lab.numa_vm import VM_FAILURE, VM_TIMEOUT, VMSpec, pci_device_args
+from numapin_lab.numa_vm import GUEST_STALLED, VM_FAILURE, VM_TIMEOUT, VMSpec, pci_device_args
 from tests.numa.conftest import BOOTS
 from tests.numa.guest.node import OPLOG_ENV
 from tests.numa.harness import GuestRun, run_pytest_in_vm
@@ -86,8 +86,9 @@ def vm_trouble(shape: Shape, run: GuestRun) -> str:
     if run.returncode in (0, 1):
         return ""
     what = {VM_FAILURE: "the VM failed", VM_TIMEOUT: f"the VM reached its {shape.timeout} s limit",
+            GUEST_STALLED: "the guest froze again after a re-boot",
             130: "the VM was interrupted"}.get(run.returncode, f"the guest's pytest exited {run.returncode}")
-    return f"{what} ({run.boots} boot(s), {run.seconds:.0f} s){run.clock_note}"
+    return f"{what} ({run.boots} boot(s), {run.seconds:.0f} s){run.clock_note}{run.stall_note}"
 
 
 # a boot may be run twice (a failed VM is booted again): the check that triggers it waits for both

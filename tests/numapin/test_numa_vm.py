@@ -10,7 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from numapin_lab.numa_vm import NUMA_VM_ENV, VMError, VMSpec, find_numa_vm, pci_device_args, topology_spec
+from numapin_lab.numa_vm import (
+    GUEST_STALLED,
+    NUMA_VM_ENV,
+    Heartbeat,
+    VMError,
+    VMSpec,
+    find_numa_vm,
+    pci_device_args,
+    run_in_vm,
+    topology_spec,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,3 +82,29 @@ def test_demo_topology_bad_input_exits_2_without_a_vm(args: tuple[str, ...], mes
 def test_demo_topology_without_numa_vm_exits_2() -> None:
     r = _demo("--topology", "2s4n", env={NUMA_VM_ENV: "/nonexistent/numa-vm.sh"})
     assert r.returncode == 2 and "numa-vm.sh not found" in r.stderr, r.stderr
+
+
+def test_heartbeat_stalls_only_once_seen_and_unchanged(tmp_path: Path) -> None:
+    beat = Heartbeat(tmp_path / "heartbeat", limit=240)
+    assert beat(now=0) is None and beat(now=10_000) is None  # not seen yet: the guest is still booting
+    (tmp_path / "heartbeat").write_text("1\n")
+    assert beat(now=10_000) is None
+    assert beat(now=10_200) is None  # unchanged for 200 s: not yet
+    (tmp_path / "heartbeat").write_text("2\n")
+    assert beat(now=10_230) is None  # changed: alive again
+    why = beat(now=10_471)
+    assert why is not None and "stopped 241 s ago" in why
+
+
+def test_a_frozen_guest_is_stopped_and_said_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog's process handling, with a stand-in for numa-vm.sh that beats twice and then hangs (no VM is
+    booted in this module): run_in_vm stops it and answers GUEST_STALLED with the reason, long before its limit."""
+    vm = tmp_path / "numa-vm.sh"
+    vm.write_text(f"#!/bin/sh\necho 1 > {tmp_path}/heartbeat; sleep 0.2; echo 2 > {tmp_path}/heartbeat\n"
+                  f"echo started > {tmp_path}/started\nexec sleep 600\n")
+    vm.chmod(0o755)
+    monkeypatch.setenv(NUMA_VM_ENV, str(vm))
+    result = run_in_vm(VMSpec(topology="2s4n", timeout=600), ["true"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, stalled=Heartbeat(tmp_path / "heartbeat", limit=1.0))
+    assert (tmp_path / "started").exists()
+    assert result.returncode == GUEST_STALLED and result.boots == 1 and "heartbeat" in result.stall
