@@ -30,9 +30,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_line(f"{name}: {run.seconds:.0f} s on the host, {run.boots} boot(s): boot and shutdown "
                                     f"{boot}, guest tests {tests}; QEMU's CPU {run.cpu_seconds:.0f} s; "
                                     f"{passed}/{len(run.cases)} passed{run.clock_note}{run.stall_note}")
-        churn = run.log.parent / "churn.json"
-        if churn.exists():
-            doc = json.loads(churn.read_text())
+        if run.churn is not None:  # read at the end of the boot: a passing run's directory is gone by now
+            doc = run.churn
             keys = ("ops", "seconds", "exclusiveAdmissions", "exclusiveNUMANodes", "proxyKills",
                     "killsWhileAdmittingExclusive", "containerdRestarts", "podsCreated", "violations")
             terminalreporter.write_line(f"  churn: {json.dumps({k: doc.get(k) for k in keys})}")

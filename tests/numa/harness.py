@@ -65,6 +65,7 @@ class GuestRun:
     guest_seconds: float | None = None   # the guest's pytest by the guest's clock (boot excluded)
     cpu_seconds: float = 0.0             # QEMU's CPU time: the work, whatever the host's load
     stalls: tuple[str, ...] = ()         # boots stopped as frozen before this one (what was running, where kept)
+    churn: Mapping[str, Any] | None = None  # the guest's churn report (churn.json), read before the directory goes
 
     @property
     def boot_seconds(self) -> float | None:
@@ -171,11 +172,11 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
     seconds = cpu = 0.0
     boots = 0
     while True:
-        for f in ("guest-start", "guest-end", "guest-clocksource", HEARTBEAT, "ps.txt", RESULTS):
-            (workdir / f).unlink(missing_ok=True)
-        for f in (env or {}).values():  # files the guest appends to (the operation log): fresh per boot
-            if f.startswith(str(workdir) + os.sep):
-                Path(f).unlink(missing_ok=True)
+        for name in ("guest-start", "guest-end", "guest-clocksource", HEARTBEAT, "ps.txt", RESULTS, "churn.json"):
+            (workdir / name).unlink(missing_ok=True)
+        for value in (env or {}).values():  # files the guest appends to (the operation log): fresh per boot
+            if value.startswith(str(workdir) + os.sep):
+                Path(value).unlink(missing_ok=True)
         with open(log, "wb") as out:
             result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
                                stalled=Heartbeat(workdir / HEARTBEAT, STALL_SECONDS))
@@ -184,13 +185,17 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
             break
         kept = workdir / f"stalled-{len(stalls) + 1}"
         kept.mkdir(exist_ok=True)
-        for f in workdir.iterdir():
-            if f.is_file():
-                f.replace(kept / f.name)
+        for path in workdir.iterdir():
+            if path.is_file():
+                path.replace(kept / path.name)
         running = next((c.nodeid for c in parse_results(kept / RESULTS) if c.outcome == "unfinished"), "?")
         stalls.append(f"{result.stall} during {running} ({result.seconds:.0f} s; kept in {kept})")
+    try:
+        churn = json.loads((workdir / "churn.json").read_text())
+    except (OSError, ValueError):
+        churn = None
     return GuestRun(result.returncode, boots, seconds, parse_results(results), log, guest_seconds(workdir), cpu,
-                    tuple(stalls))
+                    tuple(stalls), churn)
 
 
 def guest_seconds(workdir: Path) -> float | None:
