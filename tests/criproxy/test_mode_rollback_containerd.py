@@ -69,13 +69,20 @@ def frozen(lab: ContainerdLab) -> Iterator[None]:
         os.kill(lab.proc.pid, signal.SIGCONT)
 
 
-async def test_a_failed_narrowing_is_rolled_back_and_a_retry_works(
-        kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
-    ALL = machine_cpus
+async def three_pods(kubelet: CRIClient) -> tuple[int, int, int]:
+    """Two shared pods (web, api) and a Guaranteed one (db) running with mode ``none`` on the shared pool, to be
+    changed to exclusive: their containers' pids."""
     _, web = await start_pod(kubelet, "web", 200, qos="burstable")
     _, api = await start_pod(kubelet, "api", 300, qos="burstable")
     _, db = await start_pod(kubelet, "db", 1000, 1000, annotations={MODE: "none"})
     web_pid, api_pid, db_pid = [await pid_of(kubelet, c) for c in (web, api, db)]
+    return web_pid, api_pid, db_pid
+
+
+async def test_a_failed_narrowing_is_rolled_back_and_a_retry_works(
+        kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
+    ALL = machine_cpus
+    web_pid, api_pid, db_pid = await three_pods(kubelet)
     state = proxy.state()
     with cpu_held_by_a_child_cgroup(api_pid, EXCL):
         out = await asyncio.to_thread(numapin_mode, proxy, "default/db", "exclusive")
@@ -115,10 +122,7 @@ async def test_proxy_killed_while_narrowing_loses_nothing_and_leaks_nothing_excl
     is frozen: the proxy is killed -9 in the middle of the change. After the restart the old decision holds in the
     kernel (web wide again, db on the shared pool, no exclusive CPU on disk) and the change then works."""
     ALL = machine_cpus
-    _, web = await start_pod(kubelet, "web", 200, qos="burstable")
-    _, api = await start_pod(kubelet, "api", 300, qos="burstable")
-    _, db = await start_pod(kubelet, "db", 1000, 1000, annotations={MODE: "none"})
-    web_pid, api_pid, db_pid = [await pid_of(kubelet, c) for c in (web, api, db)]
+    web_pid, api_pid, db_pid = await three_pods(kubelet)
     state = proxy.state()
     landed = []  # per try: whether the kill landed mid-change (web narrowed, the command not answered)
     for _ in range(4):  # a kill may land after the rollback on a loaded machine: tried again then

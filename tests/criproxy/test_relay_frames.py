@@ -77,6 +77,25 @@ class Chopper:
 
 
 @contextlib.asynccontextmanager
+async def raw_runtime(tmp: Path) -> AsyncIterator[tuple[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]]:
+    """A "runtime" that only accepts connections on a unix socket and keeps them, for a test to speak hand-made
+    frames on: yields its socket path and the connections as they come (all closed at the end)."""
+    path = str(tmp / "raw-rt.sock")
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        conns.append((r, w))
+
+    server = await asyncio.start_unix_server(serve, path)
+    try:
+        yield path, conns
+    finally:
+        server.close()
+        for _, w in conns:
+            w.close()
+
+
+@contextlib.asynccontextmanager
 async def frame_relay(tmp: Path, runtime_path: str, interceptors: dict[str, Interceptor] | None = None,
                       name: str = "fr.sock") -> AsyncIterator[tuple[str, FrameRelayServer]]:
     upstream = Upstream(runtime_path)
@@ -677,64 +696,48 @@ async def test_credits_wait_for_the_runtimes_header_block_to_end(short_tmp: Path
     """The runtime's header block of a relayed call split over two reads (HEADERS, later its CONTINUATION) while
     kubelet sends an intercepted request: the credits the proxy writes to kubelet for it come after the
     CONTINUATION, never between (RFC 9113 6.10). The runtime here is hand-made frames on a unix socket."""
-    rt_path = str(short_tmp / "raw-rt.sock")
-    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-
-    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        conns.append((r, w))
-
-    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
-    try:
-        async with frame_relay(short_tmp, rt_path, {"Version": grow(1)}) as (relay, _):
-            c = await RawClient.connect(relay)
-            msg = pb.VersionRequest(version="x").SerializeToString()
-            e_sid, e_frames = c.request_frames(ECHO, msg)
-            c.writer.write(b"".join(e_frames))
-            await eventually(lambda: bool(conns), "the relay connects to the runtime")
-            rr, rw = conns[0]
-            assert await rr.readexactly(24) == h2.PREFACE
-            while True:  # kubelet's frames, relayed, up to the end of the Echo request
-                hi, lo, ftype, flags, sid = h2.FRAME_HEADER.unpack(await rr.readexactly(9))
-                await rr.readexactly(hi << 16 | lo)
-                if ftype == h2.DATA and flags & h2.END_STREAM:
-                    break
-            encoder = hpack.Encoder()
-            encoder.header_table_size = 0
-            block = encoder.encode([(":status", "200"), ("content-type", "application/grpc"),
-                                    ("x-initial", "i" * 200)])
-            rw.write(h2.frame(h2.HEADERS, 0, e_sid, block[:20]))
-            await rw.drain()
-            await asyncio.sleep(0.3)
-            _, v_frames = c.request_frames(VERSION, msg)  # held: the proxy credits its DATA back to kubelet
-            c.writer.write(b"".join(v_frames))
-            await c.writer.drain()
-            await asyncio.sleep(0.3)
-            rw.write(h2.frame(h2.CONTINUATION, h2.END_HEADERS, e_sid, block[20:]))
-            await rw.drain()
-            seen: list[tuple[int, int, int]] = []
-            while not seen or seen[-1][0] != h2.CONTINUATION:
-                ftype, flags, sid, _ = await asyncio.wait_for(c.read_frame(), 20)
-                seen.append((ftype, flags, sid))
-            split = seen.index((h2.HEADERS, 0, e_sid))
-            assert seen[split + 1] == (h2.CONTINUATION, h2.END_HEADERS, e_sid), seen
-            await c.close()
-    finally:
-        raw_runtime.close()
-        for _, w in conns:
-            w.close()
+    async with (raw_runtime(short_tmp) as (rt_path, conns),
+                frame_relay(short_tmp, rt_path, {"Version": grow(1)}) as (relay, _)):
+        c = await RawClient.connect(relay)
+        msg = pb.VersionRequest(version="x").SerializeToString()
+        e_sid, e_frames = c.request_frames(ECHO, msg)
+        c.writer.write(b"".join(e_frames))
+        await eventually(lambda: bool(conns), "the relay connects to the runtime")
+        rr, rw = conns[0]
+        assert await rr.readexactly(24) == h2.PREFACE
+        while True:  # kubelet's frames, relayed, up to the end of the Echo request
+            hi, lo, ftype, flags, sid = h2.FRAME_HEADER.unpack(await rr.readexactly(9))
+            await rr.readexactly(hi << 16 | lo)
+            if ftype == h2.DATA and flags & h2.END_STREAM:
+                break
+        encoder = hpack.Encoder()
+        encoder.header_table_size = 0
+        block = encoder.encode([(":status", "200"), ("content-type", "application/grpc"),
+                                ("x-initial", "i" * 200)])
+        rw.write(h2.frame(h2.HEADERS, 0, e_sid, block[:20]))
+        await rw.drain()
+        await asyncio.sleep(0.3)
+        _, v_frames = c.request_frames(VERSION, msg)  # held: the proxy credits its DATA back to kubelet
+        c.writer.write(b"".join(v_frames))
+        await c.writer.drain()
+        await asyncio.sleep(0.3)
+        rw.write(h2.frame(h2.CONTINUATION, h2.END_HEADERS, e_sid, block[20:]))
+        await rw.drain()
+        seen: list[tuple[int, int, int]] = []
+        while not seen or seen[-1][0] != h2.CONTINUATION:
+            ftype, flags, sid, _ = await asyncio.wait_for(c.read_frame(), 20)
+            seen.append((ftype, flags, sid))
+        split = seen.index((h2.HEADERS, 0, e_sid))
+        assert seen[split + 1] == (h2.CONTINUATION, h2.END_HEADERS, e_sid), seen
+        await c.close()
 
 
 async def test_runtime_goaway_below_a_held_call_fails_it_at_once(short_tmp: Path) -> None:
     """The runtime says GOAWAY with a last stream id below a held call's stream (it will never process it) and
     keeps its connection open for its other calls: the interceptor's forward fails UNAVAILABLE at once instead of
     waiting for the connection to close. The runtime here is hand-made frames on a unix socket."""
-    rt_path = str(short_tmp / "raw-rt.sock")
-    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     entered, release = asyncio.Event(), asyncio.Event()
     seen: list[grpc.StatusCode] = []
-
-    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        conns.append((r, w))
 
     async def version(request: bytes, forward: Forward) -> bytes:
         entered.set()
@@ -745,67 +748,51 @@ async def test_runtime_goaway_below_a_held_call_fails_it_at_once(short_tmp: Path
             seen.append(e.code())
             raise
 
-    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
-    try:
-        async with frame_relay(short_tmp, rt_path, {"Version": version}) as (relay, _):
-            c = await RawClient.connect(relay)
-            _, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
-            c.writer.write(b"".join(frames))
-            await asyncio.wait_for(entered.wait(), 20)
-            await eventually(lambda: bool(conns), "the relay connects to the runtime")
-            rw = conns[0][1]
-            rw.write(h2.settings_frame([]) + h2.goaway(0))
-            await rw.drain()
-            await asyncio.sleep(0.2)
-            release.set()
-            await eventually(lambda: bool(seen), "the held call's forward fails")
-            assert seen == [grpc.StatusCode.UNAVAILABLE]
-            await c.close()
-    finally:
-        raw_runtime.close()
-        for _, w in conns:
-            w.close()
+    async with (raw_runtime(short_tmp) as (rt_path, conns),
+                frame_relay(short_tmp, rt_path, {"Version": version}) as (relay, _)):
+        c = await RawClient.connect(relay)
+        _, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+        c.writer.write(b"".join(frames))
+        await asyncio.wait_for(entered.wait(), 20)
+        await eventually(lambda: bool(conns), "the relay connects to the runtime")
+        rw = conns[0][1]
+        rw.write(h2.settings_frame([]) + h2.goaway(0))
+        await rw.drain()
+        await asyncio.sleep(0.2)
+        release.set()
+        await eventually(lambda: bool(seen), "the held call's forward fails")
+        assert seen == [grpc.StatusCode.UNAVAILABLE]
+        await c.close()
 
 
 async def test_runtime_answering_before_a_large_edited_request_is_sent(short_tmp: Path) -> None:
     """An edited request larger than the runtime's stream window, and the runtime ends the call (DEADLINE_EXCEEDED,
     then RST_STREAM) before granting more window: the forward stops sending and kubelet gets the runtime's answer
     (it waited forever for credit that never comes). The runtime here is hand-made frames on a unix socket."""
-    rt_path = str(short_tmp / "raw-rt.sock")
-    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-
-    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        conns.append((r, w))
-
-    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
-    try:
-        async with frame_relay(short_tmp, rt_path, {"Version": grow(100_000)}) as (relay, _):
-            c = await RawClient.connect(relay)
-            sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
-            c.writer.write(b"".join(frames))
-            await eventually(lambda: bool(conns), "the relay connects to the runtime")
-            rr, rw = conns[0]
-            assert await rr.readexactly(24) == h2.PREFACE
-            received = 0
-            while received < 65_535:  # the edited request, up to the default stream window
-                hi, lo, ftype, _, fsid = h2.FRAME_HEADER.unpack(await rr.readexactly(9))
-                await rr.readexactly(hi << 16 | lo)
-                if ftype == h2.DATA and fsid & 0x7FFFFFFF == sid:
-                    received += hi << 16 | lo
-            encoder = hpack.Encoder()
-            encoder.header_table_size = 0
-            block = encoder.encode([(":status", "200"), ("content-type", "application/grpc"),
-                                    ("grpc-status", "4"), ("grpc-message", "too late")])
-            rw.write(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, block)
-                     + h2.rst_stream(sid, h2.NO_ERROR))
-            await rw.drain()
-            headers, _ = await asyncio.wait_for(c.response(sid), 20)
-            assert headers["grpc-status"] == "4" and headers["grpc-message"] == "too late", headers
-            await c.close()
-    finally:
-        raw_runtime.close()
-        for _, w in conns:
-            w.close()
+    async with (raw_runtime(short_tmp) as (rt_path, conns),
+                frame_relay(short_tmp, rt_path, {"Version": grow(100_000)}) as (relay, _)):
+        c = await RawClient.connect(relay)
+        sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+        c.writer.write(b"".join(frames))
+        await eventually(lambda: bool(conns), "the relay connects to the runtime")
+        rr, rw = conns[0]
+        assert await rr.readexactly(24) == h2.PREFACE
+        received = 0
+        while received < 65_535:  # the edited request, up to the default stream window
+            hi, lo, ftype, _, fsid = h2.FRAME_HEADER.unpack(await rr.readexactly(9))
+            await rr.readexactly(hi << 16 | lo)
+            if ftype == h2.DATA and fsid & 0x7FFFFFFF == sid:
+                received += hi << 16 | lo
+        encoder = hpack.Encoder()
+        encoder.header_table_size = 0
+        block = encoder.encode([(":status", "200"), ("content-type", "application/grpc"),
+                                ("grpc-status", "4"), ("grpc-message", "too late")])
+        rw.write(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, block)
+                 + h2.rst_stream(sid, h2.NO_ERROR))
+        await rw.drain()
+        headers, _ = await asyncio.wait_for(c.response(sid), 20)
+        assert headers["grpc-status"] == "4" and headers["grpc-message"] == "too late", headers
+        await c.close()
 
 
 async def test_a_client_that_does_not_read_holds_back_the_runtime(short_tmp: Path) -> None:
@@ -846,33 +833,22 @@ async def test_a_client_that_does_not_read_holds_back_the_runtime(short_tmp: Pat
 async def test_a_runtime_header_block_beyond_the_limit_closes_the_connection(short_tmp: Path) -> None:
     """The runtime's header block of a held call growing past 16 MiB (CONTINUATION after CONTINUATION): the proxy
     closes that connection instead of keeping it all in memory. The runtime here is hand-made frames."""
-    rt_path = str(short_tmp / "raw-rt.sock")
-    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-
-    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        conns.append((r, w))
-
-    raw_runtime = await asyncio.start_unix_server(serve, rt_path)
-    try:
-        async with frame_relay(short_tmp, rt_path, {"Version": grow(1)}) as (relay, server):
-            c = await RawClient.connect(relay)
-            sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
-            c.writer.write(b"".join(frames))
-            await eventually(lambda: bool(conns), "the relay connects to the runtime")
-            rw = conns[0][1]
-            encoder = hpack.Encoder()
-            encoder.header_table_size = 0
-            rw.write(h2.frame(h2.HEADERS, 0, sid, encoder.encode([(":status", "200")])))
-            with contextlib.suppress(ConnectionError):
-                for _ in range(17):
-                    rw.write(h2.frame(h2.CONTINUATION, 0, sid, b"\0" * (1 << 20)))
-                    await rw.drain()
-            await eventually(lambda: server.connections == 0, "the connection closes")
-            await c.close()
-    finally:
-        raw_runtime.close()
-        for _, w in conns:
-            w.close()
+    async with (raw_runtime(short_tmp) as (rt_path, conns),
+                frame_relay(short_tmp, rt_path, {"Version": grow(1)}) as (relay, server)):
+        c = await RawClient.connect(relay)
+        sid, frames = c.request_frames(VERSION, pb.VersionRequest(version="x").SerializeToString())
+        c.writer.write(b"".join(frames))
+        await eventually(lambda: bool(conns), "the relay connects to the runtime")
+        rw = conns[0][1]
+        encoder = hpack.Encoder()
+        encoder.header_table_size = 0
+        rw.write(h2.frame(h2.HEADERS, 0, sid, encoder.encode([(":status", "200")])))
+        with contextlib.suppress(ConnectionError):
+            for _ in range(17):
+                rw.write(h2.frame(h2.CONTINUATION, 0, sid, b"\0" * (1 << 20)))
+                await rw.drain()
+        await eventually(lambda: server.connections == 0, "the connection closes")
+        await c.close()
 
 
 async def test_an_event_stream_beside_many_edited_calls(short_tmp: Path, runtime: MemoryRuntime) -> None:
