@@ -3,15 +3,17 @@
 The file is the JSON kubelet's CPU manager writes (V2)::
 
     {"policyName":"numapin","defaultCpuSet":"0-1,4-111","entries":{"<pod uid>":{"<container>":"2-3"}},
-     "checksum":1234567890,"numapin":{"modes":{"<pod uid>":{"<container>":"share"}},"checksum":42}}
+     "checksum":1234567890,"numapin":{"schemaVersion":1,"writtenBy":"0.1.0",
+     "modes":{"<pod uid>":{"<container>":"share"}},"checksum":42}}
 
 so operators read it with the tools they know. The checksum is kubelet's: the checkpoint struct (with its
 checksum set to 0) rendered the way go-spew's ``%#v`` renders it, hashed with FNV-1a 32-bit. numapin's own
 data (the per-container mode, ``exclusive`` or ``share``) rides in the extra ``numapin`` field, which
-kubelet's JSON decoder ignores, with a checksum of its own. A pod whose mode was changed while it ran
-(``allocator.mode_change``) is listed in ``numapin.podModes`` (``{"<pod uid>": "share"}``) with its own
-``podModesChecksum``; both keys are absent when no pod's mode was changed, so such a file is byte for byte what
-earlier numapin versions wrote, and they read the newer files too (they ignore the extra keys).
+kubelet's JSON decoder ignores, with a checksum of its own, and the state's schema version
+(``allocator.state_schema``: a file a newer numapin wrote is refused, never overwritten). A pod whose mode was
+changed while it ran (``allocator.mode_change``) is listed in ``numapin.podModes`` (``{"<pod uid>": "share"}``)
+with its own ``podModesChecksum``; both keys are absent when no pod's mode was changed, and earlier numapin
+versions read the newer files too (they ignore the extra keys).
 
 Loading tolerates unknown fields (newer kubelets add some) and a checksum of 0 (kubelet accepts it too).
 A file that cannot be trusted (not JSON, wrong shape, checksum mismatch, another policy, V1 entries keyed by
@@ -36,6 +38,7 @@ from .cpuset import CPUSet
 from .errors import CheckpointError
 from .modes import PINNED_MODES
 from .state import CPUState
+from .state_schema import check_schema, schema_fields
 
 __all__ = [
     "EXTRA_FIELD",
@@ -130,6 +133,7 @@ class CheckpointFile:
     version: int
     unknown_fields: tuple[str, ...]
     pod_modes: Mapping[str, str] = field(default_factory=dict)  # pod uid -> cpu-manager mode set while running
+    schema_version: int = 1  # numapin's state schema (allocator.state_schema); 1 for kubelet's own files
 
 
 def _is_u64(v: object) -> bool:
@@ -206,6 +210,8 @@ def parse_checkpoint(data: bytes | str, path: str = "<checkpoint>") -> Checkpoin
         for cid, cpus in entries_map.items():
             v1_entries[cid] = _parse_cpuset(cpus, f"entries[{cid!r}]", path)
 
+    extra = doc.get(EXTRA_FIELD)
+    schema_version = check_schema(extra if isinstance(extra, dict) else None, path)  # a newer numapin's: refused
     modes = _parse_extra(doc.get(EXTRA_FIELD), entries, path) if EXTRA_FIELD in doc else {}
     pod_modes = _parse_pod_modes(doc.get(EXTRA_FIELD), path) if EXTRA_FIELD in doc else {}
     return CheckpointFile(
@@ -218,6 +224,7 @@ def parse_checkpoint(data: bytes | str, path: str = "<checkpoint>") -> Checkpoin
         version=version,
         unknown_fields=unknown,
         pod_modes=pod_modes,
+        schema_version=schema_version,
     )
 
 
@@ -367,7 +374,7 @@ def serialize_checkpoint(state: CPUState, policy_name: str) -> bytes:
                 raise CheckpointError(f"container {name!r} of pod {uid!r} has mode {mode!r}, not one of "
                                       f"{', '.join(MODES)}")
             modes.setdefault(uid, {})[name] = mode
-    doc[EXTRA_FIELD] = {"modes": modes, "checksum": _extra_checksum(modes)}
+    doc[EXTRA_FIELD] = {**schema_fields(), "modes": modes, "checksum": _extra_checksum(modes)}
     if state.pod_modes:
         pod_modes = dict(sorted(state.pod_modes.items()))
         bad = [m for m in pod_modes.values() if m not in POD_MODES]
@@ -405,7 +412,7 @@ def _from_v1(cp: CheckpointFile, path: str, container_ids: Mapping[str, tuple[st
                                   f"drain the node and move the file away")
         entries.setdefault(ref[0], {})[ref[1]] = cpus
     return CheckpointFile(cp.policy_name, cp.default_cpuset, entries, {}, cp.modes, cp.checksum, 2,
-                          cp.unknown_fields, cp.pod_modes)
+                          cp.unknown_fields, cp.pod_modes, cp.schema_version)
 
 
 class CheckpointStore:
