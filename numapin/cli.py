@@ -17,6 +17,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("certs", "webhook.certs_cli"),
     ("status", "numapin.cmd_status"),
     ("mode", "numapin.cmd_mode"),
+    ("export-kubelet-state", "numapin.cmd_export"),
     ("demo", "numapin.cmd_demo"),
 )
 
