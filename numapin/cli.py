@@ -18,6 +18,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("status", "numapin.cmd_status"),
     ("mode", "numapin.cmd_mode"),
     ("export-kubelet-state", "numapin.cmd_export"),
+    ("wait-socket", "numapin.cmd_wait_socket"),
     ("demo", "numapin.cmd_demo"),
 )
 

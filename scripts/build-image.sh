@@ -12,7 +12,8 @@
 #      the architecture; it is cached under --cache-dir keyed by those (a cold build downloads ~60 MB and takes
 #      about 4 minutes on 2 cores; a cached one is reused as is).
 #   2. numapin itself: its packages copied from this checkout into the virtual environment, compiled, and the
-#      command /usr/local/bin/numapin; rebuilt every time (seconds).
+#      command /usr/local/bin/numapin; and the self-contained node install (scripts/build-node.sh) at
+#      /usr/share/numapin/node, which the installer DaemonSet copies to the hosts; rebuilt every time (a minute).
 # The image runs as user 65532 with the entrypoint `numapin` (e.g. `numapin webhook ...`, `numapin criproxy ...`).
 #
 # The result is an OCI archive (a tar of an OCI image layout) whose index names the image NAME:TAG (default
@@ -156,6 +157,9 @@ site_rel="opt/numapin/lib/python$PYVER/site-packages"
 mkdir -p "$layer/$site_rel" "$layer/usr/local/bin"
 git -C "$ROOT" ls-files -z --cached --others --exclude-standard -- allocator criproxy webhook numapin protos | \
     tar -C "$ROOT" --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$layer/$site_rel" -xf -
+# the self-contained node install the installer DaemonSet copies to the hosts (manifests/criproxy/installer-daemonset.yaml)
+log "the node install (scripts/build-node.sh) at /usr/share/numapin/node"
+bash "$ROOT/scripts/build-node.sh" --prefix "$layer/usr/share/numapin/node"
 cat > "$layer/usr/local/bin/numapin" <<'EOF_ENTRY'
 #!/opt/numapin/bin/python3
 import sys

@@ -80,26 +80,24 @@ def test_shipped_configuration_loads() -> None:
 
     import yaml
 
-    docs = list(yaml.safe_load_all((ROOT / "manifests/criproxy/daemonset.yaml").read_text()))
+    docs = list(yaml.safe_load_all((ROOT / "manifests/criproxy/installer-daemonset.yaml").read_text()))
     [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
-    f = ROOT / "manifests/criproxy/daemonset.yaml"
-    assert f.exists()
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as tmp:
         tmp.write(cm["data"]["criproxy.yaml"])
         tmp.flush()
         cfg = load_config(tmp.name, {})
-    assert cfg.listen == "/var/run/numapin/criproxy.sock" and cfg.sysfs == "/host/sys"
-    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
-    assert ds["spec"]["template"]["metadata"]["annotations"]["numapin.io/bypass"] == "true"
+    assert cfg.listen == "/var/run/numapin/criproxy.sock" and cfg.sysfs == "/sys"  # a host service's paths
+    node_default = load_config(str(ROOT / "scripts/node/criproxy.yaml"), {})
+    assert node_default.listen == cfg.listen and node_default.state_dir == cfg.state_dir
     unit = (ROOT / "manifests/criproxy/numapin-criproxy.service").read_text()
     [exec_start] = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
     argv = shlex.split(exec_start.split("=", 1)[1])
     from numapin.cli import build_parser
 
     args = build_parser().parse_args(argv[1:])
-    assert args.listen == cfg.listen
+    assert args.command == "criproxy" and args.config == "/etc/numapin/criproxy.yaml"
     kubelet = yaml.safe_load((ROOT / "manifests/criproxy/kubelet-config.yaml").read_text())
     assert kubelet["containerRuntimeEndpoint"] == "unix://" + cfg.listen
     assert kubelet["cpuManagerPolicy"] == "none"
