@@ -49,7 +49,7 @@ def check_schema(extra: Mapping[str, Any] | None, path: str) -> int:
         return 1
     version = extra[SCHEMA_KEY]
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise CheckpointError(f"{path}: numapin.{SCHEMA_KEY} must be a positive integer, got {version!r}; "
+        raise CheckpointError(f"{path}: numapin.schemaVersion must be a positive integer, got {version!r}; "
                               f"numapin will not overwrite the file. Restore a good copy, or drain the node and "
                               f"move the file away")
     if version > STATE_SCHEMA_VERSION:

@@ -103,7 +103,11 @@ def test_repository_files_named_exist(block: Block, command: str) -> None:
             docs = [d for d in yaml.safe_load_all((ROOT / path).read_text()) if d is not None]
             assert docs and all(isinstance(d, dict) and d.get("kind") for d in docs), path
     words = shlex.split(command, comments=True)
-    if words[0] == "kubectl" and words[1] != "annotate":  # annotate: changing a running pod's mode
+    # annotate: changing a running pod's mode; label: a node opting in to the installer; deleting numapin's
+    # NodeResourceTopology objects at uninstall
+    named = words[0] == "kubectl" and (words[1] in ("annotate", "label") or words[1:] == [
+        "delete", "noderesourcetopologies.topology.node.k8s.io", "--all"])
+    if words[0] == "kubectl" and not named:
         targets = [words[i + 1] for i, w in enumerate(words[:-1]) if w in ("-f", "-k")]
         if words[1] == "kustomize":
             targets = words[2:]

@@ -1,0 +1,110 @@
+"""docs/node.md's runbooks, played: the ``install.sh`` commands of its install, upgrade, rollback and removal
+sections run as written (paths mapped onto a fake host and its releases) in the order a node sees them, the export
+command of the way back to kubelet's static policy runs against a node state, and the cluster-side removal deletes
+the webhook configurations first, then the webhook, the NodeResourceTopology objects and the CRD."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+from allocator import CheckpointStore, CPUSet, CPUState
+from allocator.checkpoint import import_kubelet_state
+from numapin.cli import main
+from tests.fixtures.make_sysfs import Machine, build
+from tests.install.node_host import SETTINGS, FakeHost, fake_host, fake_release
+
+NODE_MD = Path(__file__).resolve().parents[2] / "docs/node.md"
+
+
+def _section(title: str) -> str:
+    text = NODE_MD.read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+def _sh_commands(section: str) -> list[str]:
+    out = []
+    for block in re.findall(r"^\s*```sh\n(.*?)^\s*```", section, flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip()
+            if line and not line.startswith("#"):
+                out.append(line)
+    return out
+
+
+def _install_commands(title: str) -> list[list[str]]:
+    return [shlex.split(c) for c in _sh_commands(_section(title)) if "install.sh" in c and " && " not in c]
+
+
+def _play(host: FakeHost, argv: list[str], artifact: Path, files: dict[str, Path]) -> subprocess.CompletedProcess[str]:
+    script = argv[0]
+    if script.startswith("/tmp/numapin-node/"):
+        script = str(artifact / script.removeprefix("/tmp/numapin-node/"))
+    elif script.startswith("/opt/numapin/"):
+        script = str(host.root / "opt/numapin-releases" / host.release() / script.removeprefix("/opt/numapin/"))
+    args = [files.get(a, a) for a in argv[1:]]
+    return host.run(*map(str, args), script=Path(script))
+
+
+def test_the_node_runbooks_install_upgrade_roll_back_and_remove(tmp_path: Path) -> None:
+    host = fake_host(tmp_path)
+    settings = tmp_path / "criproxy.yaml"
+    settings.write_text(SETTINGS.read_text())
+    files = {"/root/criproxy.yaml": settings}
+
+    [install] = [c for c in _install_commands("Installing the proxy on a node") if c[0].startswith("/tmp/")]
+    r = _play(host, install, fake_release(tmp_path / "v1", "0.1.0-aaaa"), files)
+    assert r.returncode == 0, r.stderr
+    assert host.release() == "0.1.0-aaaa" and host.active
+    assert (host.root / "etc/numapin/criproxy.yaml").read_text() == settings.read_text()
+
+    [upgrade] = [c for c in _install_commands("Upgrading numapin on a node") if c[0].startswith("/tmp/")]
+    r = _play(host, upgrade, fake_release(tmp_path / "v2", "0.2.0-bbbb"), files)
+    assert r.returncode == 0, r.stderr
+    assert host.release() == "0.2.0-bbbb" and host.calls()[-1] == "restart numapin-criproxy.service"
+
+    [rollback] = [c for c in _install_commands("Upgrading numapin on a node") if "--rollback" in c]
+    r = _play(host, rollback, tmp_path, files)
+    assert r.returncode == 0, r.stderr
+    assert host.release() == "0.1.0-aaaa"
+
+    kubelet = host.root / "var/lib/kubelet/config.yaml"
+    kubelet.parent.mkdir(parents=True)
+    kubelet.write_text("containerRuntimeEndpoint: unix:///var/run/numapin/criproxy.sock\n")
+    [uninstall] = _install_commands("Removing numapin")
+    assert _play(host, uninstall, tmp_path, files).returncode == 1  # kubelet still uses the proxy
+    kubelet.write_text("containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n")
+    r = _play(host, uninstall, tmp_path, files)
+    assert r.returncode == 0, r.stderr
+    assert not (host.root / "opt/numapin").is_symlink() and not (host.root / "etc/numapin").exists()
+    assert not host.active
+
+
+def test_the_way_back_exports_with_the_proxys_settings(tmp_path: Path) -> None:
+    [export] = [shlex.split(c) for c in _sh_commands(_section("Back to kubelet's static policy, without a drain"))
+                if c.startswith("numapin export-kubelet-state")]
+    opts = dict(zip(export[2::2], export[3::2], strict=True))
+    assert opts == {"--config": "/etc/numapin/criproxy.yaml", "--out": "/var/lib/kubelet/cpu_manager_state"}
+    sysfs = build(Machine("2s", "two sockets, 2 cores, HT", 2, 2, 2), tmp_path / "sysfs")
+    state = CPUState(default_cpuset=CPUSet.parse("0,2-4,6-7"))
+    state.set("pod", "app", CPUSet.parse("1,5"))
+    (tmp_path / "state").mkdir()
+    CheckpointStore(tmp_path / "state/cpu_manager_state").save(state)
+    out = tmp_path / "cpu_manager_state"
+    # the documented command; the node's paths are pointed at this test's (flags override the settings file)
+    rc = main([*export[1:3], str(SETTINGS), "--out", str(out), "--state-dir", str(tmp_path / "state"),
+               "--sysfs", str(sysfs), "--listen", str(tmp_path / "none.sock")])
+    assert rc == 0 and import_kubelet_state(out) == state
+    assert json.loads(out.read_text())["policyName"] == "static"
+
+
+def test_the_cluster_is_cleared_webhook_configurations_first() -> None:
+    deletes = [c for c in _sh_commands(_section("Removing numapin")) if c.startswith("kubectl delete")]
+    order = ["webhook-configurations.yaml", "deployment.yaml", "noderesourcetopologies", "crd-noderesourcetopology"]
+    positions = [next(i for i, c in enumerate(deletes) if key in c) for key in order]
+    assert positions == sorted(positions), deletes
