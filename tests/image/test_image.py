@@ -146,3 +146,80 @@ async def test_webhook_runs_from_the_image_and_answers_healthz_over_tls(image_ar
         finally:
             await cri.stop_pod_sandbox(sid)
             await cri.remove_pod_sandbox(sid)
+
+
+async def test_the_installer_daemonsets_command_installs_from_the_image_and_sleeps(
+        image_archive: Path, lab: ContainerdLab, tmp_path: Path) -> None:
+    """The installer DaemonSet's own command line (manifests/criproxy/installer-daemonset.yaml) in a container of the
+    image, against a fake host root mounted at /host: the node install the image carries lands on the host, the
+    host's systemctl (a recording stand-in here, instead of nsenter into PID 1) is asked to enable and start the unit,
+    and the container then sleeps. The pod runs as root in the cluster; here as the image's user, on a host root it
+    may write."""
+    import shlex
+
+    import yaml
+
+    from tests.install.node_host import FAKE_SYSTEMCTL
+
+    r = subprocess.run(["ctr", "--address", lab.socket, "-n", "k8s.io", "images", "import", str(image_archive)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    docs = list(yaml.safe_load_all((ROOT / "manifests/criproxy/installer-daemonset.yaml").read_text()))
+    [ds] = [d for d in docs if d["kind"] == "DaemonSet"]
+    [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
+    [c] = ds["spec"]["template"]["spec"]["containers"]
+    [script] = c["args"]
+    nsenter = shlex.split(script)[shlex.split(script).index("--systemctl") + 1]
+    script = script.replace(f'"{nsenter}"', "/fake/systemctl")
+    host, fake, settings = tmp_path / "host", tmp_path / "fake", tmp_path / "settings"
+    for d in (host / "etc/systemd/system", host / "opt", fake, settings):
+        d.mkdir(parents=True)
+    (fake / "systemctl").write_text(FAKE_SYSTEMCTL.format(log="/host/systemctl.log", active="/host/active"))
+    (fake / "systemctl").chmod(0o755)
+    (settings / "criproxy.yaml").write_text(cm["data"]["criproxy.yaml"])
+    for p in [host, *host.rglob("*")]:
+        p.chmod(0o777)
+
+    async with CRIClient(lab.socket) as cri:
+        sandbox = CRIClient.sandbox_config("numapin-node-installer", str(uuid.uuid4()), namespace="kube-system")
+        sandbox.log_directory = str(tmp_path / "logs")
+        sid = await cri.run_pod_sandbox(sandbox)
+        try:
+            config = pb.ContainerConfig(
+                metadata=pb.ContainerMetadata(name="install", attempt=0), image=pb.ImageSpec(image=IMAGE),
+                command=c["command"], args=[script],
+                mounts=[pb.Mount(container_path="/host", host_path=str(host)),
+                        pb.Mount(container_path="/fake", host_path=str(fake), readonly=True),
+                        pb.Mount(container_path="/etc/numapin-node", host_path=str(settings), readonly=True)],
+                labels={"io.kubernetes.container.name": "install"}, log_path="install.log")
+            cid = await cri.create_container(sid, config, sandbox)
+            await cri.start_container(cid)
+            log = tmp_path / "logs/install.log"
+            for _ in range(1200):
+                if (host / "active").exists():
+                    break
+                status = await cri.container_status(cid)
+                if status.status.state not in (0, 1):
+                    raise AssertionError(f"the installer exited: {status.status}\n"
+                                         f"{log.read_text(errors='replace')[-3000:] if log.exists() else ''}")
+                await asyncio.sleep(0.1)
+            calls = (host / "systemctl.log").read_text().splitlines()
+            assert calls == ["daemon-reload", "enable numapin-criproxy.service",
+                             "is-active --quiet numapin-criproxy.service", "start numapin-criproxy.service"]
+            status = await cri.container_status(cid)
+            assert status.status.state == 1  # CONTAINER_RUNNING: it sleeps
+            release = os.readlink(host / "opt/numapin")
+            installed = host / release.lstrip("/")
+            assert (installed / "share/numapin/RELEASE").read_text().strip() == Path(release).name
+            assert (host / "etc/numapin/criproxy.yaml").read_text() == cm["data"]["criproxy.yaml"]
+            assert (host / "etc/systemd/system/numapin-criproxy.service").read_bytes() == \
+                (ROOT / "manifests/criproxy/numapin-criproxy.service").read_bytes()
+            # the release it put on the host runs there
+            r = subprocess.run([str(installed / "bin/numapin"), "wait-socket", "--help"], cwd="/",
+                               env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0, r.stderr
+            await cri.stop_container(cid, timeout=1)
+            await cri.remove_container(cid)
+        finally:
+            await cri.stop_pod_sandbox(sid)
+            await cri.remove_pod_sandbox(sid)

@@ -3,9 +3,9 @@ this checkout with nothing but its own directory (its interpreter, standard libr
 numapin), the installer puts it on a fake host from which it runs, the proxy itself starts from it (and refuses a
 newer state, which imports its whole stack), and the tarball and the Debian package hold it.
 
-Cost: the build, once for the module: about 45 s on an idle 2-core machine (40 s of CPU: the dependencies installed
-from pip's cached wheels, numapin built as a wheel of this checkout, the byte-code compiled); 170 s was seen with the
-machine's load at 9.
+Cost: the build, once for the session (conftest.py): about 45 s on an idle 2-core machine (40 s of CPU: the
+dependencies installed from pip's cached wheels, numapin built as a wheel of this checkout, the byte-code compiled);
+170 s was seen with the machine's load at 9.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ import json
 import re
 import subprocess
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from allocator import CheckpointStore, CPUState
 from allocator.state_schema import SCHEMA_KEY
@@ -26,16 +23,6 @@ from tests.install.node_host import DROPIN, INSTALL_SH, SETTINGS, UNIT, fake_hos
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN_ENV = {"PATH": "/usr/bin:/bin"}
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    out = tmp_path_factory.mktemp("node-build")
-    r = subprocess.run(["bash", str(ROOT / "scripts/build-node.sh"), "--prefix", str(out / "opt/numapin"),
-                        "--tar", str(out / "numapin-node.tar.gz"), "--deb", str(out / "numapin-node.deb")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"build-node.sh failed:\n{r.stderr[-5000:]}"
-    yield out
 
 
 def _run(exe: Path, *args: str, cwd: Path = Path("/")) -> subprocess.CompletedProcess[str]:
