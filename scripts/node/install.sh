@@ -12,7 +12,9 @@
 #   /etc/numapin/criproxy.yaml; then daemon-reload, enable, and start the proxy, or restart it when the release, the
 #   unit or the settings changed (an upgrade: the state in /var/lib/numapin is kept, running containers are not
 #   touched; kubelet's calls fail UNAVAILABLE for the seconds of the restart and are retried). The release replaced
-#   is kept for --rollback; older ones are removed. Running it again with the same release changes nothing.
+#   is kept for --rollback; older ones are removed. Running it again with the same release changes nothing. A new
+#   release whose proxy does not start (systemctl start/restart fails: it exited, or its socket did not answer) is
+#   rolled back at once to the release that ran, and the install fails (exit 1).
 # --rollback: points /opt/numapin at the release before the current one and restarts the proxy.
 # --uninstall: refused while kubelet's configuration still names the proxy's socket (switch kubelet back to
 #   containerd first, docs/node.md; --force to skip the check); stops and disables the proxy, removes the unit,
@@ -153,7 +155,20 @@ do_install() {
     done
     sysctl daemon-reload
     sysctl enable "$UNIT"
-    restart_or_start "$changed"
+    if restart_or_start "$changed"; then :
+    elif [ -n "$previous" ] && [ "$previous" != "$release" ] && [ -x "$HOST$RELEASES/$previous/bin/numapin" ]; then
+        # the new release does not come up: the node gets its runtime back with the release that ran
+        log "numapin $release did not start; rolling back to $previous"
+        point_at "$previous"
+        echo "$release" > "$HOST$RELEASES/.previous"
+        put "$HOST$RELEASES/$previous/share/numapin/$UNIT" "$UNIT_FILE"
+        put "$HOST$RELEASES/$previous/share/numapin/kubelet-numapin.conf" "$DROPIN"
+        sysctl daemon-reload
+        sysctl restart "$UNIT" || die "numapin $previous did not start again either: journalctl -u $UNIT"
+        die "numapin $release did not start (journalctl -u $UNIT says why); $previous runs again"
+    else
+        die "numapin $release did not start: journalctl -u $UNIT says why"
+    fi
     if [ "$changed" = no ]; then log "numapin $release was installed already: nothing changed"
     else log "numapin $release installed"; fi
 }

@@ -174,7 +174,8 @@ async def test_the_installer_daemonsets_command_installs_from_the_image_and_slee
     host, fake, settings = tmp_path / "host", tmp_path / "fake", tmp_path / "settings"
     for d in (host / "etc/systemd/system", host / "opt", fake, settings):
         d.mkdir(parents=True)
-    (fake / "systemctl").write_text(FAKE_SYSTEMCTL.format(log="/host/systemctl.log", active="/host/active"))
+    (fake / "systemctl").write_text(FAKE_SYSTEMCTL.format(log="/host/systemctl.log", active="/host/active",
+                                                          root="/host"))
     (fake / "systemctl").chmod(0o755)
     (settings / "criproxy.yaml").write_text(cm["data"]["criproxy.yaml"])
     for p in [host, *host.rglob("*")]:

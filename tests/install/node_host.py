@@ -18,10 +18,14 @@ DROPIN = ROOT / "manifests/criproxy/kubelet-numapin.conf"
 SETTINGS = ROOT / "scripts/node/criproxy.yaml"
 
 FAKE_SYSTEMCTL = """#!/bin/sh
-# records every call; "is-active" answers from the state file that start/restart/stop write
+# records every call; "is-active" answers from the state file that start/restart/stop write; a release holding a file
+# FAILS_TO_START does not start (its proxy would exit)
 echo "$*" >> "{log}"
 case "$1" in
-    start|restart) touch "{active}" ;;
+    start|restart)
+        target=$(readlink "{root}/opt/numapin" || true)
+        if [ -e "{root}$target/FAILS_TO_START" ]; then rm -f "{active}"; exit 1; fi
+        touch "{active}" ;;
     stop) rm -f "{active}" ;;
     disable) [ "$2" = --now ] && rm -f "{active}" ;;
     is-active) [ -f "{active}" ] ;;
@@ -74,7 +78,7 @@ def fake_host(tmp: Path) -> FakeHost:
     for d in ("etc/systemd/system", "opt", "var/lib"):
         (root / d).mkdir(parents=True)
     host = FakeHost(root, tmp)
-    host.systemctl.write_text(FAKE_SYSTEMCTL.format(log=host.log, active=tmp / "active"))
+    host.systemctl.write_text(FAKE_SYSTEMCTL.format(log=host.log, active=tmp / "active", root=root))
     host.systemctl.chmod(0o755)
     return host
 

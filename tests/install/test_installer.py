@@ -80,6 +80,26 @@ def test_rollback_points_back_at_the_previous_release_and_restarts(host: FakeHos
     assert host.calls()[-1] == "restart numapin-criproxy.service"
 
 
+def test_a_release_that_does_not_start_is_rolled_back_at_once(host: FakeHost) -> None:
+    _install(host, "0.1.0-aaaa")
+    bad = fake_release(host.tmp / "artifacts/0.2.0-bbbb", "0.2.0-bbbb")
+    (bad / "FAILS_TO_START").write_text("")
+    host.clear_calls()
+    r = host.run("--from", str(bad), script=bad / "share/numapin/install.sh")
+    assert r.returncode == 1 and "numapin 0.2.0-bbbb did not start" in r.stderr and "0.1.0-aaaa runs again" in r.stderr
+    assert host.release() == "0.1.0-aaaa" and host.active
+    assert host.calls()[-2:] == ["daemon-reload", "restart numapin-criproxy.service"]
+    assert (host.root / "opt/numapin-releases/.previous").read_text().strip() == "0.2.0-bbbb"
+
+
+def test_a_first_release_that_does_not_start_fails_the_install(host: FakeHost) -> None:
+    bad = fake_release(host.tmp / "artifacts/0.1.0-aaaa", "0.1.0-aaaa")
+    (bad / "FAILS_TO_START").write_text("")
+    r = host.run("--from", str(bad), script=bad / "share/numapin/install.sh")
+    assert r.returncode == 1 and "did not start: journalctl -u numapin-criproxy.service" in r.stderr
+    assert not host.active
+
+
 def test_new_settings_are_installed_and_restart_the_proxy(host: FakeHost) -> None:
     _install(host, "0.1.0-aaaa")
     new = host.tmp / "criproxy.yaml"
