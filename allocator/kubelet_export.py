@@ -2,7 +2,9 @@
 
 The way back of ``import_kubelet_state`` (allocator.checkpoint): kubelet's ``cpu_manager_state`` for its ``static``
 CPU manager policy, ``policyName`` ``static``, ``defaultCpuSet``, ``entries`` (pod UID -> container -> CPUs) and
-kubelet's checksum, laid out as kubelet's ``json.Marshal`` writes it, with nothing of numapin's.
+kubelet's checksum, laid out as kubelet's ``json.Marshal`` writes it, with nothing of numapin's. That is kubelet's V2
+checkpoint, which every kubelet reads (kubelets with the ``PodLevelResourceManagers`` feature load it as their V3 with
+no pod-level entries, and write V3 from then on).
 
 What kubelet's static policy has no word for is settled here:
 
