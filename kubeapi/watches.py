@@ -1,53 +1,22 @@
-"""What the webhook's data sources (node topologies, pods) share, and the proxy's pod watch too: a directory poll
-loop, an API client and the list/watch loops."""
+"""The list/watch loops of numapin's API clients (the webhook's cluster view, the proxy's pod watch): a watch the API
+server ends is listed and watched again, a 410 Gone lists again at once, a failure waits and retries."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
-__all__ = ["WATCH_REQUEST_TIMEOUT", "WATCH_SECONDS", "api_client", "poll_until_stopped", "run_watches", "settled",
-           "watch_events", "watch_until_stopped"]
+__all__ = ["WATCH_REQUEST_TIMEOUT", "WATCH_SECONDS", "run_watches", "watch_events", "watch_until_stopped"]
 
-log = logging.getLogger("numapin.webhook.sources")
+log = logging.getLogger("numapin.kubeapi.watches")
 
 # A watch asks the API server to end it after WATCH_SECONDS; the client gives up a little later, so a connection
 # that died without being closed (no FIN, e.g. a node gone) is noticed and the source lists and watches again.
 WATCH_SECONDS = 300
 WATCH_REQUEST_TIMEOUT = WATCH_SECONDS + 30
-
-
-# A file modified this recently may be modified again within the file system's timestamp granularity (a jiffy, or a
-# second on some) with the same size and inode: its (inode, mtime, size) cannot yet tell the two versions apart.
-RACY_NS = 2_000_000_000
-
-
-def settled(key: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
-    """``key`` (inode, mtime in ns, size) to remember for a file just read, or None (read it again next time) while its
-    mtime is within ``RACY_NS`` of now: a rewrite in the same clock tick would otherwise go unseen for good."""
-    if key is None or time.time_ns() - key[1] < RACY_NS:
-        return None
-    return key
-
-
-async def poll_until_stopped(sync: Callable[[], Awaitable[None]], stop: asyncio.Event, every: float, what: str, *,
-                             wait_first: bool = False) -> None:
-    """Call ``sync`` every ``every`` seconds until ``stop`` is set; a failed sync is logged and retried.
-    ``wait_first``: the first call after ``every`` seconds (the caller has just synced)."""
-    if wait_first:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=every)
-    while not stop.is_set():
-        try:
-            await sync()
-        except Exception:
-            log.exception("reading %s failed", what)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=every)
 
 
 async def watch_until_stopped(once: Callable[[], Awaitable[None]], stop: asyncio.Event, retry_seconds: float,
@@ -107,13 +76,3 @@ async def watch_events(list_call: Callable[..., Any], *args: Any, resource_versi
             obj, kind = event.get("raw_object"), event.get("type")
             if isinstance(obj, Mapping) and kind != "BOOKMARK":
                 yield str(kind), obj
-
-
-async def api_client(kubeconfig: str | None) -> Any:
-    """A kubernetes-asyncio ApiClient from a kubeconfig file, or from the pod's in-cluster credentials."""
-    from kubernetes_asyncio import client, config
-
-    if kubeconfig:
-        return await config.new_client_from_config(config_file=kubeconfig)
-    config.load_incluster_config()
-    return client.ApiClient()

@@ -1,7 +1,7 @@
 """The proxy's watch of its own node's pods (field selector ``spec.nodeName=<node>``) on the API server: a change of
 ``qos.gocrane.io/cpu-manager`` on a running pod becomes a ``ModeRequest``.
 
-Uses the project's API client and list/watch retry loop (``kubeapi.watches``: kubeconfig or in-cluster credentials,
+Uses the project's API client and list/watch retry loop (``kubeapi``: kubeconfig or in-cluster credentials,
 watch timeouts, 410 Gone handling). A pod is handed on when it is first seen (the sink compares with the mode the pod
 runs in) and whenever its annotation changes; other updates of the pod (status, labels) are not. A bad value is
 logged and skipped (``/validate`` denies it in a cluster with the webhook).
@@ -19,7 +19,8 @@ from allocator.errors import PodSpecError
 from allocator.mode_change import parse_target
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo
 from criproxy.decisions.mode_request import ModeRequest, ModeSink
-from kubeapi.watches import api_client, run_watches, watch_events
+from kubeapi.client import api_client
+from kubeapi.watches import run_watches, watch_events
 
 __all__ = ["NodePodWatch"]
 

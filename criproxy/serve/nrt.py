@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from allocator.nrt import NRT_GROUP, NRT_PLURAL, NRT_VERSION
+from kubeapi.client import api_client as kube_api_client
 
 __all__ = ["ApiPublisher", "write_nrt"]
 
@@ -52,15 +53,6 @@ class ApiPublisher:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def _client(self) -> Any:  # pragma: no cover - needs an API server (kubernetes_asyncio.client.ApiClient)
-        from kubernetes_asyncio import client, config
-
-        if self.kubeconfig:
-            await config.load_kube_config(config_file=self.kubeconfig)
-        else:
-            config.load_incluster_config()
-        return client.ApiClient()
-
     async def _run(self) -> None:  # pragma: no cover - needs an API server
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.rest import ApiException
@@ -75,7 +67,7 @@ class ApiPublisher:
                 continue
             try:
                 if api_client is None:
-                    api_client = await self._client()
+                    api_client = await kube_api_client(self.kubeconfig)
                 api = client.CustomObjectsApi(api_client)
                 name = doc["metadata"]["name"]
                 try:

@@ -27,16 +27,10 @@ import yaml
 
 from allocator.errors import TopologyError
 from allocator.nrt import NRT_GROUP, NRT_KIND, NRT_PLURAL, NRT_VERSION, NodeTopology, parse_nrt
-from kubeapi.watches import (
-    WATCH_REQUEST_TIMEOUT,
-    WATCH_SECONDS,
-    api_client,
-    poll_until_stopped,
-    run_watches,
-    settled,
-    watch_events,
-)
+from kubeapi.client import api_client
+from kubeapi.watches import WATCH_REQUEST_TIMEOUT, WATCH_SECONDS, run_watches, watch_events
 from webhook.cluster.node_index import NodeIndex, ShapeGroup
+from webhook.cluster.polling import poll_until_stopped, settled
 
 __all__ = ["APISource", "DirectorySource", "NodeStore", "load_documents"]
 

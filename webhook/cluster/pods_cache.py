@@ -30,8 +30,10 @@ import yaml
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.pod import PodInfo
-from kubeapi.watches import api_client, poll_until_stopped, run_watches, settled, watch_events
+from kubeapi.client import api_client
+from kubeapi.watches import run_watches, watch_events
 from webhook.cluster.nodes import load_documents
+from webhook.cluster.polling import poll_until_stopped, settled
 
 __all__ = ["DEFAULT_POD_CACHE_BYTES", "CachedPod", "PodAPISource", "PodCache", "PodDirectorySource", "PodFinder",
            "pod_model"]
