@@ -32,7 +32,7 @@ from .mode_change import ModeChange, plan_mode_change, with_pod_mode
 from .modes import SHARED_POOL, ContainerMode
 from .pod import PodInfo, container_mode, guaranteed_cpus, pod_guaranteed_cpus
 from .policy_options import StaticPolicyOptions
-from .resize import ResizeOutcome, plan_resize
+from .resize import ResizeOutcome, memory_nodes, plan_resize
 from .state import CPUState
 from .static_policy import StaticPolicy, require_reserved
 from .topology import Topology
@@ -378,7 +378,7 @@ class NodeAllocator:
                 hints=self._hints_of(r.hints) if r is not None else {},
                 affinity=r.affinity if r is not None else None,
                 cpus=cpus,
-                mems=self.topology.numa_of(cpus),
+                mems=memory_nodes(self.topology, cpus),
             ))
         return PodDecision(pod.uid, pod.namespace, pod.name, admitted, reason, message, tuple(out))
 
