@@ -271,28 +271,30 @@ def _pick_release(topo: Topology, candidates: CPUSet, held: CPUSet, base_nodes: 
     """Up to ``k`` CPUs of ``candidates`` to give back, one core (``unit`` > 1: whole cores only) or one CPU at a
     time, the least aligned first: off the baseline's NUMA nodes, on the node where the container holds fewest, on
     a core it holds partly, highest id."""
-    released = CPUSet()
-    remaining = held
-    while len(released) + unit <= k:
-        pool = candidates - released
-        if unit > 1:
-            groups = [t for t in (topo.cpus_in_core(core) for core in topo.cores) if t and t <= pool]
-        else:
-            groups = [CPUSet((c,)) for c in pool]
-        if not groups:
-            break
+    if unit > 1:
+        groups = [t.mask for t in (topo.cpus_in_core(core) for core in topo.cores) if t and t <= candidates]
+    else:
+        groups = [1 << c for c in candidates]
+    node_of = {g: topo.cpu(g.bit_length() - 1).numa for g in groups}
+    core_of = {g: topo.core_siblings(CPUSet.from_mask(g)).mask for g in groups}
+    on_node: dict[int, int] = {}
+    for c in held:
+        n = topo.cpu(c).numa
+        on_node[n] = on_node.get(n, 0) + 1
+    remaining = held.mask
+    released = 0
+    left = set(groups)
+    while released.bit_count() + unit <= k and left:
+        def rank(g: int, remaining: int = remaining) -> tuple[bool, int, bool, int]:
+            whole = core_of[g] & remaining == core_of[g]
+            return (node_of[g] in base_nodes, on_node[node_of[g]], whole, -g.bit_length())
 
-        def rank(g: CPUSet, remaining: CPUSet = remaining) -> tuple[int, int, int, int]:
-            cpu = g.max()
-            node = topo.cpu(cpu).numa
-            on_node = len(remaining & topo.cpus_in_numa(node))
-            whole = topo.core_siblings(g) <= remaining
-            return (node in base_nodes, on_node, whole, -cpu)
-
-        pick = min(groups, key=rank)
-        released = released | pick
-        remaining = remaining - pick
-    return released
+        pick = min(left, key=rank)
+        left.discard(pick)
+        released |= pick
+        remaining &= ~pick
+        on_node[node_of[pick]] -= pick.bit_count()
+    return CPUSet.from_mask(released)
 
 
 # -- messages ---------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given, seed, settings
+from hypothesis import event, given, seed, settings
 from hypothesis import strategies as st
 
 from allocator import CheckpointStore, CPUSet, NodeAllocator, NodeConfig, ResizeOutcome, Topology
@@ -18,7 +18,7 @@ from allocator.checkpoint import _extra_checksum, checksum_ok, parse_checkpoint,
 from allocator.errors import CheckpointError, PodSpecError
 from allocator.mode_change import with_pod_mode
 from allocator.pod import PodInfo, guaranteed_cpus
-from tests.topologies import build
+from tests.topologies import build, sixteen_numa
 
 S = CPUSet.parse
 RESERVED = S("7,15")
@@ -35,11 +35,11 @@ def four_numa() -> Topology:
 TOPO = four_numa()
 
 
-def node(policy: str = "none", scope: str = "container", *, full: bool = False,
-         closest: bool = False) -> NodeAllocator:
-    """The four-NUMA machine with CPUs 7 and 15 (core 7, NUMA node 3) reserved."""
+def node(policy: str = "none", scope: str = "container", *, full: bool = False, closest: bool = False,
+         topology: Topology = TOPO, reserved: CPUSet = RESERVED) -> NodeAllocator:
+    """The four-NUMA machine with CPUs 7 and 15 (core 7, NUMA node 3) reserved, unless told otherwise."""
     return NodeAllocator(NodeConfig(
-        topology=TOPO, reserved_cpus=RESERVED, topology_manager_policy=policy, topology_manager_scope=scope,
+        topology=topology, reserved_cpus=reserved, topology_manager_policy=policy, topology_manager_scope=scope,
         cpu_manager_policy_options={"full-pcpus-only": "true"} if full else {},
         topology_manager_policy_options={"prefer-closest-numa-nodes": "true"} if closest else {},
     ))
@@ -79,7 +79,7 @@ def check_invariants(alloc: NodeAllocator) -> None:
     excl = exclusive_cpus(alloc)
     assert not excl & pool
     assert not alloc.state.assigned_cpus() & alloc.reserved_cpus
-    assert (pool | excl) >= TOPO.all_cpus - alloc.reserved_cpus
+    assert (pool | excl) >= alloc.topology.all_cpus - alloc.reserved_cpus
     pods = list(alloc.state.assignments.items())
     for i, (_, a) in enumerate(pods):
         for _, b in pods[i + 1:]:
@@ -89,7 +89,7 @@ def check_invariants(alloc: NodeAllocator) -> None:
             base = alloc.baseline_cpus(uid, name)
             assert base is not None and base <= cpus
             if alloc.policy.options.full_pcpus_only:
-                assert TOPO.core_siblings(cpus) == cpus, (name, cpus)
+                assert alloc.topology.core_siblings(cpus) == cpus, (name, cpus)
 
 
 def _mask(sets: Iterable[CPUSet]) -> int:
@@ -120,7 +120,7 @@ def resize(alloc: NodeAllocator, p: PodInfo, name: str) -> ResizeOutcome:
         if held is not None and now is not None:
             assert held <= now or now <= held
         assert out.pool_after == alloc.shared_pool()
-        assert out.mems_after == TOPO.numa_of(out.cpus_after)
+        assert out.mems_after == alloc.topology.numa_of(out.cpus_after)
     check_invariants(alloc)
     return out
 
@@ -483,10 +483,11 @@ def test_a_re_created_container_keeps_its_resized_set(policy: str, scope: str) -
 
 
 @pytest.mark.parametrize("policy", ["none", "best-effort", "restricted", "single-numa-node"])
-def test_restart_container_policy_re_creation_with_a_new_size_is_resized(policy: str) -> None:
+@pytest.mark.parametrize("scope", ["container", "pod"])
+def test_restart_container_policy_re_creation_with_a_new_size_is_resized(policy: str, scope: str) -> None:
     """resizePolicy RestartContainer: kubelet creates the container again with the new resources; it is resized
     (the same rules: its CPUs kept, the baseline known) rather than looked up with its old size."""
-    alloc = node(policy)
+    alloc = node(policy, scope)
     alloc.admit_pod(pod("p", ("a", "2"), ("b", "1")))
     old = alloc.container_cpus("uid-p", "a")
     assert old is not None
@@ -513,23 +514,30 @@ def test_restart_container_re_creation_refused_changes_nothing() -> None:
 
 # -- property: random creates, resizes and removals ------------------------------------------------------------
 
-_SIZES = ("500m", "1", "2", "3", "4", "6")
+# (machine, its reserved CPUs, the sizes drawn): the small machine, and one of 16 NUMA nodes where the CPU hints
+# are hint families (allocator.compact_hints)
+_MACHINES = {
+    "four-numa": (TOPO, RESERVED, ("500m", "1", "2", "3", "4", "6")),
+    "sixteen-numa": (sixteen_numa(), S("0,64"), ("500m", "1", "2", "4", "6", "8", "12", "20")),
+}
 
 
+@pytest.mark.parametrize("machine", sorted(_MACHINES))
 @seed(20261126)
 @settings(max_examples=80, deadline=None)
-@given(st.data())
-def test_random_creates_resizes_and_removals_keep_the_invariants(data: st.DataObject) -> None:
+@given(data=st.data())
+def test_random_creates_resizes_and_removals_keep_the_invariants(machine: str, data: st.DataObject) -> None:
+    topology, reserved, sizes_drawn = _MACHINES[machine]
     policy = data.draw(st.sampled_from(("none", "best-effort", "restricted", "single-numa-node")))
     scope = data.draw(st.sampled_from(("container", "pod")))
     full = data.draw(st.booleans())
-    closest = policy in ("best-effort", "restricted") and data.draw(st.booleans())
-    alloc = node(policy, scope, full=full, closest=closest)
+    closest = policy in ("best-effort", "restricted") and bool(topology.numa_distances) and data.draw(st.booleans())
+    alloc = node(policy, scope, full=full, closest=closest, topology=topology, reserved=reserved)
     pods: dict[str, PodInfo] = {}
     for step in range(data.draw(st.integers(1, 30))):
         action = data.draw(st.sampled_from(("create", "resize", "resize", "resize", "remove")))
         if action == "create" or not pods:
-            sizes = data.draw(st.lists(st.sampled_from(_SIZES), min_size=1, max_size=2))
+            sizes = data.draw(st.lists(st.sampled_from(sizes_drawn), min_size=1, max_size=2))
             mode = data.draw(st.sampled_from((None, None, "share")))
             p = pod(f"p{step}", *((f"c{i}", s) for i, s in enumerate(sizes)), mode=mode)
             before = saved(alloc)
@@ -540,12 +548,13 @@ def test_random_creates_resizes_and_removals_keep_the_invariants(data: st.DataOb
         elif action == "resize":
             p = pods[data.draw(st.sampled_from(sorted(pods)))]
             i = data.draw(st.integers(0, len(p.containers) - 1))
-            size = data.draw(st.sampled_from(_SIZES))
+            size = data.draw(st.sampled_from(sizes_drawn))
             sizes = [(c.name, size if j == i else f"{c.cpu_limit_milli}m") for j, c in enumerate(p.containers)]
             new = pod(p.name, *sizes, mode=p.cpu_manager)
             name = p.containers[i].name
             held, base = alloc.container_cpus(p.uid, name), alloc.baseline_cpus(p.uid, name)
             out = resize(alloc, new, name)  # checks: refusal changes nothing, sizes, invariants
+            event(f"resize {out.reason or ('changed' if out.changed else 'unchanged')}")
             if out.admitted:
                 pods[p.uid] = new
                 now = alloc.container_cpus(p.uid, name)
@@ -555,7 +564,7 @@ def test_random_creates_resizes_and_removals_keep_the_invariants(data: st.DataOb
                     # the grown CPUs go first: the baseline is kept while the new size can hold it
                     assert (base <= now) == (len(now) >= len(base))
                 if policy == "single-numa-node" and scope == "container" and now is not None and held is not None:
-                    assert len(TOPO.numa_of(now)) <= max(1, len(TOPO.numa_of(held)))
+                    assert len(topology.numa_of(now)) <= max(1, len(topology.numa_of(held)))
         else:
             uid = data.draw(st.sampled_from(sorted(pods)))
             alloc.release_pod(uid)
