@@ -7,9 +7,10 @@ the new assignment under the node's topology-manager policy, scope and static-po
   include its CPUs (scope ``pod``: the pod's CPUs) and may add free ones, merged by the topology-manager policy, so
   ``single-numa-node`` refuses a growth that cannot stay in one NUMA node, ``restricted`` a non-preferred result,
   and ``prefer-closest-numa-nodes`` picks the closest nodes. The new CPUs are taken by the static policy's
-  take-by-topology rules, in this order: free threads of cores it already holds partly, its own NUMA node(s),
-  the merged affinity, anywhere (as kubelet allocates outside the affinity when it must). ``full-pcpus-only``
-  takes whole free cores only (kubelet's SMTAlignmentError wording when the size or the free cores do not allow).
+  take-by-topology rules, in this order: free threads of cores it already holds partly (not with
+  ``distribute-cpus-across-cores``), its own NUMA node(s), the merged affinity, anywhere (as kubelet allocates
+  outside the affinity when it must). ``full-pcpus-only`` takes whole free cores only (kubelet's SMTAlignmentError
+  wording when the size or the free cores do not allow).
 - **shrink**: the CPUs added by earlier growths go first, then (unlike KEP-5554, which refuses it) the CPUs it was
   admitted with (its *baseline*). Within each group the least aligned go first: CPUs off the baseline's NUMA
   nodes, on the node where it holds fewest, on cores it holds partly, highest id first; ``full-pcpus-only``
@@ -209,7 +210,7 @@ def _take_growth(policy: StaticPolicy, free: CPUSet, held: CPUSet, k: int, affin
     whole = policy.options.full_pcpus_only
     per_core = policy.cpus_per_core or 1
     steps = []
-    if not whole:
+    if not whole and not policy.options.distribute_cpus_across_cores:  # that option spreads over cores on purpose
         steps.append(topo.core_siblings(held))
     if held:
         steps.append(topo.cpus_in_numas(topo.numa_of(held)))

@@ -209,6 +209,14 @@ def test_growth_keeps_its_cpus_and_its_numa_node_first_on_a_busy_machine() -> No
     assert out.cpus_after == S("0-1,9")  # its node before any other
 
 
+def test_growth_under_distribute_cpus_across_cores_spreads_over_cores() -> None:
+    alloc = NodeAllocator(NodeConfig(topology=TOPO, reserved_cpus=RESERVED, topology_manager_policy="best-effort",
+                                     cpu_manager_policy_options={"distribute-cpus-across-cores": "true"}))
+    assert alloc.admit_pod(pod("p", ("c", "1"))).container("c").cpus == S("0")
+    out = resize(alloc, pod("p", ("c", "2")), "c")
+    assert out.cpus_after == S("0-1")  # not 0's sibling 8: the option spreads over cores
+
+
 # -- shrink ------------------------------------------------------------------------------------------------------
 
 
