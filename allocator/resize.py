@@ -154,15 +154,9 @@ def plan_resize(
             _shrink(work, policy, uid, name, n)
         if n and work.mode(uid, name) != container_mode(info, c):
             work.set(uid, name, work.get(uid, name) or CPUSet(), container_mode(info, c))
-    except _Refused as e:
-        return outcome(state, False, e.reason, _refusal(e.message, policy, topology_manager, state, info, name, n0, n)
-                       ), None
-    except SMTAlignmentError as e:
-        return outcome(state, False, e.reason, _refusal(str(e), policy, topology_manager, state, info, name, n0, n)
-                       ), None
-    except AllocationError as e:
-        return outcome(state, False, e.reason, _refusal(f"Allocate failed due to {e}, which is unexpected", policy,
-                                                        topology_manager, state, info, name, n0, n)), None
+    except (_Refused, AllocationError) as e:
+        reason, why = _why(e)
+        return outcome(state, False, reason, _refusal(why, policy, topology_manager, state, info, name, n0, n)), None
     result = outcome(work, True, None, "")
     message = (f"container {name!r} of pod {info.ref}: {_size(n0, result.mode_before)} -> "
                f"{_size(n, result.mode_after)}: CPUs {_set(result.cpus_before)} -> {_set(result.cpus_after)}, "
@@ -305,6 +299,15 @@ def _size(n: int, mode: str) -> str:
 
 def _set(cpus: CPUSet) -> str:
     return str(cpus) or "none"
+
+
+def _why(e: _Refused | AllocationError) -> tuple[str, str]:
+    """kubelet's reason and message of a refusal (its admission's wording for allocation errors)."""
+    if isinstance(e, _Refused):
+        return e.reason, e.message
+    if isinstance(e, SMTAlignmentError):
+        return e.reason, str(e)
+    return e.reason, f"Allocate failed due to {e}, which is unexpected"
 
 
 def _refusal(message: str, policy: StaticPolicy, tm: TopologyManager, state: CPUState, pod: PodInfo, name: str,
