@@ -296,8 +296,9 @@ def test_released_cpus_a_sibling_still_holds_stay_out_of_the_pool() -> None:
 
 
 @pytest.mark.parametrize("policy", ["none", "best-effort", "restricted", "single-numa-node"])
-def test_fractional_to_integer_and_back(policy: str) -> None:
-    alloc = node(policy)
+@pytest.mark.parametrize("full", [False, True], ids=["any-cpus", "full-pcpus-only"])
+def test_fractional_to_integer_and_back(policy: str, full: bool) -> None:
+    alloc = node(policy, full=full)
     full_pool = alloc.shared_pool()
     alloc.admit_pod(pod("p", ("c", "1500m")))
     assert alloc.container_cpus("uid-p", "c") is None
@@ -327,16 +328,20 @@ def test_burstable_container_stays_on_the_pool() -> None:
     assert out.admitted and not out.changed and out.mode_after == "shared"
 
 
-def test_share_mode_grows_and_shrinks_inside_the_pool() -> None:
-    alloc = node("restricted")
+@pytest.mark.parametrize("policy", ["none", "best-effort", "restricted", "single-numa-node"])
+@pytest.mark.parametrize("full", [False, True], ids=["any-cpus", "full-pcpus-only"])
+def test_share_mode_grows_and_shrinks_inside_the_pool(policy: str, full: bool) -> None:
+    alloc = node(policy, full=full)
     full_pool = alloc.shared_pool()
     alloc.admit_pod(pod("p", ("c", "2"), mode="share"))
     out = resize(alloc, pod("p", ("c", "4"), mode="share"), "c")
     assert out.admitted and out.mode_after == "share" and len(out.cpus_after) == 4
     assert out.pool_before == out.pool_after == full_pool  # share CPUs stay usable by the shared containers
     assert alloc.state.default_cpuset.isdisjoint(out.cpus_after)  # and no other container gets them
-    out = resize(alloc, pod("p", ("c", "1"), mode="share"), "c")
-    assert out.admitted and len(out.cpus_after) == 1 and out.pool_after == full_pool
+    out = resize(alloc, pod("p", ("c", "2"), mode="share"), "c")
+    assert out.admitted and len(out.cpus_after) == 2 and out.pool_after == full_pool
+    out = resize(alloc, pod("p", ("c", "1500m"), mode="share"), "c")  # not an integer: no CPUs of its own
+    assert out.admitted and out.mode_after == "shared" and out.pool_after == full_pool
 
 
 def test_none_mode_never_gets_cpus() -> None:
