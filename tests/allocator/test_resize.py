@@ -583,3 +583,16 @@ def test_random_creates_resizes_and_removals_keep_the_invariants(machine: str, d
             alloc.release_pod(uid)
             del pods[uid]
         check_invariants(alloc)
+
+
+def test_a_container_given_other_cpus_keeps_a_baseline_inside_them() -> None:
+    alloc = node("best-effort")
+    alloc.admit_pod(pod("p", ("c", "2")))
+    resize(alloc, pod("p", ("c", "4")), "c")
+    assert alloc.baseline_cpus("uid-p", "c") == S("0,8")
+    alloc.state.set("uid-p", "c", S("0-1,8-9"))  # the same CPUs: the baseline stays
+    assert alloc.baseline_cpus("uid-p", "c") == S("0,8")
+    alloc.state.set("uid-p", "c", S("0-1,9"))  # other CPUs: only those of the baseline among them
+    assert alloc.baseline_cpus("uid-p", "c") == S("0")
+    alloc.state.delete("uid-p", "c")
+    assert alloc.state.baselines == {}
