@@ -221,7 +221,7 @@ def _take_growth(policy: StaticPolicy, free: CPUSet, held: CPUSet, k: int, affin
             taken = taken | policy.take(avail, want)
         if len(taken) >= k:
             return taken
-    raise AllocationError(f"not enough cpus available to satisfy request: requested={k}, available={len(free)}")
+    raise AllocationError(f"not enough cpus available to satisfy request: requested={k} more, available={len(free)}")
 
 
 def _whole_cores(topo: Topology, cpus: CPUSet) -> CPUSet:
