@@ -16,7 +16,7 @@ One document per node, named after the node. Layout (what ``build_nrt`` writes a
 - ``topologyPolicies`` (deprecated upstream) is still written for older readers.
 
 ``parse_nrt`` turns a document into a ``NodeTopology`` value (the webhook rebuilds an approximate machine from it
-for its simulation: ``webhook/synthetic_node.py``). Nothing here does I/O.
+for its simulation: ``webhook/admission/synthetic_node.py``). Nothing here does I/O.
 
 ``parse_nrt`` reads any valid v1alpha2 document, including those of the ecosystem's exporters (NFD's
 topology-updater, the resource-topology-exporter), which carry ``topologyManagerPolicy``/``topologyManagerScope``

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from allocator.cpuset import CPUSet  # noqa: E402
 from allocator.topology import Topology  # noqa: E402
-from criproxy.control import call_control  # noqa: E402
+from criproxy.serve.control import call_control  # noqa: E402
 from numapin_lab.cri.client import CRIClient  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
 

@@ -58,8 +58,8 @@ from allocator.nrt import build_nrt  # noqa: E402
 from allocator.topology import CPUInfo, Topology  # noqa: E402
 from benchmarks.wrk_load import available as wrk_available  # noqa: E402
 from benchmarks.wrk_load import wrk_load  # noqa: E402
-from webhook.certs import make_ca, make_serving_cert, service_dns_names  # noqa: E402
-from webhook.mutate import mutate_pod  # noqa: E402
+from webhook.admission.mutate import mutate_pod  # noqa: E402
+from webhook.https.certs import make_ca, make_serving_cert, service_dns_names  # noqa: E402
 
 SERVER_NAME = "numapin-webhook.numapin.svc"
 

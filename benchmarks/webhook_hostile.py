@@ -41,8 +41,8 @@ from tests.webhook.hostile import (  # noqa: E402
     request,
     send_cases,
 )
-from webhook.limits import ServerLimits  # noqa: E402
-from webhook.server import DEFAULT_MAX_BODY  # noqa: E402
+from webhook.https.limits import ServerLimits  # noqa: E402
+from webhook.https.server import DEFAULT_MAX_BODY  # noqa: E402
 
 MIB = 1024 * 1024
 

@@ -30,7 +30,7 @@ from benchmarks.webhook import large_update_review  # noqa: E402
 from tests.webhook.helpers import make_pki  # noqa: E402
 from tests.webhook.nrt_fixtures import write_cluster  # noqa: E402
 from webhook.app import WebhookApp, WebhookOptions  # noqa: E402
-from webhook.request_body import LARGE_BODY_BYTES, parse_slim  # noqa: E402
+from webhook.https.request_body import LARGE_BODY_BYTES, parse_slim  # noqa: E402
 
 
 class LoopProbe:

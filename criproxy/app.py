@@ -17,30 +17,29 @@ from allocator.checkpoint import CheckpointStore, import_kubelet_state
 from allocator.node import NodeAllocator, NodeConfig, NodeParts, build_node
 from allocator.nrt import build_nrt
 from allocator.topology import Topology
-
-from .config import ProxyConfig
-from .control import ControlServer
-from .converge import Converger, Decider, Decision
-from .cpuset_pusher import CpusetPusher
-from .cri_api import RuntimeApi
-from .cri_pods import rebuild_cri_pods
-from .kernel import CgroupLayout, KernelRoots
-from .metrics import ProxyMetrics
-from .mode_apply import ModeApplier
-from .nrt import ApiPublisher, write_nrt
-from .pinning import Pinning, PinningOptions
-from .pod_watch import NodePodWatch
-from .reconcile import ReconcileReport, reconcile
-from .registry import Registry, Tracked
-from .relay import RelayHandler, Upstream
-from .relay_frames import FrameRelayServer
-from .relays import start_relay
-from .server import RelayServer, SocketInUseError, listen_path
-from .starts import StartGuard
-from .status import status_document
+from criproxy.config import ProxyConfig
+from criproxy.decisions.cri_pods import rebuild_cri_pods
+from criproxy.decisions.mode_apply import ModeApplier
+from criproxy.decisions.pinning import Pinning, PinningOptions
+from criproxy.decisions.pod_watch import NodePodWatch
+from criproxy.decisions.reconcile import ReconcileReport, reconcile
+from criproxy.decisions.registry import Registry, Tracked
+from criproxy.decisions.starts import StartGuard
+from criproxy.node.converge import Converger, Decider, Decision
+from criproxy.node.cpuset_pusher import CpusetPusher
+from criproxy.node.kernel import CgroupLayout, KernelRoots
+from criproxy.relay.cri_api import RuntimeApi
+from criproxy.relay.frames import FrameRelayServer
+from criproxy.relay.grpc_relay import RelayHandler, Upstream
+from criproxy.relay.relays import start_relay
+from criproxy.relay.socket_server import RelayServer, SocketInUseError, listen_path
+from criproxy.serve.control import ControlServer
+from criproxy.serve.metrics import ProxyMetrics
+from criproxy.serve.nrt import ApiPublisher, write_nrt
+from criproxy.serve.status import status_document
 
 if TYPE_CHECKING:
-    from .http_server import ProxyHttpServer
+    from criproxy.serve.http_server import ProxyHttpServer
 
 __all__ = ["CriProxy", "node_parts_of"]
 
@@ -196,7 +195,7 @@ class CriProxy:
         if endpoint is not None:
             # aiohttp is imported only for a proxy that serves HTTP (a third of the proxy's import time); in a
             # worker thread, as nothing else may hold the loop
-            http_server = await asyncio.to_thread(importlib.import_module, "criproxy.http_server")
+            http_server = await asyncio.to_thread(importlib.import_module, "criproxy.serve.http_server")
             self.http = http_server.ProxyHttpServer(self.metrics.registry, lambda: status_document(self))
             self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],

@@ -10,8 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from allocator.errors import AllocatorError
-
-from .config import DEFAULTS, ProxyConfig, load_config
+from criproxy.config import DEFAULTS, ProxyConfig, load_config
 
 if TYPE_CHECKING:
     from allocator.node import NodeParts
@@ -105,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides)
         config.metrics_endpoint()
-        from .app import node_parts_of
+        from criproxy.app import node_parts_of
         parts = node_parts_of(config)  # topology and policy problems surface here, before anything starts
     except (AllocatorError, ValueError) as e:
         print(f"numapin criproxy: {e}", file=sys.stderr)
@@ -120,9 +119,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(config: ProxyConfig, parts: NodeParts) -> int:
     from allocator.errors import CheckpointError
-
-    from .app import CriProxy
-    from .server import SocketInUseError
+    from criproxy.app import CriProxy
+    from criproxy.relay.socket_server import SocketInUseError
 
     proxy = CriProxy(config, parts)
     try:

@@ -14,7 +14,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("plan", "numapin.cmd_plan"),
     ("criproxy", "criproxy.cli"),
     ("webhook", "webhook.cli"),
-    ("certs", "webhook.certs_cli"),
+    ("certs", "webhook.https.certs_cli"),
     ("status", "numapin.cmd_status"),
     ("mode", "numapin.cmd_mode"),
     ("export-kubelet-state", "numapin.cmd_export"),

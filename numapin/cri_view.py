@@ -13,7 +13,7 @@ import grpc.aio
 
 from allocator.cpuset import CPUSet
 from allocator.pod import is_bypassed
-from criproxy.relay import CHANNEL_OPTIONS, normalize_endpoint
+from criproxy.relay.grpc_relay import CHANNEL_OPTIONS, normalize_endpoint
 from protos import cri_pb2
 
 __all__ = ["RuntimeContainer", "list_runtime_containers"]

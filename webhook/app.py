@@ -9,21 +9,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .binding import BindingValidator
-from .heap import settle
-from .limits import ServerLimits
-from .metrics import WebhookMetrics
-from .mutate import is_pod_request, mutate_review
-from .nodes import APISource, DirectorySource, NodeStore
-from .pods_cache import DEFAULT_POD_CACHE_BYTES, PodAPISource, PodCache, PodDirectorySource, PodFinder
-from .review import AdmissionRequest, Verdict
-from .server import DEFAULT_MAX_BODY, ServerConfig, WebhookServer
-from .simulate import Simulator
-from .tls import CertReloader
-from .unjudged import UnjudgedAction, UnjudgedRule
-from .validate import PodValidator
-from .warmup import warm_up
-from .worker_metrics import WorkerMetrics
+from webhook.admission.binding import BindingValidator
+from webhook.admission.mutate import is_pod_request, mutate_review
+from webhook.admission.review import AdmissionRequest, Verdict
+from webhook.admission.simulate import Simulator
+from webhook.admission.unjudged import UnjudgedAction, UnjudgedRule
+from webhook.admission.validate import PodValidator
+from webhook.cluster.nodes import APISource, DirectorySource, NodeStore
+from webhook.cluster.pods_cache import DEFAULT_POD_CACHE_BYTES, PodAPISource, PodCache, PodDirectorySource, PodFinder
+from webhook.https.heap import settle
+from webhook.https.limits import ServerLimits
+from webhook.https.metrics import WebhookMetrics
+from webhook.https.server import DEFAULT_MAX_BODY, ServerConfig, WebhookServer
+from webhook.https.tls import CertReloader
+from webhook.https.warmup import warm_up
+from webhook.https.worker_metrics import WorkerMetrics
 
 __all__ = ["WebhookApp", "WebhookOptions"]
 

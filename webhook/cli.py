@@ -77,11 +77,11 @@ def _fail(msg: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .app import WebhookApp, WebhookOptions
-    from .limits import ServerLimits
-    from .pods_cache import DEFAULT_POD_CACHE_BYTES
-    from .server import DEFAULT_MAX_BODY
-    from .tls import CertError
+    from webhook.app import WebhookApp, WebhookOptions
+    from webhook.cluster.pods_cache import DEFAULT_POD_CACHE_BYTES
+    from webhook.https.limits import ServerLimits
+    from webhook.https.server import DEFAULT_MAX_BODY
+    from webhook.https.tls import CertError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not 0 <= args.port <= 65535:
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             return _fail("--workers needs a fixed --port (with port 0 each worker would listen on a port of its own)")
         if sys.argv[1:2] != ["webhook"]:
             return _fail("--workers works from the numapin command line only")
-        from .workers import supervise, worker_command
+        from webhook.https.workers import supervise, worker_command
 
         return supervise(worker_command(sys.argv[2:]), args.workers)
 

@@ -16,7 +16,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from criproxy.relay import CHANNEL_OPTIONS, normalize_endpoint
+from criproxy.relay.grpc_relay import CHANNEL_OPTIONS, normalize_endpoint
 
 from . import cri_full_pb2 as pb
 from . import ledger
@@ -93,7 +93,7 @@ class CRIClient:
                          command: Sequence[str] = ("sleep", "3600"), image: str = BUSYBOX, attempt: int = 0,
                          devices: Sequence[pb.Device] = (), cpuset_cpus: str = "") -> pb.ContainerConfig:
         """A container config as kubelet sends it (no cpuset with cpuManagerPolicy none)."""
-        from criproxy.cfs import milli_cpu_to_quota, milli_cpu_to_shares
+        from criproxy.node.cfs import milli_cpu_to_quota, milli_cpu_to_shares
         shares = milli_cpu_to_shares(cpu_milli or 0)
         period = 100000
         quota = milli_cpu_to_quota(limit_milli, period) if limit_milli else 0

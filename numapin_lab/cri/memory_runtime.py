@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import grpc
 import grpc.aio
 
-from criproxy.server import start_server
+from criproxy.relay.socket_server import start_server
 
 from . import cri_full_pb2 as pb
 

@@ -69,7 +69,7 @@ async def webhook_sees_published(api: AdmissionClient, pod: Mapping[str, Any], n
     does not agree within ``timeout`` seconds. The webhook polls its NRT directory, so it lags a little."""
     from allocator.nrt import parse_nrt
     from allocator.pod import PodInfo
-    from webhook.simulate import Simulator
+    from webhook.admission.simulate import Simulator
 
     node = parse_nrt(json.loads(nrt_file.read_text()))
     fits = Simulator().admit(node, PodInfo.from_pod(pod), occupied=True).admitted
@@ -303,7 +303,7 @@ class Demo:
     async def _live_transition(self, api: AdmissionClient, db: dict[str, Any]) -> None:
         """db exclusive -> share while it runs (kubectl annotate; the node told on its control socket, as
         `numapin mode` does), with the real Cpus_allowed_list before and after; then back to exclusive."""
-        from criproxy.control import call_control
+        from criproxy.serve.control import call_control
 
         say("")
         say("   A live change of mode, without restarting db: kubectl annotate pod db "

@@ -1,24 +1,32 @@
 """The arrows between numapin's packages point down (docs/architecture.md): ``numapin`` → ``criproxy``/``webhook``
-→ ``allocator`` (→ ``protos`` for the CRI messages), the lab (``numapin_lab``) above them all. The one sideways
-arrow: the proxy's pod watch uses the webhook's API client and list/watch loops (``webhook.sources``). Lazy imports
-count (the graph of test_import_cycles); the lab's own rule is in test_lab_apart."""
+→ ``kubeapi`` (the Kubernetes API client and watches) and ``allocator`` (→ ``protos`` for the CRI messages), the lab
+(``numapin_lab``) above them all. No product imports another product: the proxy and the webhook share only the
+packages below them. Lazy imports count (the graph of test_import_cycles); the lab's own rule is in
+test_lab_apart."""
 
 from __future__ import annotations
 
 from tests.architecture.test_import_cycles import import_graph
 
-PACKAGES = ("allocator", "criproxy", "webhook", "numapin", "numapin_lab", "protos")
+PACKAGES = ("allocator", "kubeapi", "criproxy", "webhook", "numapin", "numapin_lab", "protos")
+PRODUCTS = ("criproxy", "webhook")
 # package -> the other packages its modules may import
 MAY_IMPORT = {
     "protos": set(),
     "allocator": set(),
-    "criproxy": {"allocator", "protos", "webhook"},
-    "webhook": {"allocator"},
-    "numapin": {"allocator", "criproxy", "webhook", "protos", "numapin_lab"},
-    "numapin_lab": {"allocator", "criproxy", "webhook", "numapin", "protos"},
+    "kubeapi": set(),
+    "criproxy": {"allocator", "protos", "kubeapi"},
+    "webhook": {"allocator", "kubeapi"},
+    "numapin": {"allocator", "kubeapi", "criproxy", "webhook", "protos", "numapin_lab"},
+    "numapin_lab": {"allocator", "kubeapi", "criproxy", "webhook", "numapin", "protos"},
 }
-# the sideways arrows, module by module: (importer, imported)
-SIDEWAYS = {("criproxy.pod_watch", "webhook.sources")}
+# the subpackages of each product, by concern (docs/architecture.md): a module outside them is wiring (app, cli,
+# config, package docs)
+SUBPACKAGES = {
+    "criproxy": {"relay", "decisions", "node", "serve"},
+    "webhook": {"https", "admission", "cluster"},
+}
+WIRING = {"__init__", "app", "cli", "config"}
 
 
 def _arrows() -> set[tuple[str, str]]:
@@ -31,6 +39,13 @@ def test_arrows_point_down() -> None:
     assert wrong == [], f"imports against the layers: {wrong}"
 
 
-def test_the_only_sideways_arrow_is_the_pod_watch_on_webhook_sources() -> None:
-    sideways = {(m, d) for m, d in _arrows() if {m.split(".")[0], d.split(".")[0]} == {"criproxy", "webhook"}}
-    assert sideways == SIDEWAYS
+def test_no_product_imports_another_product() -> None:
+    across = sorted((m, d) for m, d in _arrows() if {m.split(".")[0], d.split(".")[0]} == set(PRODUCTS))
+    assert across == [], f"the proxy and the webhook import each other: {across}"
+
+
+def test_every_product_module_lives_in_a_package_of_its_concern() -> None:
+    graph = import_graph(PACKAGES)
+    loose = sorted(m for m in graph if m.split(".")[0] in SUBPACKAGES and len(m.split(".")) == 2
+                   and m.split(".")[1] not in WIRING | SUBPACKAGES[m.split(".")[0]])
+    assert loose == [], f"modules outside the packages by concern (docs/architecture.md): {loose}"

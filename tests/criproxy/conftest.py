@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.relay import RelayHandler, Upstream
-from criproxy.relays import RELAYS, start_relay
+from criproxy.relay.grpc_relay import RelayHandler, Upstream
+from criproxy.relay.relays import RELAYS, start_relay
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.containerd import ContainerdLab, scratch_lab
 from numapin_lab.cri.ledger import scratch_dir

@@ -150,8 +150,8 @@ class RefusingUpdates:
         self.lab, self.tmp, self.refusing = lab, tmp, False
 
     async def __aenter__(self) -> ProxyProcess:
-        from criproxy.relay import Forward, Rejection, RelayHandler, Upstream
-        from criproxy.server import start_relay_server
+        from criproxy.relay.grpc_relay import Forward, Rejection, RelayHandler, Upstream
+        from criproxy.relay.socket_server import start_relay_server
 
         async def update(request: bytes, forward: Forward) -> bytes:
             if self.refusing:

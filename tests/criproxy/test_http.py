@@ -26,8 +26,8 @@ from prometheus_client import CollectorRegistry, Counter
 from allocator.errors import ConfigError
 from criproxy.app import CriProxy
 from criproxy.config import load_config
-from criproxy.http_server import ProxyHttpServer
-from criproxy.status import status_document
+from criproxy.serve.http_server import ProxyHttpServer
+from criproxy.serve.status import status_document
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 

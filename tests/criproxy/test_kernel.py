@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from allocator.cpuset import CPUSet
-from criproxy.gate import PoolGate
-from criproxy.kernel import (
+from criproxy.decisions.gate import PoolGate
+from criproxy.node.kernel import (
     CgroupLayout,
     KernelReader,
     KernelRoots,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.control import ControlServer, call_control
-from criproxy.mode_request import ModeAnswer, ModeRequest
-from criproxy.pod_watch import NodePodWatch
+from criproxy.decisions.mode_request import ModeAnswer, ModeRequest
+from criproxy.decisions.pod_watch import NodePodWatch
+from criproxy.serve.control import ControlServer, call_control
 from numapin_lab.cri.ledger import scratch_dir
 from tests.webhook.fake_kube import PODS_PATH, FakeKubeAPI
 from tests.webhook.test_api_sources import until

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from criproxy import wire
+from criproxy.relay import wire
 from numapin_lab.cri import cri_full_pb2 as full
 from protos import cri_pb2
 

@@ -12,8 +12,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from criproxy.relay import Rejection, RelayHandler, Upstream
-from criproxy.relays import start_relay
+from criproxy.relay.grpc_relay import Rejection, RelayHandler, Upstream
+from criproxy.relay.relays import start_relay
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 

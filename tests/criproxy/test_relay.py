@@ -11,9 +11,9 @@ import grpc
 import grpc.aio
 import pytest
 
-from criproxy.relay import RelayHandler, Upstream
-from criproxy.relays import start_relay
-from criproxy.server import SocketInUseError
+from criproxy.relay.grpc_relay import RelayHandler, Upstream
+from criproxy.relay.relays import start_relay
+from criproxy.relay.socket_server import SocketInUseError
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 
@@ -178,7 +178,7 @@ async def test_interceptors_run_on_the_event_loop_and_their_outcomes_reach_the_c
         short_tmp: Path, runtime: MemoryRuntime, relay_kind: str) -> None:
     """An interceptor (a coroutine of the proxy's loop) forwards changed bytes, rejects with a status, or fails;
     meanwhile relayed calls go on (they do not wait for the loop)."""
-    from criproxy.relay import Rejection
+    from criproxy.relay.grpc_relay import Rejection
 
     loop = asyncio.get_running_loop()
     seen: list[tuple[bytes, object]] = []

@@ -16,9 +16,9 @@ import grpc.aio
 import hpack
 import pytest
 
-from criproxy import h2wire as h2
-from criproxy.relay import Forward, Rejection, RelayHandler, Upstream
-from criproxy.relay_frames import start_frame_relay_server
+from criproxy.relay import h2wire as h2
+from criproxy.relay.frames import start_frame_relay_server
+from criproxy.relay.grpc_relay import Forward, Rejection, RelayHandler, Upstream
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 

@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 from pathlib import Path
 
-from criproxy.relay import RelayHandler, Upstream
-from criproxy.relays import start_relay
+from criproxy.relay.grpc_relay import RelayHandler, Upstream
+from criproxy.relay.relays import start_relay
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 

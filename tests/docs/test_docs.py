@@ -22,7 +22,7 @@ from numapin.cli import SUBCOMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-SOURCES = ("allocator", "criproxy", "webhook", "numapin", "numapin_lab")
+SOURCES = ("allocator", "kubeapi", "criproxy", "webhook", "numapin", "numapin_lab")
 
 
 @dataclass(frozen=True)
@@ -174,8 +174,8 @@ def test_documented_error_messages_are_what_numapin_says() -> None:
 
 
 def test_documented_metrics_are_the_metrics() -> None:
-    from criproxy.metrics import ProxyMetrics
-    from webhook.metrics import WebhookMetrics
+    from criproxy.serve.metrics import ProxyMetrics
+    from webhook.https.metrics import WebhookMetrics
 
     documented = set(_table_fragments("metrics.md"))
     real = {m.name for reg in (ProxyMetrics().registry, WebhookMetrics().registry) for m in reg.collect()}

@@ -14,7 +14,7 @@ import aiohttp
 
 from numapin_lab.demo import admission
 from numapin_lab.demo.admission import binding_request as binding_request  # one builder for the demo and the tests
-from webhook.certs import make_ca, make_serving_cert, service_dns_names
+from webhook.https.certs import make_ca, make_serving_cert, service_dns_names
 
 SERVICE, NAMESPACE = "numapin-webhook", "numapin"
 SERVER_NAME = f"{SERVICE}.{NAMESPACE}.svc"

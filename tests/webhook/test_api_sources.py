@@ -18,8 +18,8 @@ from tests.webhook.fake_kube import NODES_PATH, NRT_PATH, PODS_PATH, FakeKubeAPI
 from tests.webhook.helpers import PKI, Client, binding_request, container, make_pod
 from tests.webhook.nrt_fixtures import machine, node_doc, nrt
 from webhook.app import WebhookApp, WebhookOptions
-from webhook.nodes import APISource, NodeStore
-from webhook.pods_cache import PodAPISource, PodCache
+from webhook.cluster.nodes import APISource, NodeStore
+from webhook.cluster.pods_cache import PodAPISource, PodCache
 
 BIG = machine(2, 14)  # 2 NUMA nodes x 28 CPUs
 SMALL = machine(2, 2)

@@ -20,8 +20,8 @@ import yaml
 from allocator.nrt import parse_nrt
 from tests.webhook.helpers import Client, apply_patch, binding_request, container, make_pod, pod_request
 from tests.webhook.nrt_fixtures import write_docs
+from webhook.admission.synthetic_node import synthetic_reserved, synthetic_topology
 from webhook.app import WebhookApp
-from webhook.synthetic_node import synthetic_reserved, synthetic_topology
 
 GIB = 1024**3
 
@@ -172,7 +172,7 @@ def test_random_exporter_documents_are_parsed_and_simulated() -> None:
     import random
 
     from allocator.pod import PodInfo
-    from webhook.simulate import Simulator
+    from webhook.admission.simulate import Simulator
 
     rng = random.Random(20261123)
     sim = Simulator()

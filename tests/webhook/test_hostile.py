@@ -31,7 +31,7 @@ from tests.webhook.hostile import (
     request,
     send_cases,
 )
-from webhook.limits import PER_CONNECTION_BYTES
+from webhook.https.limits import PER_CONNECTION_BYTES
 
 MAX_CONNECTIONS = 64
 MAX_BODY = 1024 * 1024

@@ -8,7 +8,7 @@ import jsonpatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from webhook.jsonpatch_diff import diff, escape_pointer_token
+from webhook.admission.jsonpatch_diff import diff, escape_pointer_token
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False, allow_infinity=False)

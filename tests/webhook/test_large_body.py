@@ -26,7 +26,7 @@ from benchmarks.webhook_large import LoopProbe
 from tests.webhook.helpers import PKI
 from tests.webhook.nrt_fixtures import write_cluster
 from webhook.app import WebhookApp, WebhookOptions
-from webhook.request_body import parse_slim
+from webhook.https.request_body import parse_slim
 
 
 def _post(port: int, pki: PKI, body: bytes) -> tuple[int, bytes]:

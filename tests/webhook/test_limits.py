@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 
 from tests.webhook.helpers import PKI, SERVER_NAME, container, make_pod, pod_request, review
-from webhook.certs import make_ca
-from webhook.client_certs import make_client_cert
-from webhook.limits import BODY_EXPANSION, ServerLimits
-from webhook.metrics import WebhookMetrics
-from webhook.review import AdmissionRequest, Verdict
-from webhook.server import ServerConfig, WebhookServer
-from webhook.tls import CertReloader
+from webhook.admission.review import AdmissionRequest, Verdict
+from webhook.https.certs import make_ca
+from webhook.https.client_certs import make_client_cert
+from webhook.https.limits import BODY_EXPANSION, ServerLimits
+from webhook.https.metrics import WebhookMetrics
+from webhook.https.server import ServerConfig, WebhookServer
+from webhook.https.tls import CertReloader
 
 
 async def _allow(req: AdmissionRequest) -> Verdict:

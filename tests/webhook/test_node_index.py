@@ -12,9 +12,9 @@ import pytest
 
 from allocator.nrt import parse_nrt
 from allocator.pod import PodInfo
-from webhook.nodes import NodeStore
-from webhook.simulate import Simulator
-from webhook.validate import feasibility
+from webhook.admission.simulate import Simulator
+from webhook.admission.validate import feasibility
+from webhook.cluster.nodes import NodeStore
 
 from .nrt_fixtures import machine, nrt
 

@@ -6,7 +6,7 @@ from allocator.cpuset import CPUSet
 from allocator.errors import TopologyError
 from allocator.nrt import NRT_API_VERSION, build_nrt, parse_nrt
 from allocator.topology import CPUInfo, Topology
-from webhook.synthetic_node import OCCUPIED_POD_UID, synthetic_reserved, synthetic_state, synthetic_topology
+from webhook.admission.synthetic_node import OCCUPIED_POD_UID, synthetic_reserved, synthetic_state, synthetic_topology
 
 
 def two_numa_smt() -> Topology:

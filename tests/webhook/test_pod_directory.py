@@ -11,8 +11,8 @@ from pathlib import Path
 import yaml
 
 from tests.webhook.nrt_fixtures import machine, nrt
-from webhook.nodes import DirectorySource, NodeStore
-from webhook.pods_cache import PodCache, PodDirectorySource
+from webhook.cluster.nodes import DirectorySource, NodeStore
+from webhook.cluster.pods_cache import PodCache, PodDirectorySource
 
 
 def _pod(name: str) -> dict[str, object]:

@@ -11,7 +11,7 @@ from cryptography import x509
 
 from tests.webhook.helpers import PKI, SERVER_NAME, Client, container, make_pod, pod_request, review
 from webhook.app import WebhookApp
-from webhook.certs import make_serving_cert, service_dns_names
+from webhook.https.certs import make_serving_cert, service_dns_names
 
 
 async def _served_serial(port: int, pki: PKI) -> int:

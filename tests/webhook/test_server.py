@@ -149,10 +149,10 @@ async def test_certificate_is_verified_by_name(client: Client, pki: PKI) -> None
 
 
 async def test_decision_errors_are_answered_not_500(pki: PKI) -> None:
-    from webhook.metrics import WebhookMetrics
-    from webhook.review import AdmissionRequest, Verdict
-    from webhook.server import ServerConfig, WebhookServer
-    from webhook.tls import CertReloader
+    from webhook.admission.review import AdmissionRequest, Verdict
+    from webhook.https.metrics import WebhookMetrics
+    from webhook.https.server import ServerConfig, WebhookServer
+    from webhook.https.tls import CertReloader
 
     async def broken(req: AdmissionRequest) -> Verdict:
         raise RuntimeError("bug")
@@ -177,10 +177,10 @@ async def test_an_internal_error_is_a_500_the_operator_reads_in_kubectl(pki: PKI
     written as JSON, a bug), is answered 500 with a line of text naming the error, over real TLS, on every path; the
     API server, reading it as it does (``apiserver_view``), refuses the request under ``failurePolicy: Fail`` with
     that line in kubectl's message and lets it through under ``Ignore``; the server keeps serving."""
-    from webhook.metrics import WebhookMetrics
-    from webhook.review import AdmissionRequest, Verdict
-    from webhook.server import ServerConfig, WebhookServer
-    from webhook.tls import CertReloader
+    from webhook.admission.review import AdmissionRequest, Verdict
+    from webhook.https.metrics import WebhookMetrics
+    from webhook.https.server import ServerConfig, WebhookServer
+    from webhook.https.tls import CertReloader
 
     async def unwritable(req: AdmissionRequest) -> Verdict:
         return Verdict.allow(patch=({"op": "add", "path": "/metadata/labels", "value": object()},))

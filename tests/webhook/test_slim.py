@@ -23,10 +23,10 @@ from allocator.pod import CPU_MANAGER_ANNOTATION
 from tests.webhook.helpers import binding_request, make_pki, review
 from tests.webhook.nrt_fixtures import write_cluster
 from tests.webhook.test_fuzz import annotations, json_values, pods, quantities
+from webhook.admission.review import parse_review
+from webhook.admission.slim import slim_review
 from webhook.app import WebhookApp, WebhookOptions
-from webhook.request_body import BodyError, _standard, decode_body
-from webhook.review import parse_review
-from webhook.slim import slim_review
+from webhook.https.request_body import BodyError, _standard, decode_body
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -13,8 +13,8 @@ import pytest
 from tests.webhook.helpers import PKI, Client
 from tests.webhook.nrt_fixtures import write_cluster
 from webhook.app import WebhookApp, WebhookOptions
-from webhook.heap import settle
-from webhook.warmup import warm_up
+from webhook.https.heap import settle
+from webhook.https.warmup import warm_up
 
 
 async def test_warm_up_runs_every_decision_path_and_leaves_no_trace(pki: PKI, nrt_dir: Path, pods_dir: Path,

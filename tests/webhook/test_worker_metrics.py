@@ -15,8 +15,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.webhook.test_cli import _alive, _serve_webhook, numapin, workers_listening
-from webhook.metrics import WebhookMetrics
-from webhook.worker_metrics import merge
+from webhook.https.metrics import WebhookMetrics
+from webhook.https.worker_metrics import merge
 
 
 def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -31,7 +31,7 @@ from numapin_lab.demo.pod_manifest import make_pod
 from numapin_lab.demo.pod_runner import PodRunner, RunningPod
 from numapin_lab.demo.stack import ManagedProcess
 from tests.numa.guest.warm_proxy import WarmProxy
-from webhook.mutate import mutate_pod
+from webhook.admission.mutate import mutate_pod
 
 __all__ = ["OPLOG_ENV", "WORK", "GuestNode", "Kernel", "NodeConfig", "Refusal"]
 

@@ -1,0 +1,548 @@
+"""The proxy's decisions: the interceptors of CreateContainer, UpdateContainerResources, RemoveContainer,
+StopPodSandbox and RemovePodSandbox, around the allocator's node facade.
+
+Every change of the allocation happens under one asyncio lock (the relay of other methods never takes it),
+is written to the checkpoint before anything is forwarded, and is undone and written again when the runtime
+refuses the container. Before an exclusive container is created every container of the shared pool has
+been narrowed; released CPUs widen the pool again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from allocator.checkpoint import CheckpointStore
+from allocator.cpuset import CPUSet
+from allocator.errors import AllocatorError, PodSpecError
+from allocator.intent import INTENT_ANNOTATION
+from allocator.node import NodeAllocator, NodeConfig, PodDecision
+from allocator.pod import PodInfo
+from criproxy.decisions.cri_intent import PodIdentity, SelfPod, identity_of, pod_from_cri
+from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance
+from criproxy.decisions.registry import CriPod, Registry, Tracked, TrackedMode
+from criproxy.node.cpuset_pusher import CpusetPusher
+from criproxy.node.devices import devices_numa_nodes
+from criproxy.relay import wire
+from criproxy.relay.cri_api import (
+    CPU_QUOTA,
+    CPUSET_CPUS,
+    CPUSET_MEMS,
+    CREATE_RESOURCES,
+    UNLIMITED_QUOTA,
+    UPDATE_RESOURCES,
+    RuntimeApi,
+)
+from criproxy.relay.grpc_relay import Forward, Interceptor, Rejection
+from protos import cri_pb2
+
+__all__ = ["Pinning", "PinningOptions", "Placement"]
+
+log = logging.getLogger("numapin.criproxy")
+
+# an admission waiting for the start-up reconcile answers this long before the call's deadline (UNAVAILABLE
+# with a message, instead of the caller's bare DEADLINE_EXCEEDED); a call without a deadline waits this long
+_GATE_MARGIN = 0.25
+_GATE_NO_DEADLINE = 60.0
+
+
+@dataclass(frozen=True)
+class PinningOptions:
+    lift_cfs_quota: bool = True          # pinned containers run without a CFS quota (kubelet >= 1.32)
+    sysfs: str = "/sys"                  # for device NUMA nodes
+    self_pod: tuple[str, str] | None = None   # (namespace, name) of the proxy's own pod: passed through
+    self_pod_uid: str | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one container runs, as decided and committed: its own CPUs (``pinned``) or the shared pool."""
+
+    mode: TrackedMode
+    cpus: CPUSet
+    mems: CPUSet
+    pinned: bool
+    had_cpus: bool      # the container held these CPUs before (a re-created container)
+
+    @property
+    def reason(self) -> str:
+        return "reused" if self.had_cpus else "allocated" if self.pinned else "shared pool"
+
+
+@dataclass(frozen=True, eq=False)
+class _Flight:
+    """A shared container's create at the runtime, decided with the pool ``cpus``."""
+
+    cpus: CPUSet
+    settled: asyncio.Event
+
+
+class Pinning:
+    def __init__(self, config: NodeConfig, allocator: NodeAllocator, store: CheckpointStore, pusher: CpusetPusher,
+                 registry: Registry, options: PinningOptions = PinningOptions(), *,
+                 api: RuntimeApi | None = None,
+                 ready: asyncio.Event | None = None,
+                 on_change: Callable[[], None] | None = None,
+                 on_admitted: Callable[[TrackedMode], None] | None = None,
+                 on_rejected: Callable[[str], None] | None = None,
+                 on_narrow: Callable[[float], None] | None = None) -> None:
+        self.allocator = allocator
+        self.store = store
+        self.pusher = pusher
+        self.registry = registry
+        self.options = options
+        self.api = api or RuntimeApi()
+        self.self_pod = SelfPod(options.self_pod, options.self_pod_uid)
+        # set once the start-up reconcile has a complete picture: no admission is decided before
+        self.ready = ready if ready is not None else _set_event()
+        self.lock = asyncio.Lock()  # every change of the allocation (decisions, releases, reconcile)
+        # one create at a time per pod, as kubelet's pod worker: pod uid -> (lock, callers holding or waiting)
+        self._pod_locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._flights: list[_Flight] = []  # shared containers whose create is at the runtime
+        self._background: set[asyncio.Task[None]] = set()
+        # (pod uid, container) decided and at the runtime, not registered yet: reconcile keeps their CPUs
+        self.creating: set[tuple[str, str]] = set()
+        self.on_change = on_change or (lambda: None)
+        self.on_admitted = on_admitted or (lambda mode: None)  # a container created, with its mode
+        self.on_rejected = on_rejected or (lambda reason: None)  # a create refused, with kubelet's reason
+        self.on_narrow = on_narrow or (lambda seconds: None)
+        self.config = config
+        self.policy = config.topology_manager_policy
+        self.scope = config.topology_manager_scope
+        self.topology = config.topology
+
+    def interceptors(self) -> Mapping[str, Interceptor]:
+        return {
+            "CreateContainer": self.create_container,
+            "UpdateContainerResources": self.update_container_resources,
+            "StopContainer": self.stop_container,
+            "RemoveContainer": self.remove_container,
+            "StopPodSandbox": self.stop_pod_sandbox,
+            "RemovePodSandbox": self.remove_pod_sandbox,
+        }
+
+    # -- helpers ------------------------------------------------------------------------------------------
+    def _mems_of(self, cpus: CPUSet) -> CPUSet:
+        return self.topology.numa_of(cpus)
+
+    def shared_pool(self) -> tuple[CPUSet, CPUSet]:
+        pool = self.allocator.shared_pool()
+        return pool, self._mems_of(pool)
+
+    async def save(self) -> None:
+        await asyncio.to_thread(self.store.save, self.allocator.state)
+
+    def passes_through(self, ident: PodIdentity) -> bool:
+        return self.self_pod.passes(ident.uid, ident.namespace, ident.name, ident.annotations)
+
+    async def _resize_shared(self) -> None:
+        pool, mems = self.shared_pool()
+        result = await self.pusher.resize_shared(pool, mems)
+        if result.changed or result.failed:
+            self.on_narrow(result.seconds)
+            log.info("shared pool -> cpus=%s mems=%s: %d containers updated (%d cgroups written directly), %d failed "
+                     "in %.1f ms", pool, mems, result.changed, result.direct, result.failed, result.seconds * 1000)
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def stop_background(self, timeout: float) -> None:
+        """Let the background work (CPUs given back for creates their caller abandoned) finish within ``timeout``
+        seconds, then cancel the rest: nothing runs afterwards (a give-back lost so is redone by the next start's
+        reconcile, which drops assignments of containers that do not exist)."""
+        if self._background:
+            _, pending = await asyncio.wait(set(self._background), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def _pod_lock(self, uid: str) -> asyncio.Lock:
+        """The pod's lock; every call is paired with one ``_drop_pod_lock`` (the lock goes with its last user)."""
+        lock, users = self._pod_locks.get(uid, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._pod_locks[uid] = (lock, users + 1)
+        return lock
+
+    def _drop_pod_lock(self, uid: str) -> None:
+        lock, users = self._pod_locks[uid]
+        if users <= 1:
+            del self._pod_locks[uid]
+        else:
+            self._pod_locks[uid] = (lock, users - 1)
+
+    # -- CreateContainer ------------------------------------------------------------------------------------
+    async def create_container(self, request: bytes, forward: Forward) -> bytes:
+        """Admit the container's pod and commit the decision (state on disk, shared pool narrowed) under the
+        allocation lock; then, without it, put the cpuset on the wire message and forward it (creates of other
+        pods go on meanwhile); a create the runtime refuses gives its CPUs back.
+
+        Zero isolation window: a shared container whose create is in flight was decided with the pool of that
+        moment; an admission that shrinks the pool narrows the registered shared containers under the lock and
+        waits (without it) until every in-flight shared create that may hold the removed CPUs has registered
+        and been narrowed, before its own container reaches the runtime."""
+        self.api.learn(forward.method)
+        req = cri_pb2.CreateContainerRequest.FromString(request)
+        ident = identity_of(req.sandbox_config)
+        name = req.config.metadata.name
+        if self.passes_through(ident):
+            return await self._pass_through(request, forward, req, ident)
+        await self._await_ready(forward, ident, name)
+        pod_lock = self._pod_lock(ident.uid)
+        try:
+            async with pod_lock:
+                pod, reallocate = await self._pod_model(req, ident, forward)
+                devices = await self._devices(req)
+                async with self.lock:
+                    placement, flights = await self._decide(pod, ident, name, devices, reallocate,
+                                                            req.pod_sandbox_id)
+                    flight = self._take_off(placement)
+                    self.creating.add((ident.uid, name))
+                created: bytes | None = None
+                try:
+                    await self._await_flights(flights, forward, ident, name, placement)
+                    edited = self._edit(request, placement)
+                    response = created = await self._forward_or_release(edited, forward, ident, name, placement)
+                    await self._register(req, ident, placement, response)
+                except asyncio.CancelledError:
+                    # the caller gave up (its deadline passed): a container not created yet gives its CPUs back
+                    # (kubelet creates it again; nothing leaks); one the runtime created is tracked all the same,
+                    # so that its removal releases them
+                    self._in_background(self._give_back(ident, name, placement, "the caller gave up")
+                                        if created is None else self._register(req, ident, placement, created))
+                    raise
+                finally:
+                    self.creating.discard((ident.uid, name))
+                    if flight is not None:
+                        self._land(flight)
+        finally:
+            self._drop_pod_lock(ident.uid)
+        return response
+
+    async def _pass_through(self, request: bytes, forward: Forward, req: cri_pb2.CreateContainerRequest,
+                            ident: PodIdentity) -> bytes:
+        response = await forward(request)
+        cid = cri_pb2.CreateContainerResponse.FromString(response).container_id
+        name = req.config.metadata.name
+        self.registry.add(Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, "bypass"))
+        log.info("decision pod=%s container=%s mode=bypass (passed through untouched)", ident.ref, name)
+        return response
+
+    async def _await_ready(self, forward: Forward, ident: PodIdentity, name: str) -> None:
+        """Admissions wait for the start-up reconcile (bounded by the call's deadline): never decided on an
+        empty picture of the node."""
+        if self.ready.is_set():
+            return
+        budget = _GATE_NO_DEADLINE if forward.timeout is None else forward.timeout - _GATE_MARGIN
+        log.info("pod=%s container=%s waits for the start-up reconcile (at most %.1f s)", ident.ref, name,
+                 max(budget, 0.0))
+        try:
+            await asyncio.wait_for(self.ready.wait(), max(budget, 0.0))
+        except TimeoutError:
+            self.on_rejected("NotReconciled")
+            raise Rejection(grpc.StatusCode.UNAVAILABLE,
+                            f"numapin: pod {ident.ref} container {name} not admitted yet: the proxy "
+                            "has not finished its start-up reconcile with the runtime (is the runtime reachable? "
+                            "see the proxy's log); no CPUs are decided on an incomplete picture, retry") from None
+
+    async def _pod_model(self, req: cri_pb2.CreateContainerRequest, ident: PodIdentity,
+                         forward: Forward) -> tuple[PodInfo, tuple[str, ...]]:
+        """The pod as numapin knows it (the intent annotation, else CRI) and the containers to give new CPUs."""
+        name = req.config.metadata.name
+        try:
+            if ident.annotations.get(INTENT_ANNOTATION) is not None:
+                return pod_from_cri(req), ()
+            cri_pod = self.registry.pods.setdefault(ident.uid, CriPod())
+            others = (await self._instances(req.pod_sandbox_id, cri_pod) if cri_pod.roles.judges_others(name)
+                      else {})
+            was_init = cri_pod.roles.on_create(name, req.config.annotations.get(KIND_ANNOTATION), others)
+            pod = pod_from_cri(req, cri_pod.resources, cri_pod.roles)
+        except PodSpecError as e:
+            self.on_rejected("InvalidIntent")
+            raise Rejection(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"numapin: pod {ident.ref} container {name}: {e}") from None
+        if was_init and self._passed_on(ident.uid, name):
+            log.warning("pod=%s container=%s: taken for an init container (it had exited 0 before a sibling was "
+                        "first created), its CPUs passed to a sibling; re-created now, it gets CPUs of its own",
+                        ident.ref, name)
+            return pod, (name,)
+        return pod, ()
+
+    def _passed_on(self, uid: str, name: str) -> bool:
+        mine = self.allocator.container_cpus(uid, name)
+        if mine is None:
+            return False
+        return any(n != name and not cpus.isdisjoint(mine)
+                   for n, cpus in self.allocator.state.assignments.get(uid, {}).items())
+
+    async def _instances(self, sandbox_id: str, cri_pod: CriPod) -> dict[str, Instance]:
+        """The latest instance of each container of the sandbox (exit codes of the exited ones whose role is
+        still open); empty when the runtime cannot tell (their roles then stay open: no CPU reuse)."""
+        req = cri_pb2.ListContainersRequest(filter=cri_pb2.ContainerFilter(pod_sandbox_id=sandbox_id))
+        try:
+            raw = await self.pusher.upstream.call(self.api.method("ListContainers"), req.SerializeToString(),
+                                                  timeout=10.0)
+        except grpc.aio.AioRpcError as e:
+            log.warning("cannot list the containers of sandbox %s (%s): their roles stay open", sandbox_id[:13],
+                        e.code().name)
+            return {}
+        latest: dict[str, cri_pb2.Container] = {}
+        for c in cri_pb2.ListContainersResponse.FromString(raw).containers:
+            seen = latest.get(c.metadata.name)
+            if seen is None or (c.metadata.attempt, c.created_at) > (seen.metadata.attempt, seen.created_at):
+                latest[c.metadata.name] = c
+        out: dict[str, Instance] = {}
+        for n, c in latest.items():
+            exited = c.state == cri_pb2.CONTAINER_EXITED
+            code, finished = None, 0
+            if exited and n in cri_pod.roles.order and n not in cri_pod.roles.decided:
+                status = await self._status(c.id)
+                if status is None:
+                    continue
+                code, finished = status.exit_code, status.finished_at
+            out[n] = Instance(n, c.metadata.attempt, c.created_at, exited, code, finished,
+                              c.annotations.get(KIND_ANNOTATION))
+        return out
+
+    async def _status(self, cid: str) -> cri_pb2.ContainerStatus | None:
+        req = cri_pb2.ContainerStatusRequest(container_id=cid).SerializeToString()
+        try:
+            raw = await self.pusher.upstream.call(self.api.method("ContainerStatus"), req, timeout=10.0)
+        except grpc.aio.AioRpcError:
+            return None
+        return cri_pb2.ContainerStatusResponse.FromString(raw).status
+
+    async def _devices(self, req: cri_pb2.CreateContainerRequest) -> dict[str, frozenset[int]]:
+        paths = [d.host_path for d in req.config.devices]
+        return await asyncio.to_thread(devices_numa_nodes, paths, self.options.sysfs) if paths else {}
+
+    async def _decide(self, pod: PodInfo, ident: PodIdentity, name: str, devices: Mapping[str, frozenset[int]],
+                      reallocate: tuple[str, ...], sandbox_id: str) -> tuple[Placement, list[_Flight]]:
+        """Admit the pod (call with the lock held) and commit: the state is on disk and the registered shared
+        containers narrowed before the runtime hears of the container. Returns the placement and the in-flight
+        shared creates to wait for (they may hold CPUs the pool just lost). Raises Rejection."""
+        had_cpus = self.allocator.container_cpus(ident.uid, name) is not None and name not in reallocate
+        before = self.allocator.state.copy()
+        pool_before = self.allocator.shared_pool()
+        try:
+            decision = await asyncio.to_thread(self.allocator.admit_pod, pod,
+                                               devices={name: devices} if devices else None, reallocate=reallocate,
+                                               only=name if self._admitted_before(ident.uid, sandbox_id) else None)
+        except AllocatorError as e:
+            self.on_rejected(getattr(e, "reason", type(e).__name__))
+            raise Rejection(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"numapin: pod {ident.ref} container {name}: {e}") from None
+        if not decision.admitted:
+            self._reject(decision, ident, name)
+        if not any(c.name == name for c in decision.containers):
+            raise Rejection(grpc.StatusCode.INTERNAL,
+                            f"numapin: pod {ident.ref}: the allocator made no decision for container {name}")
+        # what the state says wins: a container holding CPUs runs on them (kubelet keeps an existing
+        # assignment even if the container's request changed), anything else on the shared pool
+        own = self.allocator.container_cpus(ident.uid, name)
+        if own is not None:
+            placement = Placement(self.allocator.state.mode(ident.uid, name),  # type: ignore[arg-type]
+                                  own, self._mems_of(own), True, had_cpus)
+        else:
+            pool, mems = self.shared_pool()
+            placement = Placement("shared", pool, mems, False, False)
+        if self.allocator.state != before:
+            await self.save()  # the allocation is on disk before the runtime hears of the container
+            self.on_change()
+        flights: list[_Flight] = []
+        if self.allocator.shared_pool() != pool_before:
+            # any shrink of the pool (this container's CPUs, or its pod's other containers' admitted with it)
+            # narrows the shared containers before the runtime hears of this one
+            await self._resize_shared()
+            lost = pool_before - self.allocator.shared_pool()
+            flights = [f for f in self._flights if not f.cpus.isdisjoint(lost)]
+        return placement, flights
+
+    def _admitted_before(self, uid: str, sandbox_id: str) -> bool:
+        """Whether the runtime already created a container of this sandbox (kubelet admitted the pod before its
+        first container's create; later creates only look their CPUs up)."""
+        return any(t.sandbox_id == sandbox_id for t in self.registry.of_pod(uid))
+
+    def _take_off(self, placement: Placement) -> _Flight | None:
+        """A shared container's create leaves for the runtime with the pool of this moment (call under the lock)."""
+        if placement.pinned:
+            return None
+        flight = _Flight(placement.cpus, asyncio.Event())
+        self._flights.append(flight)
+        return flight
+
+    def _land(self, flight: _Flight) -> None:
+        """The create is registered and narrowed to the current pool, or it failed."""
+        flight.settled.set()
+        self._flights.remove(flight)
+
+    async def _await_flights(self, flights: list[_Flight], forward: Forward, ident: PodIdentity, name: str,
+                             placement: Placement) -> None:
+        """Wait (without the lock) until the in-flight shared creates that may hold CPUs the pool lost are
+        registered and narrowed; past the call's deadline the allocation is given back (UNAVAILABLE)."""
+        pending = [f.settled.wait() for f in flights if not f.settled.is_set()]
+        if not pending:
+            return
+        budget = None if forward.timeout is None else max(forward.timeout - _GATE_MARGIN, 0.0)
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending), budget)
+        except TimeoutError:
+            await self._give_back(ident, name, placement, "shared containers being created were not narrowed "
+                                                          "in time")
+            raise Rejection(grpc.StatusCode.UNAVAILABLE,
+                            f"numapin: pod {ident.ref} container {name}: shared containers whose creation was "
+                            "under way could not be narrowed off its CPUs before the deadline; retry") from None
+
+    def _edit(self, request: bytes, placement: Placement) -> bytes:
+        """The request with numapin's cpuset (and no CFS quota for a pinned container); every other byte kept."""
+        updates = {CPUSET_CPUS: wire.encode_string(CPUSET_CPUS, str(placement.cpus)),
+                   CPUSET_MEMS: wire.encode_string(CPUSET_MEMS, str(placement.mems))}
+        if placement.pinned and self.options.lift_cfs_quota:
+            updates[CPU_QUOTA] = wire.encode_int64(CPU_QUOTA, UNLIMITED_QUOTA)
+        return wire.set_fields(request, CREATE_RESOURCES, updates)
+
+    async def _forward_or_release(self, edited: bytes, forward: Forward, ident: PodIdentity, name: str,
+                                  placement: Placement) -> bytes:
+        """Forward the create; when the runtime refuses it, CPUs allocated for it go back (and the pool widens)."""
+        try:
+            return await forward(edited)
+        except grpc.aio.AioRpcError as e:
+            await self._give_back(ident, name, placement, "runtime refused the create")
+            log.info("decision pod=%s container=%s: runtime refused the create (%s)%s", ident.ref, name,
+                     e.code().name, "; allocation released" if placement.pinned and not placement.had_cpus else "")
+            raise
+
+    async def _give_back(self, ident: PodIdentity, name: str, placement: Placement, why: str) -> None:
+        """CPUs allocated for a container that will not be created go back, and the pool widens."""
+        if not placement.pinned or placement.had_cpus:
+            return
+        async with self.lock:
+            if self.allocator.container_cpus(ident.uid, name) is not None:
+                freed = self.allocator.release_container(ident.uid, name)
+                await self._after_release(f"pod={ident.ref} container={name} ({why})", freed)
+
+    async def _register(self, req: cri_pb2.CreateContainerRequest, ident: PodIdentity, placement: Placement,
+                        response: bytes) -> None:
+        """The runtime created the container: track it (a shared one is brought to the pool of now, which may
+        have changed while it was being created), and (CRI pod model) remember what kubelet asked for it."""
+        name = req.config.metadata.name
+        cid = cri_pb2.CreateContainerResponse.FromString(response).container_id
+        t = Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, placement.mode, placement.cpus,
+                    placement.mems)
+        async with self.lock:  # not amid a reconcile's rebuild of the registry; no push overtakes another
+            self.registry.add(t)
+            if not placement.pinned:
+                pool, mems = self.shared_pool()
+                if (pool, mems) != (placement.cpus, placement.mems):
+                    await self.pusher.push([(t, pool, mems, None)])
+                    log.info("pod=%s container=%s created with cpus=%s; the pool changed meanwhile: now cpus=%s",
+                             ident.ref, name, placement.cpus, pool)
+        if ident.annotations.get(INTENT_ANNOTATION) is None:
+            resources = cri_pb2.LinuxContainerResources()
+            resources.CopyFrom(req.config.linux.resources)
+            self.registry.pods.setdefault(ident.uid, CriPod()).resources[name] = resources
+        self.on_admitted(placement.mode)
+        log.info("decision pod=%s container=%s id=%s mode=%s cpus=%s mems=%s reason=%s", ident.ref, name,
+                 cid[:13], placement.mode, placement.cpus, placement.mems, placement.reason)
+
+    def _reject(self, decision: PodDecision, ident: PodIdentity, name: str) -> None:
+        self.on_rejected(decision.reason or "Rejected")
+        code = (grpc.StatusCode.RESOURCE_EXHAUSTED if decision.reason == "UnexpectedAdmissionError"
+                else grpc.StatusCode.FAILED_PRECONDITION)
+        msg = (f"numapin: pod {ident.ref} container {name} rejected ({decision.reason}) by topology manager "
+               f"policy {self.policy} scope {self.scope}: {decision.message}")
+        log.info("decision pod=%s container=%s mode=rejected reason=%s message=%s", ident.ref, name,
+                 decision.reason, decision.message)
+        raise Rejection(code, msg)
+
+    # -- UpdateContainerResources -------------------------------------------------------------------------
+    async def update_container_resources(self, request: bytes, forward: Forward) -> bytes:
+        req = cri_pb2.UpdateContainerResourcesRequest.FromString(request)
+        t = self.registry.containers.get(req.container_id)
+        if t is None or t.mode == "bypass" or t.cpus is None:
+            return await forward(request)
+        # the cpuset numapin wants now (for a shared container: the current pool, even mid-narrowing)
+        cpus, mems = (t.cpus, t.mems) if t.pinned else self.shared_pool()
+        updates = {CPUSET_CPUS: wire.encode_string(CPUSET_CPUS, str(cpus))}
+        if mems is not None:
+            updates[CPUSET_MEMS] = wire.encode_string(CPUSET_MEMS, str(mems))
+        if t.pinned and self.options.lift_cfs_quota and req.linux.cpu_quota:
+            updates[CPU_QUOTA] = wire.encode_int64(CPU_QUOTA, UNLIMITED_QUOTA)
+        if (req.linux.cpuset_cpus, req.linux.cpuset_mems) != (str(cpus), str(mems or "")):
+            log.info("update pod=%s container=%s: cpuset %r kept as %s (numapin owns cpusets)", t.pod_ref, t.name,
+                     req.linux.cpuset_cpus, cpus)
+        return await forward(wire.set_fields(request, UPDATE_RESOURCES, updates))
+
+    # -- removal --------------------------------------------------------------------------------------------
+    async def stop_container(self, request: bytes, forward: Forward) -> bytes:
+        """A stopped container never runs again (kubelet creates a new one): it leaves the shared pool's
+        narrowing set; its CPUs stay with the pod until RemoveContainer."""
+        response = await forward(request)
+        t = self.registry.containers.get(cri_pb2.StopContainerRequest.FromString(request).container_id)
+        if t is not None:
+            t.exited = True
+        return response
+
+    async def remove_container(self, request: bytes, forward: Forward) -> bytes:
+        cid = cri_pb2.RemoveContainerRequest.FromString(request).container_id
+        response = await forward(request)
+        t = self.registry.remove(cid)
+        if t is None or self.registry.instances(t.pod_uid, t.name):
+            return response
+        pod = self.registry.pods.get(t.pod_uid)
+        if pod is not None:
+            pod.forget(t.name)  # gone from the pod model too (not allocated again)
+        if t.pinned:
+            async with self.lock:
+                if self.allocator.container_cpus(t.pod_uid, t.name) is not None:
+                    freed = self.allocator.release_container(t.pod_uid, t.name)
+                    await self._after_release(f"pod={t.pod_ref} container={t.name}", freed)
+        return response
+
+    async def stop_pod_sandbox(self, request: bytes, forward: Forward) -> bytes:
+        sid = cri_pb2.StopPodSandboxRequest.FromString(request).pod_sandbox_id
+        response = await forward(request)
+        await self._release_pod_of(sid, "stopped")
+        return response
+
+    async def remove_pod_sandbox(self, request: bytes, forward: Forward) -> bytes:
+        sid = cri_pb2.RemovePodSandboxRequest.FromString(request).pod_sandbox_id
+        response = await forward(request)
+        await self._release_pod_of(sid, "removed")
+        return response
+
+    async def _release_pod_of(self, sandbox_id: str, what: str) -> None:
+        uid = self.registry.sandboxes.get(sandbox_id)
+        if uid is None:
+            return
+        ref = next((t.pod_ref for t in self.registry.of_pod(uid)), uid)
+        for t in self.registry.of_pod(uid):
+            t.exited = True  # a stopped sandbox's containers are dead: never narrowed again
+        self.registry.pods.pop(uid, None)  # a new sandbox of the pod starts a new pod model
+        async with self.lock:
+            had = uid in self.allocator.state.assignments
+            freed = self.allocator.release_pod(uid)
+            if what == "removed":
+                self.registry.forget_pod(uid)
+            if had:
+                await self._after_release(f"pod={ref} (sandbox {what})", freed)
+
+    async def _after_release(self, what: str, freed: CPUSet) -> None:
+        await self.save()
+        self.on_change()
+        log.info("release %s cpus=%s", what, freed)
+        await self._resize_shared()
+
+
+def _set_event() -> asyncio.Event:
+    e = asyncio.Event()
+    e.set()
+    return e

@@ -1,0 +1,155 @@
+"""Pushing cpusets to containers (narrowing and widening the shared pool, re-applying drifted cpusets): the
+kernel first, containerd's record right after.
+
+A running container whose cgroup is known (``cgroups``, learned by the convergence) gets its cgroup's
+``cpuset.cpus``/``cpuset.mems`` written directly, as runc would write them: the kernel moves its processes at
+once, and a narrowing of a hundred containers is a few hundred file writes instead of a hundred ``runc update``
+processes. containerd's record is then brought up to date with ``UpdateContainerResources`` in the background
+(``records``); the convergence is the backstop if containerd or runc later writes a stale record back into the
+cgroup. A container that is not running (created, not started: containerd applies its record at the start), one
+whose cgroup is not known yet, a write the kernel refuses, or a change of the CFS quota too goes through
+``UpdateContainerResources`` and is waited for. Only containers whose cpuset changes are touched.
+
+Resizing the pool holds the pool gate exclusively (see ``gate``): no shared container starts meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import grpc
+import grpc.aio
+
+from allocator.cpuset import CPUSet
+from criproxy.decisions.gate import PoolGate
+from criproxy.decisions.registry import Registry, Tracked
+from criproxy.node.kernel import CgroupLayout, write_cpusets
+from criproxy.node.records import Record, RecordQueue
+from criproxy.relay.cri_api import RuntimeApi
+from criproxy.relay.grpc_relay import Upstream
+from protos import cri_pb2
+
+__all__ = ["CpusetPusher", "PushResult"]
+
+log = logging.getLogger("numapin.criproxy")
+
+Item = tuple[Tracked, CPUSet, CPUSet | None, int | None]  # container, cpus, mems, CFS quota (None: unchanged)
+
+
+@dataclass(frozen=True)
+class PushResult:
+    changed: int      # containers that have the cpuset now (in the kernel, or in containerd's spec if not running)
+    failed: int
+    seconds: float
+    direct: int = 0   # of ``changed``, written in the kernel directly (containerd's record follows)
+
+
+class CpusetPusher:
+    def __init__(self, upstream: Upstream, registry: Registry, *, layout: CgroupLayout | None = None,
+                 timeout: float = 10.0, concurrency: int = 128, record_fanout: int = 4,
+                 on_resized: Callable[[], None] | None = None, api: RuntimeApi | None = None) -> None:
+        self.upstream = upstream
+        self.api = api or RuntimeApi()  # the runtime's CRI version
+        self.registry = registry
+        self.layout = layout            # None: never write the kernel directly
+        self.timeout = timeout
+        self.gate = PoolGate()
+        self.on_resized = on_resized or (lambda: None)
+        # container id -> its cgroup (fixed for the container's life), filled by the convergence's locate
+        self.cgroups: dict[str, str] = {}
+        # updates waited for at once (each makes containerd run runc): a bound for nodes with thousands of
+        # containers
+        self._slots = asyncio.Semaphore(max(1, concurrency))
+        # containerd's record after a direct write: a few at a time in the background (runc processes compete
+        # with the node's work and with the creates and starts that wait for the narrowing)
+        self.records = RecordQueue(self._record, fanout=record_fanout, timeout=timeout)
+
+    async def _update(self, t: Tracked, cpus: CPUSet, mems: CPUSet | None, quota: int | None) -> bool | None:
+        """``UpdateContainerResources``: True when applied, None when the container is gone, False on failure."""
+        res = cri_pb2.LinuxContainerResources(cpuset_cpus=str(cpus), cpuset_mems=str(mems) if mems else "")
+        if quota is not None:
+            res.cpu_quota = quota
+        req = cri_pb2.UpdateContainerResourcesRequest(container_id=t.id, linux=res).SerializeToString()
+        try:
+            async with self._slots:
+                await self.upstream.call(self.api.method("UpdateContainerResources"), req, timeout=self.timeout)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                self.registry.remove(t.id)  # gone meanwhile: nothing to narrow
+                return None
+            log.warning("cpuset update failed: pod=%s container=%s id=%s cpus=%s: %s %s", t.pod_ref, t.name,
+                        t.id[:13], cpus, e.code().name, e.details())
+            return False
+        return True
+
+    async def _push(self, t: Tracked, cpus: CPUSet, mems: CPUSet | None, quota: int | None) -> bool:
+        """Through containerd, waited for (no record update of the container may land after it)."""
+        self.records.drop(t.id)
+        await self.records.quiesce(t.id)
+        ok = await self._update(t, cpus, mems, quota)
+        if ok:
+            t.cpus, t.mems = cpus, mems
+        return ok is not False
+
+    async def _record(self, r: Record) -> bool:
+        """containerd's record of a container whose cgroup was written directly (``records``' sender)."""
+        if r.container.id not in self.registry.containers:
+            return True  # removed meanwhile
+        ok = await self._update(r.container, r.cpus, r.mems, None)
+        if ok is False:
+            log.warning("containerd's record of pod=%s container=%s id=%s still says another cpuset than cpus=%s "
+                        "(the kernel has it); sent again on the next convergence pass", r.container.pod_ref,
+                        r.container.name, r.container.id[:13], r.cpus)
+        return ok is not False
+
+    async def _write_kernel(self, todo: list[Item]) -> tuple[list[Item], list[Item]]:
+        """Write the cgroups of the running containers among ``todo`` whose cgroup is known; returns (written,
+        the rest)."""
+        layout = self.layout
+        if layout is None:
+            return [], todo
+        direct = [i for i in todo if i[3] is None and i[0].id in self.cgroups]
+        if not direct:
+            return [], todo
+        # an older record update not sent yet is superseded; one still at containerd with another value would
+        # put that value back when it lands after the write
+        for t, _, _, _ in direct:
+            self.records.drop(t.id)
+        await asyncio.gather(*(self.records.quiesce(t.id, c, m) for t, c, m, _ in direct))
+        errors = await asyncio.to_thread(write_cpusets, layout,
+                                         [(self.cgroups[t.id], c, m) for t, c, m, _ in direct])
+        written, rest = [], [i for i in todo if i[3] is not None or i[0].id not in self.cgroups]
+        for item, error in zip(direct, errors, strict=True):
+            if error is None:
+                written.append(item)
+            else:  # not started (no cgroup yet), gone, or refused: containerd does it
+                log.debug("cgroup of container %s not written (%s); through the runtime", item[0].id[:13], error)
+                rest.append(item)
+        for t, c, m, _ in written:
+            t.cpus, t.mems = c, m
+            self.records.put(Record(t, c, m))
+        return written, rest
+
+    async def push(self, items: Iterable[Item], *, force: bool = False) -> PushResult:
+        """Apply ``(container, cpus, mems, quota or None)``, skipping containers that already have them by the
+        last update (unless ``force``: the kernel showed otherwise). Returns once the kernel has them (running
+        containers) or containerd took them (the others)."""
+        t0 = time.perf_counter()
+        todo = [(t, c, m, q) for t, c, m, q in items
+                if force or t.cpus != c or (m is not None and t.mems != m)]
+        written, rest = await self._write_kernel(todo)
+        results = await asyncio.gather(*(self._push(*i) for i in rest)) if rest else []
+        failed = sum(1 for ok in results if not ok)
+        return PushResult(len(todo) - failed, failed, time.perf_counter() - t0, len(written))
+
+    async def resize_shared(self, pool: CPUSet, mems: CPUSet | None) -> PushResult:
+        """Narrow (or widen) every container of the shared pool to ``pool``, with the pool gate held; the
+        kernel is checked right after (``on_resized``)."""
+        try:
+            async with self.gate.exclusive():
+                return await self.push((t, pool, mems, None) for t in self.registry.on_shared_pool())
+        finally:
+            self.on_resized()

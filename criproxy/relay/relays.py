@@ -1,0 +1,28 @@
+"""The relays the proxy can run (``--relay``), started by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from criproxy.relay.frames import DEFAULT_MAX_CONNECTIONS, FrameRelayServer, start_frame_relay_server
+from criproxy.relay.grpc_relay import RelayHandler
+from criproxy.relay.socket_server import RelayServer, start_relay_server
+
+__all__ = ["RELAYS", "start_relay"]
+
+# "frames": HTTP/2 frames copied between kubelet's and the runtime's connections (relay_frames.py);
+# "grpc": a gRPC server and channel in the proxy (relay.py, server.py)
+RELAYS = ("frames", "grpc")
+
+
+async def start_relay(path: str, handler: RelayHandler, relay: str, *,
+                      max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                      on_turned_away: Callable[[], None] | None = None) -> RelayServer | FrameRelayServer:
+    """Serve ``handler`` with the relay named ``relay`` (one of ``RELAYS``) on the unix socket ``path``; the frame
+    relay serves at most ``max_connections`` clients at once and tells ``on_turned_away`` of each one beyond."""
+    if relay == "frames":
+        return await start_frame_relay_server(path, handler, max_connections=max_connections,
+                                              on_turned_away=on_turned_away)
+    if relay == "grpc":
+        return await start_relay_server(path, handler)
+    raise ValueError(f"unknown relay {relay!r}: expected one of {', '.join(RELAYS)}")

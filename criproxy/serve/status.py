@@ -1,0 +1,79 @@
+"""The proxy's ``/status`` document (JSON, served next to ``/metrics`` by ``http_server``): what ``numapin status``
+shows.
+
+Built on the event loop (the allocator and the registry are only touched there), from anything shaped like the
+running proxy (``ProxyView``: ``app.CriProxy`` is one) — this module does not import the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from allocator.node import NodeAllocator, NodeConfig
+from criproxy.config import ProxyConfig
+from criproxy.decisions.mode_apply import ModeApplier
+from criproxy.decisions.registry import Registry
+
+__all__ = ["STATUS_VERSION", "ProxyView", "status_document"]
+
+STATUS_VERSION = 1
+
+
+class ProxyView(Protocol):
+    """What the status document is made of (the running proxy's parts)."""
+
+    @property
+    def config(self) -> ProxyConfig: ...
+    @property
+    def node_config(self) -> NodeConfig: ...
+    @property
+    def allocator(self) -> NodeAllocator: ...
+    @property
+    def registry(self) -> Registry: ...
+    @property
+    def reconciled(self) -> asyncio.Event: ...
+    @property
+    def modes(self) -> ModeApplier: ...
+
+
+def status_document(proxy: ProxyView) -> dict[str, Any]:
+    """A snapshot of the proxy's view of the node (call on the proxy's event loop). The values are new objects
+    (strings, numbers, lists and dicts of them): the document may be encoded in another thread."""
+    cfg = proxy.config
+    nc = proxy.node_config
+    alloc = proxy.allocator
+    state = alloc.state
+    assignments = [
+        {"podUID": uid, "container": name, "cpus": str(cpus), "mode": state.mode(uid, name)}
+        for uid, pod in sorted(state.assignments.items()) for name, cpus in sorted(pod.items())
+    ]
+    containers = [
+        {"id": t.id, "sandboxId": t.sandbox_id, "podUID": t.pod_uid, "pod": t.pod_ref, "name": t.name,
+         "mode": t.mode, "cpus": None if t.cpus is None else str(t.cpus),
+         "mems": None if t.mems is None else str(t.mems), "exited": t.exited}
+        for t in sorted(proxy.registry.containers.values(), key=lambda t: (t.pod_ref, t.name, t.id))
+    ]
+    return {
+        "kind": "NumapinProxyStatus",
+        "version": STATUS_VERSION,
+        "node": cfg.node_name,
+        "listen": cfg.listen,
+        "runtimeEndpoint": cfg.runtime_endpoint,
+        "stateFile": str(cfg.state_file),
+        "nrtFile": str(cfg.nrt_path),
+        "reconciled": proxy.reconciled.is_set(),
+        "topologyManagerPolicy": nc.topology_manager_policy,
+        "topologyManagerScope": nc.topology_manager_scope,
+        "topologyManagerPolicyOptions": dict(nc.topology_manager_policy_options),
+        "cpuManagerPolicyOptions": dict(nc.cpu_manager_policy_options),
+        "topology": nc.topology.to_dict(),
+        "reservedCPUs": str(alloc.reserved_cpus),
+        "sharedPool": str(alloc.shared_pool()),
+        "freeCPUsPerNUMA": {str(n): k for n, k in alloc.free_cpus_per_numa().items()},
+        "assignments": assignments,
+        "containers": containers,
+        # every pod's CPU mode (``changed``: set while it ran, see criproxy.decisions.mode_apply)
+        "podModes": proxy.modes.modes(),
+    }
+

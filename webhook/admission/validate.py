@@ -1,0 +1,275 @@
+"""``/validate``, pods CREATE and UPDATE.
+
+- ``qos.gocrane.io/cpu-manager`` must be ``none``, ``exclusive`` or ``share`` (after trimming and lowercasing);
+  on UPDATE only a new or changed bad value is denied, so a pod created before numapin can still be updated
+  (finalizers, labels) and deleted.
+- The intent annotation ``numapin.io/cpu-intent`` must say what the pod says (the proxy trusts it): a forged or
+  stale one is denied; on UPDATE it may only change to what the pod says (``/mutate`` stamps it again when the mode
+  changes) and cannot be removed.
+- UPDATE changing the mode of a pod bound to a node (a change while it runs, applied by the node's proxy): denied
+  when that node, judged from its published NodeResourceTopology, could never admit the pod in its new mode even
+  empty, naming the node and its topology manager policy; a warning when it could not right now.
+- ``exclusive``/``share`` with no container that qualifies (integer CPU limit >= 1 equal to its request) gets a
+  warning.
+- CREATE of a pod with pinned containers: among the known candidate nodes (``spec.nodeName``, ``nodeSelector``),
+  if none could admit it even empty, it is denied naming the policy, the container and the largest NUMA node; if
+  none can admit it with its current free CPUs, it is allowed with a warning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from allocator.errors import PodSpecError
+from allocator.intent import INTENT_ANNOTATION, decode_intent
+from allocator.nrt import NodeTopology
+from allocator.pod import (
+    CPU_MANAGER_ANNOTATION,
+    CPU_MANAGER_VALUES,
+    PodInfo,
+    container_mode,
+    guaranteed_cpus,
+    normalize_cpu_manager,
+    pod_guaranteed_cpus,
+)
+from webhook.admission.review import AdmissionRequest, FieldCause, Verdict
+from webhook.admission.simulate import Simulation, Simulator
+from webhook.admission.unjudged import UnjudgedRule
+from webhook.cluster.node_index import FrozenShapeGroup, ShapeGroup
+from webhook.cluster.nodes import NodeStore
+
+__all__ = ["Feasibility", "PodValidator", "assumption_note", "feasibility"]
+
+log = logging.getLogger("numapin.webhook.validate")
+
+
+def _annotations(obj: Any) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return ann if isinstance(ann, Mapping) else {}
+
+
+def pinned(pod: PodInfo) -> bool:
+    return not pod.bypass and any(container_mode(pod, c) != "shared" for c in pod.containers)
+
+
+@dataclass(frozen=True)
+class Feasibility:
+    candidates: int
+    ever: bool                 # some candidate could admit the pod on an empty node (or cannot be simulated)
+    now: bool                  # some candidate can admit it with its current free CPUs
+    example: NodeTopology | None = None       # the candidate the denial talks about
+    example_answer: Simulation | None = None
+
+
+def feasibility(candidates: int, groups: Sequence[ShapeGroup | FrozenShapeGroup], pod: PodInfo, sim: Simulator, *,
+                cached_only: bool = False) -> Feasibility | None:
+    """Ask each distinct node shape among the candidates, then (for the shapes that could) their distinct free-CPU
+    states, most free first, until one admits the pod. CPU-bound when answers are not cached: run it in a worker
+    thread; ``cached_only`` answers from the simulator's cache alone (None when something is not cached)."""
+    ask = sim.cached if cached_only else sim.admit
+    ever: list[ShapeGroup | FrozenShapeGroup] = []
+    worst: tuple[NodeTopology, Simulation] | None = None
+    for group in groups:
+        answer = ask(group.node, pod, occupied=False)
+        if answer is None:
+            return None
+        if answer.admitted:
+            ever.append(group)
+        elif worst is None or _largest(group.node) > _largest(worst[0]):
+            worst = (group.node, answer)
+    if not ever:
+        return Feasibility(candidates, ever=False, now=False,
+                           example=worst[0] if worst else None, example_answer=worst[1] if worst else None)
+    for group in ever:
+        for node in group.states():
+            answer = ask(node, pod, occupied=True)
+            if answer is None:
+                return None
+            if answer.admitted:
+                return Feasibility(candidates, ever=True, now=True)
+    return Feasibility(candidates, ever=True, now=False, example=ever[0].node)
+
+
+def _largest(node: NodeTopology) -> int:
+    z = node.largest_numa
+    return z.allocatable if z is not None else 0
+
+
+def _culprit(pod: PodInfo, node: NodeTopology) -> str:
+    """Which container (or the pod total) a NUMA-bound policy stumbles on, in words."""
+    if node.topology_manager_scope == "pod":
+        total = pod_guaranteed_cpus(pod)
+        names = ", ".join(f'"{c.name}"' for c in pod.containers if guaranteed_cpus(pod, c))
+        return f"the pod needs {total} CPUs of its own in total (containers {names})"
+    big = max(pod.containers, key=lambda c: guaranteed_cpus(pod, c))
+    return f'container "{big.name}" needs {guaranteed_cpus(pod, big)} CPUs of its own'
+
+
+def assumption_note(node: NodeTopology) -> str:
+    """What the judgement of ``node`` assumed (its NodeResourceTopology left it out), for a message; "" if
+    nothing."""
+    if not node.assumptions:
+        return ""
+    return f"; judged from a NodeResourceTopology that leaves things out, assuming: {'; '.join(node.assumptions)}"
+
+
+def never_message(pod: PodInfo, f: Feasibility) -> str:
+    node, answer = f.example, f.example_answer
+    head = f"no known node can ever admit pod {pod.ref or '(new pod)'} ({f.candidates} candidate node(s))"
+    if node is None or answer is None:
+        return head
+    z = node.largest_numa
+    numa = (f"the largest NUMA node (node-{z.numa}) has {z.allocatable} allocatable CPUs" if z is not None
+            else "it has no NUMA node with CPUs")
+    why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
+    return (f"{head}: on node {node.name}, under topology manager policy {node.topology_manager_policy} "
+            f"(scope {node.topology_manager_scope}), {_culprit(pod, node)} and {numa}; kubelet would reject it "
+            f"({why}){assumption_note(node)}")
+
+
+class PodValidator:
+    def __init__(self, nodes: NodeStore, simulator: Simulator, unjudged: UnjudgedRule) -> None:
+        self.nodes = nodes
+        self.simulator = simulator
+        self.unjudged = unjudged
+
+    async def validate(self, req: AdmissionRequest) -> Verdict:
+        pod = req.object
+        if req.operation not in ("CREATE", "UPDATE") or not isinstance(pod, Mapping):
+            log.info("validate: not handled, allowed: %s", req.describe())
+            return Verdict.allow()
+        ann = _annotations(pod)
+        old_ann = _annotations(req.old_object) if req.operation == "UPDATE" else {}
+
+        raw_mode = ann.get(CPU_MANAGER_ANNOTATION)
+        if raw_mode is not None and (req.operation == "CREATE" or raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)):
+            try:
+                normalize_cpu_manager(raw_mode)
+            except PodSpecError:
+                supported = ", ".join(json.dumps(v) for v in CPU_MANAGER_VALUES)
+                return _invalid(pod, req, FieldCause(
+                    _annotation_field(CPU_MANAGER_ANNOTATION),
+                    f"Unsupported value: {json.dumps(raw_mode)}: supported values: {supported} (numapin)",
+                    "FieldValueNotSupported"))
+
+        intent = ann.get(INTENT_ANNOTATION)
+        intent_changed = req.operation == "UPDATE" and intent != old_ann.get(INTENT_ANNOTATION)
+        if intent_changed and intent is None:
+            return _invalid(pod, req, FieldCause(
+                _annotation_field(INTENT_ANNOTATION),
+                "Forbidden: set by numapin; it cannot be removed (it changes only with the pod's mode)",
+                "FieldValueForbidden"))
+
+        try:
+            info = PodInfo.from_pod(pod)
+        except PodSpecError as e:
+            if req.operation == "CREATE":
+                return self.unjudged.verdict("validate", "pod_unreadable", f"pod not checked: {e}")
+            log.info("validate: pod model cannot read %s (%s); allowed", req.describe(), e)
+            return Verdict.allow(f"numapin: pod not checked: {e}")
+        if (not info.namespace and req.namespace) or (not info.name and req.name):
+            info = replace(info, namespace=info.namespace or req.namespace, name=info.name or req.name)
+
+        mode_changed = req.operation == "UPDATE" and raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)
+        if (req.operation == "CREATE" or intent_changed or mode_changed) and intent is not None:
+            problem = _intent_problem(intent, info, ann)
+            if problem and req.operation == "UPDATE":  # only numapin's /mutate may change it, to what the pod says
+                return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Forbidden: {problem}",
+                                                     "FieldValueForbidden"))
+            if problem:
+                return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Invalid value: {problem}"))
+
+        warnings: list[str] = []
+        if info.cpu_manager in ("exclusive", "share") and not any(guaranteed_cpus(info, c) for c in info.containers):
+            warnings.append(
+                f"numapin: {CPU_MANAGER_ANNOTATION}={info.cpu_manager} has no effect: no container has an integer "
+                "CPU limit of at least 1 equal to its CPU request, so every container runs on the shared pool")
+
+        if req.operation != "CREATE":
+            return await self._mode_change(req, info, old_ann, warnings)
+        candidates, groups = self.nodes.candidate_groups(pod) if pinned(info) else (0, [])
+        if candidates:
+            f = feasibility(candidates, groups, info, self.simulator, cached_only=True)
+            if f is None:  # something to simulate: off the event loop, on a copy of the groups
+                frozen = [g.frozen() for g in groups]
+                f = await asyncio.to_thread(feasibility, candidates, frozen, info, self.simulator)
+            assert f is not None
+            if not f.ever:
+                return Verdict.deny(never_message(info, f), reason="Forbidden", warnings=tuple(warnings))
+            if not f.now:
+                warnings.append(
+                    f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free "
+                    "CPUs are too few or too scattered for their topology manager policy; it stays Pending until "
+                    "CPUs free up")
+        return Verdict.allow(*warnings)
+
+
+    async def _mode_change(self, req: AdmissionRequest, info: PodInfo, old_ann: Mapping[str, Any],
+                           warnings: list[str]) -> Verdict:
+        """UPDATE: a change of mode of a pod bound to a node with a published topology is judged on that node."""
+        old_raw = old_ann.get(CPU_MANAGER_ANNOTATION)
+        try:
+            old_mode = None if old_raw is None else normalize_cpu_manager(old_raw)
+        except PodSpecError:
+            old_mode = None  # a pod created before numapin with a bad value: judged as kubelet's rule
+        if old_mode == info.cpu_manager or not pinned(info):
+            return Verdict.allow(*warnings)
+        spec = req.object.get("spec") if isinstance(req.object, Mapping) else None
+        node_name = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        node = self.nodes.get(node_name) if isinstance(node_name, str) and node_name else None
+        if node is None:
+            return Verdict.allow(*warnings)
+        was_pinned = pinned(replace(info, cpu_manager=old_mode))
+        ever = await asyncio.to_thread(self.simulator.admit, node, info, occupied=False)
+        change = f"{old_mode or 'kubelet'} -> {info.cpu_manager or 'kubelet'}"
+        if not ever.admitted:
+            z = node.largest_numa
+            numa = (f"the largest NUMA node (node-{z.numa}) has {z.allocatable} allocatable CPUs" if z is not None
+                    else "it has no NUMA node with CPUs")
+            why = f"{ever.reason}: {ever.message}" if ever.reason else ever.message
+            return Verdict.deny(
+                f"pod {info.ref}: changing {CPU_MANAGER_ANNOTATION} ({change}) can never be satisfied on its node "
+                f"{node.name}: under topology manager policy {node.topology_manager_policy} (scope "
+                f"{node.topology_manager_scope}), {_culprit(info, node)} and {numa}; kubelet would reject it ({why})",
+                reason="Forbidden", warnings=tuple(warnings))
+        if not was_pinned:
+            now = await asyncio.to_thread(self.simulator.admit, node, info, occupied=True)
+            if not now.admitted:
+                warnings.append(
+                    f"numapin: node {node.name} cannot give pod {info.ref} CPUs of its own right now (topology "
+                    f"manager policy {node.topology_manager_policy}: {now.reason or now.message}); its proxy refuses "
+                    f"the change ({change}) and the pod keeps running as it was")
+        return Verdict.allow(*warnings)
+
+
+def _annotation_field(key: str) -> str:
+    """The field path kube-apiserver uses for an annotation."""
+    return f"metadata.annotations[{key}]"
+
+
+def _invalid(pod: Mapping[str, Any], req: AdmissionRequest, cause: FieldCause) -> Verdict:
+    """An ``Invalid`` denial naming the pod (its name, or for a pod still to be named its generateName)."""
+    meta = pod.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    name = next((v for v in (meta.get("name"), req.name, meta.get("generateName")) if isinstance(v, str) and v), "")
+    return Verdict.invalid("Pod", name, (cause,))
+
+
+def _intent_problem(text: str, info: PodInfo, annotations: Mapping[str, Any]) -> str | None:
+    where = f"annotation {INTENT_ANNOTATION}"
+    try:
+        stated = decode_intent(text, uid=info.uid, namespace=info.namespace, name=info.name,
+                               annotations={k: v for k, v in annotations.items() if isinstance(v, str)})
+    except PodSpecError as e:
+        return f"{e} (it is set by numapin's mutating webhook; remove it)"
+    if (stated.qos_class, stated.cpu_manager, stated.containers) != (info.qos_class, info.cpu_manager,
+                                                                      info.containers):
+        return (f"{where} does not match the pod's containers, resources or {CPU_MANAGER_ANNOTATION}: it is set by "
+                "numapin's mutating webhook from the pod spec; remove it")
+    return None
