@@ -75,10 +75,13 @@ log "numapin's dependencies (wheels)"
 # shellcheck disable=SC2086
 "${PIP[@]}" install --target "$STAGE/lib/python3/dist-packages" --only-binary=:all: --no-compile $python_deps
 log "numapin $VERSION (a wheel of $ROOT)"
-# from a copy of the checkout's product files (tracked and new, no caches): setuptools builds in the source tree
+# from a copy of the checkout's product files (tracked and new, no caches): setuptools builds in the source tree.
+# The packages are the ones pyproject.toml ships.
 mkdir "$WORK/src"
-git -C "$ROOT" ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md allocator criproxy webhook \
-    numapin protos | tar -C "$ROOT" --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$WORK/src" -xf -
+packages=$("$PY_REAL" -c 'import tomllib; print(" ".join(p.rstrip("*") for p in tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["packages"]["find"]["include"]))')
+# shellcheck disable=SC2086
+git -C "$ROOT" ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md $packages | \
+    tar -C "$ROOT" --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$WORK/src" -xf -
 "${PIP[@]}" wheel --no-deps -w "$WORK/wheel" "$WORK/src" >/dev/null
 "${PIP[@]}" install --target "$STAGE/lib/python3/dist-packages" --no-deps --no-compile "$WORK"/wheel/numapin-*.whl
 rm -rf "$STAGE/lib/python3/dist-packages/bin"

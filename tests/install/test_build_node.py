@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import tarfile
+import tomllib
 from pathlib import Path
 
 from allocator import CheckpointStore, CPUState
@@ -35,10 +36,17 @@ def test_numapin_runs_from_the_install_alone(built: Path) -> None:
     assert r.returncode == 0, r.stderr
     for command in ("criproxy", "export-kubelet-state", "wait-socket", "status"):
         assert command in r.stdout
-    # everything it imports comes from the install (the interpreter is isolated: -I)
-    probe = ("import json, sys, ssl, sqlite3, grpc, google.protobuf, cryptography, aiohttp, kubernetes_asyncio, "
-             "numapin, criproxy, allocator; print(json.dumps({'path': sys.path, 'numapin': numapin.__file__, "
-             "'grpc': grpc.__file__}))")
+    # every module of every package pyproject.toml ships imports, and from the install (the interpreter is isolated)
+    packages = [p.rstrip("*") for p in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]["include"]]
+    probe = ("import importlib, json, pkgutil, sys, ssl, sqlite3, grpc\n"
+             f"for name in {packages!r}:\n"
+             "    pkg = importlib.import_module(name)\n"
+             "    for m in pkgutil.walk_packages(pkg.__path__, name + '.'):\n"
+             "        if not m.name.endswith('.__main__'):\n"
+             "            importlib.import_module(m.name)\n"
+             "import numapin\n"
+             "print(json.dumps({'path': sys.path, 'numapin': numapin.__file__, 'grpc': grpc.__file__}))")
     r = subprocess.run([str(prefix / "bin/python3"), "-I", "-c", probe], cwd="/", capture_output=True, text=True,
                        env={**CLEAN_ENV, "LD_LIBRARY_PATH": str(prefix / "lib/so")}, timeout=120)
     assert r.returncode == 0, r.stderr
