@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from .checkpoint import MemoryCheckpointStore, memory_checksum, parse_memory_checkpoint, serialize_memory_checkpoint
 from .machine import MachineMemory, NodeMemory, read_machine_memory
+from .policy import MemoryPolicy
+from .provider import MemoryProvider
+from .requests import container_requests, pod_requests
 from .reserved import (
     MemoryReservation,
     node_allocatable_reservation,
@@ -26,17 +29,21 @@ __all__ = [
     "Block",
     "MachineMemory",
     "MemoryCheckpointStore",
+    "MemoryPolicy",
+    "MemoryProvider",
     "MemoryReservation",
     "MemoryState",
     "MemoryTable",
     "NodeMemory",
     "NodeState",
+    "container_requests",
     "hugepage_resource",
     "hugepage_size",
     "memory_checksum",
     "node_allocatable_reservation",
     "parse_memory_checkpoint",
     "parse_reserved_memory",
+    "pod_requests",
     "read_machine_memory",
     "reserved_memory_from_config",
     "serialize_memory_checkpoint",
