@@ -225,7 +225,7 @@ class MemoryPolicy:
             if not default.preferred and preferred:
                 raise AllocationError(DEFAULT_NOT_PREFERRED)
             hint = default
-        if not self._fits(state, hint.mask, req):
+        if not self.fits(state, hint.mask, req):
             extended = self.best_hint(state, pod, req, within=hint.mask)
             if extended is None:
                 raise AllocationError(EXTEND_FAILED)
@@ -245,7 +245,7 @@ class MemoryPolicy:
         return blocks
 
     @staticmethod
-    def _fits(state: MemoryState, mask: int, req: Requests) -> bool:
+    def fits(state: MemoryState, mask: int, req: Requests) -> bool:
         bits = bits_of(mask)
         return all(sum(state.machine[n].table(r).free for n in bits) >= q for r, q in req.items())
 

@@ -1,0 +1,24 @@
+"""How the Memory Manager's numbers read in numapin's messages: what a refused pod asked of memory and huge pages,
+and what every NUMA node has free (binary units: ``62Gi``)."""
+
+from __future__ import annotations
+
+from ..pod import PodInfo
+from .quantity_text import ByteQuantity
+from .requests import container_requests, pod_requests
+from .state import MemoryState
+
+__all__ = ["memory_detail"]
+
+
+def memory_detail(pod: PodInfo, who: str | None, mem: MemoryState) -> str:
+    """``"; memory 100Gi asked; free memory per NUMA node {0: 63Gi, 1: 63Gi}"`` for container ``who`` (None: the
+    pod, kubelet's pod-level amounts); empty when the Memory Manager does not account the pod."""
+    asked = container_requests(pod, pod.container(who)) if who else pod_requests(pod)
+    if not asked:
+        return ""
+    parts = []
+    for r, q in asked.items():
+        free = ", ".join(f"{n}: {ByteQuantity(v, True)}" for n, v in mem.free(r).items())
+        parts.append(f"{r} {ByteQuantity(q, True)} asked; free {r} per NUMA node {{{free}}}")
+    return "; " + "; ".join(parts)
