@@ -8,7 +8,7 @@ from .quantity_text import ByteQuantity
 from .requests import container_requests, pod_requests
 from .state import MemoryState
 
-__all__ = ["memory_detail"]
+__all__ = ["memory_detail", "nrt_memory"]
 
 
 def memory_detail(pod: PodInfo, who: str | None, mem: MemoryState) -> str:
@@ -22,3 +22,11 @@ def memory_detail(pod: PodInfo, who: str | None, mem: MemoryState) -> str:
         free = ", ".join(f"{n}: {ByteQuantity(v, True)}" for n, v in mem.free(r).items())
         parts.append(f"{r} {ByteQuantity(q, True)} asked; free {r} per NUMA node {{{free}}}")
     return "; " + "; ".join(parts)
+
+
+def nrt_memory(state: MemoryState) -> dict[int, dict[str, tuple[int, int, int]]]:
+    """Per NUMA node and resource, (capacity, allocatable, available) bytes for the NodeResourceTopology zones
+    (allocator.nrt.build_nrt ``memory``): the node's total, minus the system's reservation (and, for ``memory``,
+    the huge pages), minus what containers hold."""
+    return {n: {r: (t.total, t.allocatable, t.free) for r, t in ns.memory.items()}
+            for n, ns in sorted(state.machine.items())}
