@@ -12,10 +12,12 @@ mask at all gives an empty mapping (the topology manager reads it as "no prefere
 
 Masks are visited as kubelet visits them (every subset, by size, then lexicographically), on machines up to
 ``LIST_MAX_NODES`` NUMA nodes (kubelet's own limit by default is 8). Above that, listing 2^N masks is out of
-reach and each resource gets a ``HintFamily`` instead (allocator.compact_hints): the masks of nodes outside
-multi-node groups whose free bytes of that resource reach the request, preferred at the narrowest width whose
-allocatable bytes could hold every resource. That family misses kubelet's step 3 for nodes allocated alone (the
-allocation checks it, see allocator.memory.policy) and judges each resource on its own: docs/memory.md.
+reach, and so is merging per-resource hint families of different weights with the CPU family (the merge's exact
+family search explodes with several weighted families): every resource gets the same bounded list instead
+(``_large_hints``): the feasible single nodes (exactly kubelet's single-node hints, so ``single-numa-node`` decides
+as kubelet would), the feasible existing groups, and narrowest covers among the nodes holding no assignment.
+Wider masks kubelet would also list are left out; the allocation extends a hint as kubelet does when needed
+(docs/memory.md).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..bitmask import bits_of, iterate_masks, mask_of
-from ..compact_hints import HintFamily
 from ..hints import TopologyHint
+from .cover import narrowest_cover
 from .requests import Requests
 from .state import Block, MemoryState
 
@@ -33,7 +35,7 @@ __all__ = ["LIST_MAX_NODES", "Reusable", "calculate_hints", "feasible", "min_wid
 LIST_MAX_NODES = 8
 Reusable = Mapping[int, Mapping[str, int]]  # NUMA mask -> resource -> reusable bytes
 
-MemoryHints = dict[str, list[TopologyHint] | HintFamily]
+MemoryHints = dict[str, list[TopologyHint]]
 
 
 def _sum(state: MemoryState, bits: list[int], resource: str, attr: str) -> int:
@@ -42,7 +44,8 @@ def _sum(state: MemoryState, bits: list[int], resource: str, attr: str) -> int:
 
 def min_width(state: MemoryState, requested: Requests) -> int:
     """Narrowest mask width whose allocatable bytes hold every resource (kubelet's minAffinitySize; the node count
-    when none does). Exact by enumeration on small machines, by the greedy per-resource bound above."""
+    when none does): by enumeration on small machines, by the narrowest cover (allocator.memory.cover) on large
+    ones; the same number either way."""
     nodes = sorted(state.machine)
     if len(nodes) <= LIST_MAX_NODES:
         for m in iterate_masks(nodes):
@@ -50,17 +53,9 @@ def min_width(state: MemoryState, requested: Requests) -> int:
             if all(_sum(state, bits, r, "allocatable") >= q for r, q in requested.items()):
                 return len(bits)
         return len(nodes)
-    width = 1
-    for r, q in requested.items():
-        alloc = sorted((state.machine[n].table(r).allocatable for n in nodes), reverse=True)
-        total, k = 0, 0
-        for a in alloc:
-            if total >= q and k:
-                break
-            total += a
-            k += 1
-        width = max(width, k if total >= q else len(nodes))
-    return width
+    amounts = {r: {n: state.machine[n].table(r).allocatable for n in nodes} for r in requested}
+    found = narrowest_cover(nodes, (), amounts, requested)
+    return found.bit_count() if found else len(nodes)
 
 
 def feasible(state: MemoryState, bits: list[int], requested: Requests, reusable: Reusable) -> bool:
@@ -82,7 +77,7 @@ def calculate_hints(state: MemoryState, requested: Requests, reusable: Reusable)
     """kubelet's calculateHints (module doc). ``requested`` must not be empty."""
     nodes = sorted(state.machine)
     if len(nodes) > LIST_MAX_NODES:
-        return _families(state, requested)
+        return _large_hints(state, requested, reusable)
     width = len(nodes)
     found: list[list[int]] = []
     for m in iterate_masks(nodes):
@@ -98,18 +93,44 @@ def calculate_hints(state: MemoryState, requested: Requests, reusable: Reusable)
     return {r: list(hints) for r in requested}
 
 
-def _families(state: MemoryState, requested: Requests) -> MemoryHints:
+def _large_hints(state: MemoryState, requested: Requests, reusable: Reusable) -> MemoryHints:
+    """A bounded list on machines too large to enumerate (module doc): the feasible single nodes, the feasible
+    existing groups, and among nodes holding no assignment, for every such node the narrowest set containing it
+    whose free bytes hold the request, plus all of those nodes together. Preferred = as narrow as the narrowest
+    mask by allocatable (exact)."""
     nodes = sorted(state.machine)
-    universe = mask_of(n for n in nodes if len(state.machine[n].cells) <= 1)
     width = min_width(state, requested)
-    out: MemoryHints = {}
-    for r, q in requested.items():
-        fam = HintFamily(universe=universe, weights=tuple((n, state.machine[n].table(r).free) for n in nodes),
-                         threshold=q, preferred_size=width)
-        if fam.is_empty():
-            return {}
-        out[r] = fam
-    return out
+    masks: list[int] = []
+
+    def fits_allocatable(bits: list[int]) -> bool:
+        return all(_sum(state, bits, r, "allocatable") >= q for r, q in requested.items())
+
+    for n in nodes:
+        if fits_allocatable([n]) and feasible(state, [n], requested, reusable):
+            masks.append(1 << n)
+    groups = sorted({tuple(sorted(ns.cells)) for ns in state.machine.values()
+                     if ns.assignments > 0 and len(ns.cells) > 1})
+    for g in groups:
+        if fits_allocatable(list(g)) and feasible(state, list(g), requested, reusable):
+            masks.append(mask_of(g))
+    unused = [n for n in nodes if state.machine[n].assignments == 0]
+    if len(unused) >= 2:
+        amounts = {r: {n: state.machine[n].table(r).free for n in unused} for r in requested}
+        covers = {narrowest_cover(unused, (a,), amounts, requested, min_size=2) for a in unused}
+        everything = mask_of(unused)
+        if all(_sum(state, unused, r, "free") >= q for r, q in requested.items()):
+            covers.add(everything)
+        covers.discard(0)
+        masks.extend(sorted(covers, key=lambda m: (m.bit_count(), m)))
+    if not masks:
+        return {}
+    seen: set[int] = set()
+    hints: list[TopologyHint] = []
+    for m in sorted(masks, key=lambda m: (m.bit_count(), m)):
+        if m not in seen:
+            seen.add(m)
+            hints.append(TopologyHint(frozenset(bits_of(m)), m.bit_count() == width))
+    return {r: list(hints) for r in requested}
 
 
 def regenerate_hints(blocks: tuple[Block, ...], requested: Requests) -> dict[str, list[TopologyHint]] | None:

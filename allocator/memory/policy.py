@@ -25,7 +25,8 @@ from ..errors import AllocationError, CheckpointError, ConfigError
 from ..hints import TopologyHint
 from ..merge import ProviderHints
 from ..pod import ContainerInfo, PodInfo
-from .hints import Reusable, calculate_hints, feasible, min_width, regenerate_hints
+from .cover import narrowest_cover
+from .hints import LIST_MAX_NODES, Reusable, calculate_hints, feasible, min_width, regenerate_hints
 from .machine import MachineMemory
 from .requests import Requests, container_requests, pod_requests
 from .reserved import NO_SYSTEM_RESERVED
@@ -184,9 +185,12 @@ class MemoryPolicy:
     # -- allocation -----------------------------------------------------------------------------------
     def best_hint(self, state: MemoryState, pod: PodInfo, req: Requests, within: int = 0) -> TopologyHint | None:
         """The best calculated hint whose mask contains ``within`` (kubelet's findBestHint over calculateHints,
-        filtered as extendTopologyManagerHint filters): preferred first, then the narrowest. Walks widths upwards,
-        so it stays cheap on large machines."""
+        filtered as extendTopologyManagerHint filters): preferred first, then the narrowest, then the numerically
+        smallest. Preferred means as narrow as the narrowest mask by allocatable, so the narrowest feasible mask is
+        the answer: found by walking widths upwards on small machines, by ``best_hint_large`` on large ones."""
         nodes = sorted(state.machine)
+        if len(nodes) > LIST_MAX_NODES:
+            return self.best_hint_large(state, pod, req, within)
         width = min_width(state, req)
         reusable = self._reusable(state, pod)
         start = max(within.bit_count(), 1)
@@ -203,6 +207,46 @@ class MemoryPolicy:
             if best:
                 return TopologyHint(frozenset(bits_of(best)), size == width)
         return None
+
+    def best_hint_large(self, state: MemoryState, pod: PodInfo, req: Requests, within: int = 0
+                        ) -> TopologyHint | None:
+        """``best_hint`` without visiting 2^N masks. The group rules leave three kinds of feasible masks: one node
+        outside every group, an existing group as a whole, or nodes holding no assignment at all; the narrowest of
+        each kind is found directly (the last by allocator.memory.cover), and the narrowest of the three wins.
+        Reusable init-container memory counts for single nodes and groups only."""
+        nodes = sorted(state.machine)
+        reusable = self._reusable(state, pod)
+        wbits = bits_of(within)
+        best = 0
+
+        def fits_allocatable(bits: list[int]) -> bool:
+            return all(sum(state.machine[n].table(r).allocatable for n in bits) >= q for r, q in req.items())
+
+        if len(wbits) <= 1:
+            for n in wbits or nodes:
+                if fits_allocatable([n]) and feasible(state, [n], req, reusable):
+                    best = 1 << n
+                    break
+        if not best:
+            groups = {tuple(sorted(ns.cells)) for ns in state.machine.values()
+                      if ns.assignments > 0 and len(ns.cells) > 1}
+            for g in sorted(groups):
+                gm = 0
+                for n in g:
+                    gm |= 1 << n
+                if within & ~gm or not fits_allocatable(list(g)) or not feasible(state, list(g), req, reusable):
+                    continue
+                if not best or is_narrower_than(gm, best):
+                    best = gm
+            unused = [n for n in nodes if state.machine[n].assignments == 0]
+            if set(wbits) <= set(unused):
+                amounts = {r: {n: state.machine[n].table(r).free for n in unused} for r in req}
+                found = narrowest_cover(unused, wbits, amounts, req, min_size=2)
+                if found and (not best or is_narrower_than(found, best)):
+                    best = found
+        if not best:
+            return None
+        return TopologyHint(frozenset(bits_of(best)), best.bit_count() == min_width(state, req))
 
     def allocate(self, state: MemoryState, pod: PodInfo, container_name: str,
                  affinity: TopologyHint | None = None) -> tuple[Block, ...] | None:
