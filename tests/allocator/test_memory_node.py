@@ -172,3 +172,27 @@ def test_memory_policy_none_keeps_todays_decisions():
 def test_configuration_errors(config, match):
     with pytest.raises(ConfigError, match=match):
         NodeAllocator(NodeConfig(topology=xeon_gold_6258r(), memory=config))
+
+
+def test_a_machine_with_more_nodes_than_hint_lists_enumerate(sysfs_machine):
+    """16 NUMA nodes of 8Gi: the bounded hint list and the cover search, end to end."""
+    from allocator import Topology
+    from tests.fixtures.make_sysfs import MACHINES
+
+    topo = Topology.from_sysfs(sysfs_machine("numa-16"))
+    assert MACHINES["numa-16"].num_nodes == 16
+    machine = MachineMemory.uniform(range(16), 8 * GI, ((2 << 20, 0), (GI, 0)))
+
+    def make(policy: str) -> NodeAllocator:
+        return NodeAllocator(NodeConfig(topology=topo, num_reserved_cpus=2, topology_manager_policy=policy,
+                                        memory=MemoryConfig(machine, "Static", RESERVED)))
+
+    assert not make("single-numa-node").admit_pod(big("p", 20 * GI)).admitted
+    n = make("best-effort")
+    d = n.admit_pod(big("p", 20 * GI))
+    assert d.admitted and len(d.container("app").mems) == 3  # the narrowest set of nodes holding 20Gi
+    small = n.admit_pod(big("q", 4 * GI))
+    assert small.admitted and len(small.container("app").mems) == 1
+    assert not small.container("app").mems & d.container("app").mems  # grouped nodes take no single allocation
+    out = n.resize_memory(big("q", 12 * GI), "app")
+    assert out.admitted and len(out.mems_after) == 2
