@@ -403,9 +403,14 @@ class NodeAllocator:
         """Move a running pod to another ``qos.gocrane.io/cpu-manager`` mode (None or ``kubelet``: kubelet's rule),
         transactionally: a refused transition (kubelet's reason in the outcome) changes nothing. Raises
         PodSpecError for a target that is not a mode."""
-        change, work = plan_mode_change(self.state, self.policy, self.topology_manager, pod, target)
+        mem = None
+        if self.memory_policy is not None and self.memory_state is not None:
+            mem = MemoryProvider(self.memory_policy, self.memory_state.copy())
+        change, work = plan_mode_change(self.state, self.policy, self.topology_manager, pod, target, mem)
         if work is not None and not dry_run:
             self.state = work
+            if mem is not None:
+                self.memory_state = mem.state
         return change
 
     def pod_mode(self, pod_uid: str) -> str | None:

@@ -196,3 +196,24 @@ def test_a_machine_with_more_nodes_than_hint_lists_enumerate(sysfs_machine):
     assert not small.container("app").mems & d.container("app").mems  # grouped nodes take no single allocation
     out = n.resize_memory(big("q", 12 * GI), "app")
     assert out.admitted and len(out.mems_after) == 2
+
+
+def test_mode_changes_move_memory_by_the_same_rules():
+    from dataclasses import replace
+
+    n = node()
+    p = pod("p", container("app", GI, cpu=2000, limit=8 * GI), qos="Burstable", mode="none")
+    assert n.admit_pod(p).admitted and n.container_mems("p", "app") is None  # Burstable, shared pool: unmanaged
+    assert n.change_mode(p, "exclusive").admitted
+    assert n.container_mems("p", "app") == CPUSet([0])  # pinned by Crane: its 8Gi limit placed on node 0
+    assert n.memory_state is not None and n.memory_state.machine[0].memory["memory"].reserved == 8 * GI
+    moved = replace(p, cpu_manager="exclusive")
+    assert n.change_mode(moved, "share").admitted and n.container_mems("p", "app") == CPUSet([0])  # kept
+    assert n.change_mode(moved, "none").admitted
+    assert n.container_mems("p", "app") is None and n.memory_state.machine[0].memory["memory"].reserved == 0
+    huge = pod("h", container("app", GI, cpu=2000, limit=100 * GI), qos="Burstable", mode="none")
+    assert n.admit_pod(huge).admitted
+    before = n.memory_state.copy()
+    refused = n.change_mode(huge, "exclusive")  # 100Gi fits no single node under single-numa-node
+    assert not refused.admitted and refused.reason == "TopologyAffinityError"
+    assert n.memory_state == before
