@@ -9,7 +9,13 @@ Node Allocatable), ``state`` (machine state and blocks), ``requests`` (who is ma
 
 from __future__ import annotations
 
-from .checkpoint import MemoryCheckpointStore, memory_checksum, parse_memory_checkpoint, serialize_memory_checkpoint
+from .checkpoint import (
+    MemoryCheckpointStore,
+    import_kubelet_memory_state,
+    memory_checksum,
+    parse_memory_checkpoint,
+    serialize_memory_checkpoint,
+)
 from .machine import MachineMemory, NodeMemory, read_machine_memory
 from .policy import MemoryPolicy
 from .provider import MemoryProvider
@@ -39,6 +45,7 @@ __all__ = [
     "container_requests",
     "hugepage_resource",
     "hugepage_size",
+    "import_kubelet_memory_state",
     "memory_checksum",
     "node_allocatable_reservation",
     "parse_memory_checkpoint",

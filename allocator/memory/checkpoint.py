@@ -35,8 +35,8 @@ from ..checkpoint import atomic_write, fnv1a_32
 from ..errors import CheckpointError
 from .state import Block, MemoryState, MemoryTable, NodeState
 
-__all__ = ["POLICY_NAME", "MemoryCheckpointStore", "memory_checksum", "parse_memory_checkpoint",
-           "render_memory_checkpoint", "serialize_memory_checkpoint"]
+__all__ = ["POLICY_NAME", "MemoryCheckpointStore", "import_kubelet_memory_state", "memory_checksum",
+           "parse_memory_checkpoint", "render_memory_checkpoint", "serialize_memory_checkpoint"]
 
 POLICY_NAME = "Static"
 _REMEDY = ("numapin will not overwrite it. Drain the node, then move the file away (numapin starts with a fresh "
@@ -266,3 +266,13 @@ class MemoryCheckpointStore:
             except CheckpointError as e:
                 raise CheckpointError(f"refusing to overwrite {self.path}: {e}") from None
         atomic_write(self.path, data)
+
+
+def import_kubelet_memory_state(path: str | os.PathLike[str]) -> MemoryState:
+    """kubelet's own ``memory_manager_state`` (static policy) as a MemoryState, for a node moving from kubelet's
+    Memory Manager to numapin without a drain (check it with ``MemoryPolicy.start``, as kubelet does at a restart).
+    CheckpointError when the file is missing, corrupt or written by another policy."""
+    state = MemoryCheckpointStore(path, POLICY_NAME).load()
+    if state is None:
+        raise CheckpointError(f"{path} does not exist: nothing to import")
+    return state

@@ -160,3 +160,25 @@ def _guaranteed(uid: str, memory: int):
 
     c = ContainerInfo("app", "app", 1000, 1000, memory, memory)
     return PodInfo(uid, "default", uid, "Guaranteed", None, False, (c,))
+
+
+def test_kubelets_own_file_is_imported_and_checked(tmp_path):
+    from allocator.memory import import_kubelet_memory_state
+
+    policy = _policy()
+    state = MemoryState()
+    policy.start(state)
+    policy.allocate(state, _guaranteed("p1", GI), "app", None)
+    path = tmp_path / "memory_manager_state"
+    doc = json.loads(serialize_memory_checkpoint(state))  # the bytes kubelet writes for this state
+    path.write_text(json.dumps(doc))
+    imported = import_kubelet_memory_state(path)
+    policy.start(imported)
+    assert imported == state
+    with pytest.raises(CheckpointError, match="nothing to import"):
+        import_kubelet_memory_state(tmp_path / "absent")
+    other = {**doc, "policyName": "None"}
+    other["checksum"] = memory_checksum(other)
+    path.write_text(json.dumps(other))
+    with pytest.raises(CheckpointError, match='differs from state checkpoint policy "None"'):
+        import_kubelet_memory_state(path)
