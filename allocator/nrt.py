@@ -103,6 +103,7 @@ def build_nrt(
     attributes: Mapping[str, str] | None = None,
     memory: Mapping[int, Mapping[str, tuple[int, int, int]]] | None = None,
     memory_manager_policy: str | None = None,
+    zone_attributes: Mapping[int, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The NodeResourceTopology document of a node.
 
@@ -110,7 +111,8 @@ def build_nrt(
     container); ``reserved_cpus``: the node's reserved CPUs. ``attributes`` adds (or overrides) top-level
     attributes, e.g. ``nodeTopologyPodsFingerprint``. ``memory[n][resource]``: (capacity, allocatable, available)
     bytes of ``memory`` and each ``hugepages-<size>`` on NUMA node n (allocator.memory.report.nrt_memory), with
-    the ``memory_manager_policy`` published beside it.
+    the ``memory_manager_policy`` published beside it; ``zone_attributes[n]`` adds attributes to NUMA node n's
+    zone (allocator.memory.report.nrt_memory_attributes: the memory groups).
     """
     if not node_name:
         raise TopologyError("node name must not be empty")
@@ -138,6 +140,7 @@ def build_nrt(
                 {"name": "numapinSocket", "value": str(topology.cpu(cpus.min()).socket)},
                 {"name": "numapinCPUs", "value": str(cpus)},
                 {"name": "numapinAvailableCores", "value": str(free_cores)},
+                *({"name": k, "value": v} for k, v in sorted((zone_attributes or {}).get(n, {}).items())),
             ],
         }
         if topology.numa_distances is not None:
@@ -205,6 +208,8 @@ class NUMAZone:
     distances: Mapping[int, int] | None = None  # NUMA node -> distance
     # ``memory`` and ``hugepages-<size>``: (capacity, allocatable, available) bytes, when the document lists them
     memory: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
+    memory_assignments: int | None = None  # numapinMemoryAssignments (numapin's documents, nodes holding memory)
+    memory_cells: CPUSet | None = None  # numapinMemoryCells: the node's memory group
 
     @property
     def reserved(self) -> int:
@@ -270,7 +275,9 @@ class NodeTopology:
     def state_key(self) -> tuple[Any, ...]:
         """``shape_key`` plus the free CPUs: equal keys, equal answers now."""
         return (self.shape_key, tuple((z.available, z.available_cores,
-                                       tuple(sorted((r, v[2]) for r, v in z.memory.items()))) for z in self.zones))
+                                       tuple(sorted((r, v[2]) for r, v in z.memory.items())),
+                                       z.memory_assignments, None if z.memory_cells is None else str(z.memory_cells))
+                                      for z in self.zones))
 
     @property
     def publication_key(self) -> tuple[Any, ...]:
@@ -469,6 +476,8 @@ def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None
             available_cores=_int_attr(zattrs, "numapinAvailableCores", f"{path}.attributes"),
             distances=distances,
             memory=memory,
+            memory_assignments=_int_attr(zattrs, "numapinMemoryAssignments", f"{path}.attributes"),
+            memory_cells=_cpuset_attr(zattrs, "numapinMemoryCells", f"{path}.attributes"),
         ))
     zones.sort(key=lambda z: z.numa)
     if len({z.numa for z in zones}) != len(zones):

@@ -94,8 +94,11 @@ class MemoryPolicy:
 
     name = "Static"
 
-    def __init__(self, machine: MachineMemory, system_reserved: Mapping[int, Mapping[str, int]]) -> None:
-        if sum(per.get(MEMORY, 0) for per in system_reserved.values()) <= 0:
+    def __init__(self, machine: MachineMemory, system_reserved: Mapping[int, Mapping[str, int]], *,
+                 require_reserved: bool = True) -> None:
+        """``require_reserved=False``: accept a machine with nothing reserved (a node rebuilt from a published
+        NodeResourceTopology, whose exporter may not subtract kubelet's reservation)."""
+        if require_reserved and sum(per.get(MEMORY, 0) for per in system_reserved.values()) <= 0:
             raise ConfigError(NO_SYSTEM_RESERVED)
         self.machine = machine
         self.system_reserved = {n: dict(v) for n, v in system_reserved.items()}

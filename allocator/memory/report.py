@@ -3,12 +3,17 @@ and what every NUMA node has free (binary units: ``62Gi``)."""
 
 from __future__ import annotations
 
+from ..cpuset import CPUSet
 from ..pod import PodInfo
 from .quantity_text import ByteQuantity
 from .requests import container_requests, pod_requests
 from .state import MemoryState
 
-__all__ = ["memory_detail", "nrt_memory"]
+__all__ = ["ASSIGNMENTS_ATTRIBUTE", "CELLS_ATTRIBUTE", "memory_detail", "nrt_memory", "nrt_memory_attributes"]
+
+
+ASSIGNMENTS_ATTRIBUTE = "numapinMemoryAssignments"
+CELLS_ATTRIBUTE = "numapinMemoryCells"
 
 
 def memory_detail(pod: PodInfo, who: str | None, mem: MemoryState) -> str:
@@ -30,3 +35,11 @@ def nrt_memory(state: MemoryState) -> dict[int, dict[str, tuple[int, int, int]]]
     the huge pages), minus what containers hold."""
     return {n: {r: (t.total, t.allocatable, t.free) for r, t in ns.memory.items()}
             for n, ns in sorted(state.machine.items())}
+
+
+def nrt_memory_attributes(state: MemoryState) -> dict[int, dict[str, str]]:
+    """numapin's zone attributes for the group rule, for the NUMA nodes holding memory assignments:
+    ``numapinMemoryAssignments`` (kubelet's numberOfAssignments) and ``numapinMemoryCells`` (the node's group as a
+    list such as ``0-1``), so a reader can apply kubelet's rules to the published node."""
+    return {n: {ASSIGNMENTS_ATTRIBUTE: str(ns.assignments), CELLS_ATTRIBUTE: str(CPUSet(ns.cells))}
+            for n, ns in sorted(state.machine.items()) if ns.assignments > 0}

@@ -88,3 +88,41 @@ def test_bad_memory_resources_name_the_field(resource, match):
         {"name": "cpu", "capacity": "4"}, resource]}]}
     with pytest.raises(TopologyError, match=match):
         parse_nrt(doc)
+
+
+def test_the_published_node_gives_the_same_memory_hints_as_the_node():
+    from allocator.memory.report import nrt_memory_attributes
+    from allocator.memory.synthetic import memory_from_nrt
+
+    n = NodeAllocator(NodeConfig(
+        topology=xeon_gold_6258r(), num_reserved_cpus=2, topology_manager_policy="best-effort",
+        memory=MemoryConfig(MachineMemory.uniform((0, 1), 64 * GI, ((2 * MI, 1024), (GI, 2))), "Static",
+                            parse_reserved_memory("0:memory=100Mi"))))
+    assert n.admit_pod(pod("a", container("app", 70 * GI, cpu=2000))).admitted  # a group {0, 1}
+    assert n.memory_state is not None and n.memory_state.machine[1].cells == (0, 1)
+    doc = build_nrt("n1", n.topology, free_cpus=n.shared_pool() - n.reserved_cpus, memory=nrt_memory(n.memory_state),
+                    memory_manager_policy="Static", zone_attributes=nrt_memory_attributes(n.memory_state))
+    published = parse_nrt(doc)
+    assert published.zones[0].memory_assignments == 1 and str(published.zones[0].memory_cells) == "0-1"
+    built = memory_from_nrt(published)
+    assert built is not None
+    policy, state = built
+    assert state.machine == n.memory_state.machine
+    for probe in (pod("x", container("app", GI, cpu=2000)), pod("y", container("app", 20 * GI, cpu=2000)),
+                  pod("z", container("app", GI, cpu=2000, hugepages={"hugepages-1Gi": GI}))):
+        assert policy.topology_hints(state, probe, "app") == n.memory_policy.topology_hints(  # type: ignore[union-attr]
+            n.memory_state, probe, "app")
+
+
+def test_a_foreign_document_with_memory_rebuilds_a_node():
+    from allocator.memory.synthetic import memory_from_nrt
+
+    built = memory_from_nrt(parse_nrt(FOREIGN))
+    assert built is not None
+    policy, state = built
+    t = state.machine[0].memory["memory"]
+    # the 1Gi reserved is taken as the node's huge pages (NFD's memory allocatable may include them)
+    assert (t.total, t.system_reserved, t.allocatable, t.reserved, t.free) == (64 * GI, 0, 63 * GI, 4 * GI, 59 * GI)
+    assert state.machine[0].assignments == 1  # holds memory: taken as allocated alone
+    assert policy.topology_hints(state, pod("p", container("app", 60 * GI)), "app") == {}
+    assert memory_from_nrt(parse_nrt(build_nrt("n", xeon_gold_6258r(), free_cpus=xeon_gold_6258r().all_cpus))) is None
