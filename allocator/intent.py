@@ -7,6 +7,7 @@ CRI carries no resource requests and no init/sidecar roles, so the webhook recor
      "containers": [{"name": "app", "role": "app", "cpu": [2000, 2000], "memory": [1073741824, 1073741824]}]}
 
 ``cpu`` is ``[request, limit]`` in milli-CPUs, ``memory`` ``[request, limit]`` in bytes, ``null`` where not set;
+``hugepages`` (only for a container asking some) maps ``hugepages-<size>`` to bytes (requests equal limits);
 ``cpuManager`` is the normalised ``qos.gocrane.io/cpu-manager`` value or ``null``. Containers are listed
 init containers first (``role`` ``init`` or ``sidecar``), in spec order, then app containers.
 
@@ -68,6 +69,7 @@ def encode_intent(pod: PodInfo) -> str:
                 "role": c.role,
                 "cpu": [c.cpu_request_milli, c.cpu_limit_milli],
                 "memory": [c.memory_request, c.memory_limit],
+                **({"hugepages": dict(c.hugepages)} if c.hugepages else {}),
             }
             for c in pod.containers
         ],
@@ -150,5 +152,11 @@ def _container(c: Any, field: str) -> ContainerInfo:
         raise PodSpecError(f"{field}.role must be one of {', '.join(_ROLES)}, got {role!r}")
     cpu = _pair(c.get("cpu"), f"{field}.cpu")
     mem = _pair(c.get("memory"), f"{field}.memory")
+    pages = c.get("hugepages", {})
+    if not isinstance(pages, dict) or not all(
+        isinstance(k, str) and k.startswith("hugepages-") and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        for k, v in pages.items()
+    ):
+        raise PodSpecError(f"{field}.hugepages must map hugepages-<size> to a non-negative number of bytes")
     return ContainerInfo(name=name, role=role, cpu_request_milli=cpu[0], cpu_limit_milli=cpu[1],
-                         memory_request=mem[0], memory_limit=mem[1])
+                         memory_request=mem[0], memory_limit=mem[1], hugepages=tuple(sorted(pages.items())))

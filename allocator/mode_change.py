@@ -12,7 +12,11 @@ Crane's "revise cpuset when pod running": a pod moves between ``none``, ``exclus
 
 Init containers have completed in a running pod: only its sidecar and app containers are admitted; an init
 container still holding CPUs keeps them when the new mode still pins it and gives them back otherwise. Devices
-are not known for a running pod, so only the CPU and memory providers give hints.
+are not known for a running pod, so only the CPU and memory providers give hints. With kubelet's Memory Manager
+emulated (allocator.memory, ``memoryManagerPolicy: Static``), memory follows the same rules: a container the new
+mode no longer manages (a Crane-pinned container of a pod that is not Guaranteed moving to ``none``) gives its
+memory back, a container it starts managing is placed by the memory provider in the same merge, the others keep
+their blocks.
 
 The new mode is kept in ``CPUState.pod_modes`` (persisted in the checkpoint): it wins over the mode the pod's
 sandbox was created with, so a container of the pod that restarts gets the new mode too (``with_pod_mode``).
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from .cpuset import CPUSet
 from .errors import PodSpecError
+from .memory.provider import MemoryProvider
 from .memory_hints import MemoryHintProvider
 from .modes import CPU_MANAGER_VALUES, ContainerMode, CPUManagerAnnotation
 from .pod import (
@@ -38,7 +43,7 @@ from .state import CPUState
 
 if TYPE_CHECKING:
     from .static_policy import StaticPolicy
-    from .topology_manager import TopologyManager
+    from .topology_manager import HintProvider, TopologyManager
 
 __all__ = [
     "KUBELET_RULE",
@@ -141,11 +146,14 @@ def plan_mode_change(
     topology_manager: TopologyManager,
     pod: PodInfo,
     target: str | None,
+    memory: MemoryProvider | None = None,
 ) -> tuple[ModeChange, CPUState | None]:
     """Decide moving ``pod`` (its model as created; a previous transition is applied first) to ``target``.
 
-    Returns the outcome and, when admitted, the new state (``state`` itself is never changed). Raises PodSpecError
-    for a target that is not a mode. CPU-bound: the proxy calls it in a worker thread.
+    Returns the outcome and, when admitted, the new state (``state`` itself is never changed). ``memory``: the
+    Memory Manager bound to a working copy of its state, which this changes (the caller keeps the copy only when
+    the transition is admitted). Raises PodSpecError for a target that is not a mode. CPU-bound: the proxy calls
+    it in a worker thread.
     """
     new = parse_target(target)
     current = with_pod_mode(pod, state)
@@ -166,11 +174,22 @@ def plan_mode_change(
             work.set(uid, name, cpus, container_mode(moved, c))
         else:
             policy.remove(work, uid, name)
+    mem_provider: HintProvider = MemoryHintProvider()
+    mem_saved: tuple[str | None, dict[int, dict[str, int]]] | None = None
+    if memory is not None:
+        mem_provider = memory
+        for name in sorted(memory.state.assignments.get(uid, {})):
+            c = next((x for x in moved.containers if x.name == name), None)
+            if c is None or not memory.policy.requested(moved, c):
+                memory.policy.remove(memory.state, uid, name)
+        mem_saved = (memory.state.reuse_pod, memory.state.reuse)
     saved_reuse = (work.reuse_pod, work.reuse)
     try:
-        result = topology_manager.admit(work, running, [policy, MemoryHintProvider()])
+        result = topology_manager.admit(work, running, [policy, mem_provider])
     finally:
         work.reuse_pod, work.reuse = saved_reuse  # a transition is no step of another pod's admission
+        if memory is not None and mem_saved is not None:
+            memory.state.reuse_pod, memory.state.reuse = mem_saved
     if not result.admitted:
         free = work.default_cpuset - CPUSet(policy.reserved)
         per_numa = ", ".join(f"{n}: {len(free & policy.topology.cpus_in_numa(n))}"

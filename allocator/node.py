@@ -4,9 +4,10 @@ This is what the CRI proxy, the webhook and ``numapin plan`` call. ``NodeAllocat
 topology-manager admit handler does for a pod:
 
 - for every container (scope ``container``: init containers then app containers, in spec order), or once for
-  the whole pod (scope ``pod``), gather the hints of every provider -- CPUs (the static policy), memory (which
-  follows the CPUs: numapin does not account memory per NUMA node, so it never narrows the choice) and the
-  devices already bound to the container -- and merge them under the topology-manager policy;
+  the whole pod (scope ``pod``), gather the hints of every provider -- CPUs (the static policy), memory and each
+  huge-page size (kubelet's Memory Manager, allocator.memory, with ``memoryManagerPolicy: Static``; with ``None``
+  memory follows the CPUs and never narrows the choice) and the devices already bound to the container -- and
+  merge them under the topology-manager policy;
 - a container whose merged hint is not admissible rejects the whole pod with ``TopologyAffinityError``;
 - otherwise every provider allocates with that hint; an allocation error rejects the pod with the error's
   reason (``SMTAlignmentError``) or ``UnexpectedAdmissionError``.
@@ -27,6 +28,10 @@ from .cpuset import CPUSet
 from .device_hints import DeviceHintProvider
 from .errors import AdmitReason, ConfigError
 from .hints import TopologyHint
+from .memory import MemoryPolicy, MemoryProvider, MemoryState
+from .memory.config import MemoryConfig, build_memory_policy
+from .memory.report import memory_detail
+from .memory.resize import MemoryResize, plan_memory_resize
 from .memory_hints import MemoryHintProvider
 from .mode_change import ModeChange, plan_mode_change, with_pod_mode
 from .modes import SHARED_POOL, ContainerMode
@@ -76,6 +81,7 @@ class NodeConfig:
     topology_manager_scope: str = "container"
     topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
     require_reserved_cpus: bool = False
+    memory: MemoryConfig | None = None  # memoryManagerPolicy, the machine's memory, reservedMemory (allocator.memory)
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,7 @@ class NodeParts:
     config: NodeConfig
     static_policy: StaticPolicy
     topology_manager: TopologyManager
+    memory_policy: MemoryPolicy | None = None
 
 
 def build_node(config: NodeConfig) -> NodeParts:
@@ -129,7 +136,8 @@ def build_node(config: NodeConfig) -> NodeParts:
         )
     except ConfigError as e:
         raise ConfigError(f"{reserved_field}: {e}") from None
-    return NodeParts(config=config, static_policy=policy, topology_manager=manager)
+    memory_policy = build_memory_policy(config.memory, topology.numa_nodes)
+    return NodeParts(config=config, static_policy=policy, topology_manager=manager, memory_policy=memory_policy)
 
 
 def hints_to_json(hints: Any, limit: int | None = None) -> Any:
@@ -174,7 +182,7 @@ class ContainerDecision:
     hints: Mapping[str, tuple[TopologyHint, ...] | HintFamily | None]
     affinity: TopologyHint | None  # merged hint (None under topology-manager policy none)
     cpus: CPUSet  # its own CPUs if pinned, else the shared pool (empty for a rejected pod)
-    mems: CPUSet  # NUMA nodes of those CPUs
+    mems: CPUSet  # the Memory Manager's NUMA nodes for a container it accounts, else the NUMA nodes of those CPUs
 
     def to_dict(self, max_hints: int | None = None) -> dict[str, Any]:
         return {
@@ -230,6 +238,10 @@ def _resized(pod: PodInfo, state: CPUState, name: str) -> bool:
     return held is not None and pod.has_container(name) and len(held) != guaranteed_cpus(pod, pod.container(name))
 
 
+def _mems(mem: MemoryState, pod_uid: str, name: str) -> CPUSet:
+    return CPUSet(mem.nodes_of(pod_uid, name))
+
+
 def _hint_dict(h: TopologyHint) -> dict[str, Any]:
     return {"numa": None if h.numa is None else sorted(h.numa), "preferred": h.preferred}
 
@@ -237,9 +249,11 @@ def _hint_dict(h: TopologyHint) -> dict[str, Any]:
 class NodeAllocator:
     """One node's CPU allocation: the state, the static policy and the topology manager together."""
 
-    def __init__(self, config: NodeConfig | NodeParts, state: CPUState | None = None) -> None:
+    def __init__(self, config: NodeConfig | NodeParts, state: CPUState | None = None,
+                 memory_state: MemoryState | None = None) -> None:
         """``config``: a configuration (built and checked here, ConfigError) or parts ``build_node`` made.
-        ``state``: the state to start from (copied; CheckpointError when it does not fit the node)."""
+        ``state``: the state to start from (copied; CheckpointError when it does not fit the node);
+        ``memory_state`` likewise for the Memory Manager (ignored without ``memoryManagerPolicy: Static``)."""
         parts = config if isinstance(config, NodeParts) else build_node(config)
         self.parts = parts
         self.config = parts.config
@@ -249,10 +263,15 @@ class NodeAllocator:
         work = state.copy() if state is not None else CPUState()
         self.policy.start(work)
         self.state: CPUState = work
+        self.memory_policy = parts.memory_policy
+        self.memory_state: MemoryState | None = None
+        if self.memory_policy is not None:
+            self.memory_state = memory_state.copy() if memory_state is not None else MemoryState()
+            self.memory_policy.start(self.memory_state)
 
     def copy(self) -> NodeAllocator:
         """Another allocator of the same node (the same parts: nothing is built again) on a copy of the state."""
-        return NodeAllocator(self.parts, self.state)
+        return NodeAllocator(self.parts, self.state, self.memory_state)
 
     # -- queries ----------------------------------------------------------------------
     @property
@@ -298,8 +317,11 @@ class NodeAllocator:
         nor moved, behind its back, and a completed init container takes no CPU from the pool again."""
         info = with_pod_mode(pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod), self.state)
         work = self.state.copy()
+        mem_work = self.memory_state.copy() if self.memory_state is not None else None
         for name in reallocate:
             self.policy.remove(work, info.uid, name)
+            if self.memory_policy is not None and mem_work is not None:
+                self.memory_policy.remove(mem_work, info.uid, name)
         if only is not None and not info.bypass and _resized(info, work, only):
             # re-created with other resources (resizePolicy RestartContainer): resized like a running container
             outcome, resized = plan_resize(work, self.policy, self.topology_manager, info, only)
@@ -312,18 +334,22 @@ class NodeAllocator:
         if info.bypass:
             return self._decision(info, work, None, True, None, "bypassed (numapin.io/bypass)")
         device_map = {c: {r: _device_nodes(n) for r, n in d.items()} for c, d in (devices or {}).items()}
-        providers: list[HintProvider] = [self.policy, MemoryHintProvider(),
+        memory: HintProvider = MemoryHintProvider()
+        if self.memory_policy is not None and mem_work is not None:
+            memory = MemoryProvider(self.memory_policy, mem_work)
+        providers: list[HintProvider] = [self.policy, memory,
                                          DeviceHintProvider(device_map, self.topology.numa_nodes)]
         result = self.topology_manager.admit(work, info, providers)  # on the copy, init-container reuse included
         if not result.admitted:
             return self._decision(info, self.state, result, False, result.reason,
-                                  self._reject_message(result, info, work))
-        decision = self._decision(info, work, result, True, None, "admitted")
+                                  self._reject_message(result, info, work, mem_work))
+        decision = self._decision(info, work, result, True, None, "admitted", mem_work)
         if not dry_run:
             self.state = work
+            self.memory_state = mem_work
         return decision
 
-    def _reject_message(self, result: Any, pod: PodInfo, work: CPUState) -> str:
+    def _reject_message(self, result: Any, pod: PodInfo, work: CPUState, mem: MemoryState | None = None) -> str:
         message = result.message
         who = result.failed_container
         if result.reason != "TopologyAffinityError":
@@ -332,6 +358,8 @@ class NodeAllocator:
         cpus = guaranteed_cpus(pod, pod.container(who)) if who else pod_guaranteed_cpus(pod)
         free = ", ".join(f"{n}: {k}" for n, k in self._free_per_numa(work).items())
         detail = f"pod {pod.ref}; {cpus} exclusive CPU(s) asked; free CPUs per NUMA node {{{free}}}"
+        if mem is not None:
+            detail += memory_detail(pod, who, mem)
         if message.endswith(")"):
             return f"{message[:-1]}; {detail})"
         return f"{message} ({detail})"
@@ -356,6 +384,7 @@ class NodeAllocator:
         admitted: bool,
         reason: Reason | None,
         message: str,
+        mem: MemoryState | None = None,
     ) -> PodDecision:
         per_container = {c.name: c for c in (result.containers if result is not None else ())}
         pool = work.shared_pool()
@@ -378,7 +407,8 @@ class NodeAllocator:
                 hints=self._hints_of(r.hints) if r is not None else {},
                 affinity=r.affinity if r is not None else None,
                 cpus=cpus,
-                mems=memory_nodes(self.topology, cpus),
+                mems=_mems(mem, pod.uid, c.name) if admitted and mem is not None and mem.blocks(pod.uid, c.name)
+                else memory_nodes(self.topology, cpus),
             ))
         return PodDecision(pod.uid, pod.namespace, pod.name, admitted, reason, message, tuple(out))
 
@@ -387,9 +417,14 @@ class NodeAllocator:
         """Move a running pod to another ``qos.gocrane.io/cpu-manager`` mode (None or ``kubelet``: kubelet's rule),
         transactionally: a refused transition (kubelet's reason in the outcome) changes nothing. Raises
         PodSpecError for a target that is not a mode."""
-        change, work = plan_mode_change(self.state, self.policy, self.topology_manager, pod, target)
+        mem = None
+        if self.memory_policy is not None and self.memory_state is not None:
+            mem = MemoryProvider(self.memory_policy, self.memory_state.copy())
+        change, work = plan_mode_change(self.state, self.policy, self.topology_manager, pod, target, mem)
         if work is not None and not dry_run:
             self.state = work
+            if mem is not None:
+                self.memory_state = mem.state
         return change
 
     def pod_mode(self, pod_uid: str) -> str | None:
@@ -404,15 +439,40 @@ class NodeAllocator:
         outcome, work = plan_resize(self.state, self.policy, self.topology_manager, pod, name)
         if work is not None and not dry_run:
             self.state = work
+        held = self.container_mems(pod.uid, name)
+        if held is not None:  # the Memory Manager's nodes stay the container's memory nodes (resize_memory moves them)
+            outcome = replace(outcome, mems_before=held, mems_after=held)
         return outcome
 
     def baseline_cpus(self, pod_uid: str, name: str) -> CPUSet | None:
         """The CPUs the container was admitted with (its CPUs when no resize changed them); None without CPUs."""
         return self.state.baseline(pod_uid, name)
 
+    # -- memory (allocator.memory) ----------------------------------------------------------------------
+    def container_mems(self, pod_uid: str, name: str) -> CPUSet | None:
+        """The Memory Manager's NUMA nodes of a container (None when it accounts none for it)."""
+        if self.memory_state is None or self.memory_state.blocks(pod_uid, name) is None:
+            return None
+        return _mems(self.memory_state, pod_uid, name)
+
+    def resize_memory(self, pod: PodInfo, name: str, *, dry_run: bool = False) -> MemoryResize:
+        """Account a running container's new memory limit (``pod``: its model with the new limits) in its NUMA
+        nodes, extended as kubelet extends a hint when they cannot hold it; a refusal changes nothing
+        (allocator.memory.resize). Without ``memoryManagerPolicy: Static`` memory is not accounted: admitted."""
+        if self.memory_policy is None or self.memory_state is None:
+            return MemoryResize(pod.uid, name, True, None, "memory manager policy None: memory is not accounted",
+                                (), (), None, None)
+        outcome, work = plan_memory_resize(self.memory_policy, self.memory_state, pod, name)
+        if work is not None and not dry_run:
+            self.memory_state = work
+        return outcome
+
     # -- release ----------------------------------------------------------------------
     def release_container(self, pod_uid: str, name: str) -> CPUSet:
-        """Give back a container's CPUs (those no sibling still holds); returns the CPUs returned to the pool."""
+        """Give back a container's CPUs (those no sibling still holds) and memory; returns the CPUs returned to
+        the pool."""
+        if self.memory_policy is not None and self.memory_state is not None:
+            self.memory_policy.remove(self.memory_state, pod_uid, name)
         return CPUSet(self.policy.remove(self.state, pod_uid, name))
 
     def release_pod(self, pod_uid: str) -> CPUSet:
@@ -420,5 +480,8 @@ class NodeAllocator:
         before = self.state.default_cpuset
         for name in names:
             self.policy.remove(self.state, pod_uid, name)
+        if self.memory_policy is not None and self.memory_state is not None:
+            for name in sorted(self.memory_state.assignments.get(pod_uid, {})):
+                self.memory_policy.remove(self.memory_state, pod_uid, name)
         self.state.pod_modes.pop(pod_uid, None)
         return self.state.default_cpuset - before

@@ -6,13 +6,17 @@ One document per node, named after the node. Layout (what ``build_nrt`` writes a
   capacity, allocatable, available}]`` (whole CPUs; allocatable = capacity minus reserved CPUs; available =
   allocatable minus CPUs pinned to containers), ``costs: [{name: node-<m>, value: distance}]`` when distances are
   known, and numapin zone attributes ``numapinSocket`` (socket id), ``numapinCPUs`` (cpu list) and
-  ``numapinAvailableCores`` (physical cores whose every thread is available).
+  ``numapinAvailableCores`` (physical cores whose every thread is available). With kubelet's Memory Manager
+  emulated (``memoryManagerPolicy: Static``) a zone also lists ``memory`` and every ``hugepages-<size>`` as NFD's
+  topology-updater publishes them: capacity (the node's total), allocatable (minus what is reserved for the
+  system; for ``memory`` also minus the huge pages), available (minus what containers hold), as quantities.
 - top-level ``attributes``: ``topologyManagerPolicy``, ``topologyManagerScope`` (kubelet's spelling),
   ``topologyManagerOption<CamelName>`` per topology-manager option (the scheduler plugin's convention),
   ``cpuManagerPolicy`` (``static``: numapin emulates it), ``cpuManagerPolicyOption<CamelName>`` per CPU-manager
   option, and numapin extras ``numapinReservedCPUs`` (cpu list), ``numapinThreadsPerCore`` and
   ``numapinStateVersion`` (changes with every allocation change on the node, never repeats: the webhook uses it to
-  know when the CPUs of pods it just let bind are in the published counts).
+  know when the CPUs of pods it just let bind are in the published counts); ``memoryManagerPolicy`` (kubelet's
+  spelling, ``None`` or ``Static``) when memory is published.
 - ``topologyPolicies`` (deprecated upstream) is still written for older readers.
 
 ``parse_nrt`` turns a document into a ``NodeTopology`` value (the webhook rebuilds an approximate machine from it
@@ -36,7 +40,8 @@ from functools import cached_property
 from typing import Any
 
 from .cpuset import CPUSet
-from .errors import TopologyError
+from .errors import PodSpecError, TopologyError
+from .quantity import memory_bytes
 from .topology import Topology
 from .topology_manager import POLICIES, SCOPES
 
@@ -96,12 +101,18 @@ def build_nrt(
     cpu_manager_policy_options: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
     attributes: Mapping[str, str] | None = None,
+    memory: Mapping[int, Mapping[str, tuple[int, int, int]]] | None = None,
+    memory_manager_policy: str | None = None,
+    zone_attributes: Mapping[int, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The NodeResourceTopology document of a node.
 
     ``free_cpus``: the CPUs an exclusive allocation could take now (not reserved, not pinned to any
     container); ``reserved_cpus``: the node's reserved CPUs. ``attributes`` adds (or overrides) top-level
-    attributes, e.g. ``nodeTopologyPodsFingerprint``.
+    attributes, e.g. ``nodeTopologyPodsFingerprint``. ``memory[n][resource]``: (capacity, allocatable, available)
+    bytes of ``memory`` and each ``hugepages-<size>`` on NUMA node n (allocator.memory.report.nrt_memory), with
+    the ``memory_manager_policy`` published beside it; ``zone_attributes[n]`` adds attributes to NUMA node n's
+    zone (allocator.memory.report.nrt_memory_attributes: the memory groups).
     """
     if not node_name:
         raise TopologyError("node name must not be empty")
@@ -122,12 +133,14 @@ def build_nrt(
                     "capacity": str(len(cpus)),
                     "allocatable": str(len(allocatable)),
                     "available": str(len(available)),
-                }
+                },
+                *_memory_resources((memory or {}).get(n, {})),
             ],
             "attributes": [
                 {"name": "numapinSocket", "value": str(topology.cpu(cpus.min()).socket)},
                 {"name": "numapinCPUs", "value": str(cpus)},
                 {"name": "numapinAvailableCores", "value": str(free_cores)},
+                *({"name": k, "value": v} for k, v in sorted((zone_attributes or {}).get(n, {}).items())),
             ],
         }
         if topology.numa_distances is not None:
@@ -140,6 +153,8 @@ def build_nrt(
     for k, v in sorted((topology_manager_policy_options or {}).items()):
         attrs[f"topologyManagerOption{_camel(k)}"] = str(v)
     attrs["cpuManagerPolicy"] = "static"
+    if memory_manager_policy is not None:
+        attrs["memoryManagerPolicy"] = memory_manager_policy
     for k, v in sorted((cpu_manager_policy_options or {}).items()):
         attrs[f"cpuManagerPolicyOption{_camel(k)}"] = str(v)
     attrs["numapinReservedCPUs"] = str(reserved_cpus)
@@ -156,6 +171,22 @@ def build_nrt(
         "zones": zones,
         "attributes": [{"name": k, "value": v} for k, v in attrs.items()],
     }
+
+
+def _bytes_text(n: int) -> str:
+    """Bytes as a canonical binary quantity (``64Gi``, ``65436Mi``; a plain number below 1Ki)."""
+    units = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+    exp = 0
+    while n and n % 1024 == 0 and exp < len(units) - 1:
+        n //= 1024
+        exp += 1
+    return f"{n}{units[exp]}"
+
+
+def _memory_resources(per_resource: Mapping[str, tuple[int, int, int]]) -> list[dict[str, str]]:
+    order = sorted(per_resource, key=lambda r: (r != "memory", r))
+    return [{"name": r, "capacity": _bytes_text(per_resource[r][0]), "allocatable": _bytes_text(per_resource[r][1]),
+             "available": _bytes_text(per_resource[r][2])} for r in order]
 
 
 def _count_free_cores(topology: Topology, cpus: CPUSet, available: CPUSet) -> int:
@@ -175,6 +206,10 @@ class NUMAZone:
     socket: int | None = None
     available_cores: int | None = None
     distances: Mapping[int, int] | None = None  # NUMA node -> distance
+    # ``memory`` and ``hugepages-<size>``: (capacity, allocatable, available) bytes, when the document lists them
+    memory: Mapping[str, tuple[int, int, int]] = field(default_factory=dict)
+    memory_assignments: int | None = None  # numapinMemoryAssignments (numapin's documents, nodes holding memory)
+    memory_cells: CPUSet | None = None  # numapinMemoryCells: the node's memory group
 
     @property
     def reserved(self) -> int:
@@ -199,6 +234,7 @@ class NodeTopology:
     labels: Mapping[str, str] = field(default_factory=dict)
     state_version: str | None = None  # numapinStateVersion: a new value on every allocation change
     reserved_cpus: CPUSet | None = None  # numapinReservedCPUs: the node's reserved CPU ids (numapin's documents)
+    memory_manager_policy: str | None = None  # memoryManagerPolicy as published (None: not published)
     # what parse_nrt derived or assumed because the document did not say it (empty for numapin's own documents)
     assumptions: tuple[str, ...] = ()
 
@@ -226,7 +262,8 @@ class NodeTopology:
         on an empty node."""
         return (
             tuple((z.numa, z.capacity, z.allocatable, z.socket,
-                   None if z.distances is None else tuple(sorted(z.distances.items()))) for z in self.zones),
+                   None if z.distances is None else tuple(sorted(z.distances.items())),
+                   tuple(sorted((r, c, a) for r, (c, a, _) in z.memory.items()))) for z in self.zones),
             self.topology_manager_policy,
             self.topology_manager_scope,
             tuple(sorted(self.topology_manager_policy_options.items())),
@@ -237,7 +274,10 @@ class NodeTopology:
     @cached_property
     def state_key(self) -> tuple[Any, ...]:
         """``shape_key`` plus the free CPUs: equal keys, equal answers now."""
-        return (self.shape_key, tuple((z.available, z.available_cores) for z in self.zones))
+        return (self.shape_key, tuple((z.available, z.available_cores,
+                                       tuple(sorted((r, v[2]) for r, v in z.memory.items())),
+                                       z.memory_assignments, None if z.memory_cells is None else str(z.memory_cells))
+                                      for z in self.zones))
 
     @property
     def publication_key(self) -> tuple[Any, ...]:
@@ -396,12 +436,15 @@ def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None
             raise _field_error(f"{path}.resources", "must be a list")
         cpu: Mapping[str, Any] | None = None
         rpath = f"{path}.resources"
+        memory: dict[str, tuple[int, int, int]] = {}
         for j, r in enumerate(resources):
             if not isinstance(r, Mapping):
                 raise _field_error(f"{path}.resources[{j}]", "must be a mapping")
             if r.get("name") == "cpu":
                 cpu = r
                 rpath = f"{path}.resources[{j}]"
+            elif isinstance(r.get("name"), str) and (r["name"] == "memory" or r["name"].startswith("hugepages-")):
+                memory[r["name"]] = _memory_resource(r, f"{path}.resources[{j}]")
         if cpu is None:
             continue  # a CPU-less NUMA node
         capacity = _quantity_cpus(cpu.get("capacity"), f"{rpath}.capacity")
@@ -432,6 +475,9 @@ def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None
             socket=_int_attr(zattrs, "numapinSocket", f"{path}.attributes"),
             available_cores=_int_attr(zattrs, "numapinAvailableCores", f"{path}.attributes"),
             distances=distances,
+            memory=memory,
+            memory_assignments=_int_attr(zattrs, "numapinMemoryAssignments", f"{path}.attributes"),
+            memory_cells=_cpuset_attr(zattrs, "numapinMemoryCells", f"{path}.attributes"),
         ))
     zones.sort(key=lambda z: z.numa)
     if len({z.numa for z in zones}) != len(zones):
@@ -451,5 +497,29 @@ def parse_nrt(doc: Mapping[str, Any], *, labels: Mapping[str, str] | None = None
         topology_manager_policy_options=tm_options, cpu_manager_policy_options=cpu_options,
         threads_per_core=tpc, labels=node_labels, state_version=attrs.get("numapinStateVersion"),
         reserved_cpus=_cpuset_attr(attrs, "numapinReservedCPUs", "attributes"),
+        memory_manager_policy=attrs.get("memoryManagerPolicy"),
         assumptions=tuple(assumed),
     )
+
+
+def _memory_resource(r: Mapping[str, Any], path: str) -> tuple[int, int, int]:
+    """(capacity, allocatable, available) bytes of a ``memory`` or ``hugepages-<size>`` resource; allocatable
+    defaults to capacity and available to allocatable, as for CPUs."""
+    values: list[int] = []
+    for key in ("capacity", "allocatable", "available"):
+        raw = r.get(key)
+        if raw is None:
+            values.append(values[-1] if values else 0)
+            continue
+        if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+            raise _field_error(f"{path}.{key}", f"must be a quantity, got {raw!r}")
+        try:
+            values.append(memory_bytes(raw, field=f"{path}.{key}"))
+        except PodSpecError as e:
+            raise _field_error(f"{path}.{key}", str(e)) from None
+    capacity, allocatable, available = values
+    if allocatable > capacity:
+        raise _field_error(f"{path}.allocatable", f"{allocatable} bytes is more than capacity {capacity}")
+    if available > allocatable:
+        raise _field_error(f"{path}.available", f"{available} bytes is more than allocatable {allocatable}")
+    return capacity, allocatable, available

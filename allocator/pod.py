@@ -62,6 +62,8 @@ class ContainerInfo:
     cpu_limit_milli: int | None = None
     memory_request: int | None = None
     memory_limit: int | None = None
+    # huge pages asked for, as (resource name, bytes) sorted by name (``hugepages-2Mi``); requests equal limits
+    hugepages: tuple[tuple[str, int], ...] = ()
 
     @property
     def is_init(self) -> bool:
@@ -262,6 +264,11 @@ def _container(item: object, field: str, default_role: str) -> ContainerInfo:
         cpu_req = cpu_lim
     if mem_req is None:
         mem_req = mem_lim
+    pages: dict[str, int] = {}
+    for key, kind in (("limits", limits), ("requests", requests)):  # requests win; they default to limits
+        for res, value in kind.items():
+            if isinstance(res, str) and res.startswith("hugepages-") and value is not None:
+                pages[res] = memory_bytes(value, field=f"{field}.resources.{key}.{res}")
     return ContainerInfo(
         name=name,
         role=role,
@@ -269,4 +276,5 @@ def _container(item: object, field: str, default_role: str) -> ContainerInfo:
         cpu_limit_milli=cpu_lim,
         memory_request=mem_req,
         memory_limit=mem_lim,
+        hugepages=tuple(sorted(pages.items())),
     )
