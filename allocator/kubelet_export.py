@@ -20,8 +20,9 @@ node's topology, reserved CPUs and policy options before any byte is written: a 
 refused here with kubelet's reason.
 
 kubelet's ``memory_manager_state`` (its ``Static`` memory manager policy) is the second file of the way back; it
-joins this module with numapin's memory state (a function beside :func:`kubelet_cpu_checkpoint` taking numapin's
-memory state and returning kubelet's bytes).
+joins this module once the proxy keeps numapin's memory state (``allocator.memory``, already kubelet's format): a
+function beside :func:`kubelet_cpu_checkpoint` taking that state and the node's ``MemoryPolicy``, checking it as
+kubelet does at a restart and returning kubelet's bytes (``serialize_memory_checkpoint``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """The schema version of numapin's state files, and the refusal to read a state a newer numapin wrote.
 
-numapin's state files (``cpu_manager_state`` now; ``memory_manager_state`` with the memory work) carry, in numapin's
-own field, ``schemaVersion`` (an integer) and ``writtenBy`` (the numapin release that wrote the file, when known).
-A file without ``schemaVersion`` was written before versions were recorded: schema 1.
+numapin's state files carry, in numapin's own field (``numapin``, which kubelet's JSON decoder ignores and its
+checksum does not cover), ``schemaVersion`` (an integer) and ``writtenBy`` (the numapin release that wrote the file,
+when known). A file without ``schemaVersion`` was written before versions were recorded: schema 1. The CPU state
+(``allocator.checkpoint``) carries them; the memory state (``allocator.memory.checkpoint``, kubelet's
+``memory_manager_state`` layout) takes the same field the same way once the proxy writes it: ``schema_fields()`` into
+the document, ``check_schema`` on what it reads.
 
 Bump :data:`STATE_SCHEMA_VERSION` when a release writes data an older release would misread or silently drop when it
 rewrites the file (a new per-container record the allocator depends on, a changed meaning). Additions an older

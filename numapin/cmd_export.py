@@ -55,8 +55,11 @@ class KubeletFile:
     """One of kubelet's checkpoints this command writes: its option, default path and what goes in it.
 
     The CPU manager's is the only one so far. kubelet's ``memory_manager_state`` (its Static memory manager policy)
-    joins with numapin's memory state: a second entry in :data:`KUBELET_FILES` (option ``--memory-out``, default
-    ``/var/lib/kubelet/memory_manager_state``) whose exporter lives beside ``allocator.kubelet_export``.
+    joins once the proxy keeps numapin's memory state (``allocator.memory.MemoryCheckpointStore``, already kubelet's
+    format and policy ``Static``): a second entry in :data:`KUBELET_FILES` (option ``--memory-out``, default
+    ``/var/lib/kubelet/memory_manager_state``) whose exporter, beside ``allocator.kubelet_export``, reads that state,
+    checks it with ``allocator.memory.MemoryPolicy.start`` for the node (kubelet's restart check) and writes it with
+    ``serialize_memory_checkpoint``; kubelet's configuration then says ``memoryManagerPolicy: Static``.
     """
 
     option: str
