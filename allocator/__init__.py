@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "NodeAllocator": "node",
     "PodDecision": "node",
     "ContainerDecision": "node",
+    "ResizeOutcome": "resize",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,7 +11,10 @@ data (the per-container mode, ``exclusive`` or ``share``) rides in the extra ``n
 kubelet's JSON decoder ignores, with a checksum of its own. A pod whose mode was changed while it ran
 (``allocator.mode_change``) is listed in ``numapin.podModes`` (``{"<pod uid>": "share"}``) with its own
 ``podModesChecksum``; both keys are absent when no pod's mode was changed, so such a file is byte for byte what
-earlier numapin versions wrote, and they read the newer files too (they ignore the extra keys).
+earlier numapin versions wrote, and they read the newer files too (they ignore the extra keys). A container
+whose CPUs a resize changed (``allocator.resize``) has the set it was admitted with in ``numapin.baselines``
+(``{"<pod uid>": {"<container>": "2-3"}}``, a subset of its entry) with ``baselinesChecksum``; absent when no
+container was resized, so kubelet's own checksum and parser never see them.
 
 Loading tolerates unknown fields (newer kubelets add some) and a checksum of 0 (kubelet accepts it too).
 A file that cannot be trusted (not JSON, wrong shape, checksum mismatch, another policy, V1 entries keyed by
@@ -130,6 +133,7 @@ class CheckpointFile:
     version: int
     unknown_fields: tuple[str, ...]
     pod_modes: Mapping[str, str] = field(default_factory=dict)  # pod uid -> cpu-manager mode set while running
+    baselines: Mapping[str, Mapping[str, CPUSet]] = field(default_factory=dict)  # resized containers' admitted sets
 
 
 def _is_u64(v: object) -> bool:
@@ -208,6 +212,7 @@ def parse_checkpoint(data: bytes | str, path: str = "<checkpoint>") -> Checkpoin
 
     modes = _parse_extra(doc.get(EXTRA_FIELD), entries, path) if EXTRA_FIELD in doc else {}
     pod_modes = _parse_pod_modes(doc.get(EXTRA_FIELD), path) if EXTRA_FIELD in doc else {}
+    baselines = _parse_baselines(doc.get(EXTRA_FIELD), entries, path) if EXTRA_FIELD in doc else {}
     return CheckpointFile(
         policy_name=policy,
         default_cpuset=default_cpuset,
@@ -218,6 +223,7 @@ def parse_checkpoint(data: bytes | str, path: str = "<checkpoint>") -> Checkpoin
         version=version,
         unknown_fields=unknown,
         pod_modes=pod_modes,
+        baselines=baselines,
     )
 
 
@@ -347,6 +353,40 @@ def _parse_pod_modes(extra: object, path: str) -> dict[str, str]:
     return dict(pod_modes)
 
 
+def _parse_baselines(extra: object, entries: Mapping[str, Mapping[str, CPUSet]],
+                     path: str) -> dict[str, dict[str, CPUSet]]:
+    where = f"{path}: field {EXTRA_FIELD!r}"
+    if not isinstance(extra, dict) or "baselines" not in extra:
+        return {}
+    raw = extra.get("baselines")
+    checksum = extra.get("baselinesChecksum")
+    if not isinstance(raw, dict) or not all(
+        isinstance(m, dict) and all(isinstance(v, str) for v in m.values()) for m in raw.values()
+    ):
+        raise CheckpointError(f"{where}.baselines must map pod UIDs to {{container: cpu-list}} objects. {_REMEDY}")
+    if not _is_u64(checksum) or checksum != _extra_checksum(raw):
+        raise CheckpointError(
+            f"{where}.baselines is corrupt: baselinesChecksum {checksum!r} does not match its content "
+            f"({_extra_checksum(raw)}). {_REMEDY}"
+        )
+    out: dict[str, dict[str, CPUSet]] = {}
+    for uid, containers in raw.items():
+        for name, text in containers.items():
+            cpus = _parse_cpuset(text, f"{EXTRA_FIELD}.baselines[{uid!r}][{name!r}]", path)
+            held = entries.get(uid, {}).get(name)
+            if held is None:
+                raise CheckpointError(
+                    f"{where}.baselines names container {name!r} of pod {uid!r}, which has no CPU entry. {_REMEDY}"
+                )
+            if not cpus <= held:
+                raise CheckpointError(
+                    f"{where}.baselines[{uid!r}][{name!r}] is {cpus}, not a subset of the container's CPUs "
+                    f"{held}. {_REMEDY}"
+                )
+            out.setdefault(uid, {})[name] = cpus
+    return out
+
+
 def serialize_checkpoint(state: CPUState, policy_name: str) -> bytes:
     """The file's bytes for ``state``, laid out as kubelet's ``json.Marshal`` would (plus numapin's field)."""
     entries = {
@@ -374,6 +414,10 @@ def serialize_checkpoint(state: CPUState, policy_name: str) -> bytes:
         if bad:
             raise CheckpointError(f"pod mode {bad[0]!r} is not one of {', '.join(POD_MODES)}")
         doc[EXTRA_FIELD].update(podModes=pod_modes, podModesChecksum=_extra_checksum(pod_modes))
+    baselines = {uid: {name: str(cpus) for name, cpus in sorted(containers.items())}
+                 for uid, containers in sorted(state.baselines.items()) if containers}
+    if baselines:
+        doc[EXTRA_FIELD].update(baselines=baselines, baselinesChecksum=_extra_checksum(baselines))
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -384,6 +428,9 @@ def _state_from(cp: CheckpointFile) -> CPUState:
         for name, cpus in containers.items():
             state.set(uid, name, cpus, cp.modes.get(uid, {}).get(name, "exclusive"))
     state.pod_modes = dict(cp.pod_modes)
+    for uid, containers in cp.baselines.items():
+        for name, cpus in containers.items():
+            state.set_baseline(uid, name, cpus)
     return state
 
 
@@ -405,7 +452,7 @@ def _from_v1(cp: CheckpointFile, path: str, container_ids: Mapping[str, tuple[st
                                   f"drain the node and move the file away")
         entries.setdefault(ref[0], {})[ref[1]] = cpus
     return CheckpointFile(cp.policy_name, cp.default_cpuset, entries, {}, cp.modes, cp.checksum, 2,
-                          cp.unknown_fields, cp.pod_modes)
+                          cp.unknown_fields, cp.pod_modes, cp.baselines)
 
 
 class CheckpointStore:

@@ -32,6 +32,7 @@ from .mode_change import ModeChange, plan_mode_change, with_pod_mode
 from .modes import SHARED_POOL, ContainerMode
 from .pod import PodInfo, container_mode, guaranteed_cpus, pod_guaranteed_cpus
 from .policy_options import StaticPolicyOptions
+from .resize import ResizeOutcome, memory_nodes, plan_resize
 from .state import CPUState
 from .static_policy import StaticPolicy, require_reserved
 from .topology import Topology
@@ -223,6 +224,12 @@ def _admitted_before(pod: PodInfo, state: CPUState, only: str) -> PodInfo:
     return pod if len(keep) == len(pod.containers) else replace(pod, containers=keep)
 
 
+def _resized(pod: PodInfo, state: CPUState, name: str) -> bool:
+    """A container holding CPUs that its pod now sizes differently (a re-creation carrying new resources)."""
+    held = state.get(pod.uid, name)
+    return held is not None and pod.has_container(name) and len(held) != guaranteed_cpus(pod, pod.container(name))
+
+
 def _hint_dict(h: TopologyHint) -> dict[str, Any]:
     return {"numa": None if h.numa is None else sorted(h.numa), "preferred": h.preferred}
 
@@ -293,6 +300,13 @@ class NodeAllocator:
         work = self.state.copy()
         for name in reallocate:
             self.policy.remove(work, info.uid, name)
+        if only is not None and not info.bypass and _resized(info, work, only):
+            # re-created with other resources (resizePolicy RestartContainer): resized like a running container
+            outcome, resized = plan_resize(work, self.policy, self.topology_manager, info, only)
+            if resized is None:
+                return self._decision(info, self.state, None, False, outcome.reason,  # type: ignore[arg-type]
+                                      outcome.message)
+            work = resized
         if only is not None:
             info = _admitted_before(info, work, only)
         if info.bypass:
@@ -364,7 +378,7 @@ class NodeAllocator:
                 hints=self._hints_of(r.hints) if r is not None else {},
                 affinity=r.affinity if r is not None else None,
                 cpus=cpus,
-                mems=self.topology.numa_of(cpus),
+                mems=memory_nodes(self.topology, cpus),
             ))
         return PodDecision(pod.uid, pod.namespace, pod.name, admitted, reason, message, tuple(out))
 
@@ -381,6 +395,20 @@ class NodeAllocator:
     def pod_mode(self, pod_uid: str) -> str | None:
         """The mode a transition gave the pod (``none``, ``exclusive``, ``share``, ``kubelet``), None if none did."""
         return self.state.pod_modes.get(pod_uid)
+
+    # -- in-place resize (allocator.resize) -----------------------------------------------------------------
+    def resize_container(self, pod: PodInfo, name: str, *, dry_run: bool = False) -> ResizeOutcome:
+        """Resize container ``name`` of a running pod to what ``pod`` (the pod after the resize, same uid) asks,
+        from what the state holds for it, transactionally: a refused resize (kubelet's reason in the outcome)
+        changes nothing. Raises PodSpecError when the pod has no such container. See allocator.resize."""
+        outcome, work = plan_resize(self.state, self.policy, self.topology_manager, pod, name)
+        if work is not None and not dry_run:
+            self.state = work
+        return outcome
+
+    def baseline_cpus(self, pod_uid: str, name: str) -> CPUSet | None:
+        """The CPUs the container was admitted with (its CPUs when no resize changed them); None without CPUs."""
+        return self.state.baseline(pod_uid, name)
 
     # -- release ----------------------------------------------------------------------
     def release_container(self, pod_uid: str, name: str) -> CPUSet:

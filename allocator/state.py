@@ -24,12 +24,17 @@ class CPUState:
     ``reuse_pod``/``reuse`` are the static policy's init-container CPU reuse (kubelet's ``cpusToReuse``, for
     one pod at a time): working state that travels with each copy, so an admission rolled back (or a dry run)
     leaves none behind. It is not saved (kubelet does not checkpoint it either) and not compared.
+
+    ``baselines[pod_uid][container_name]`` is the set a container was admitted with, kept only for a container
+    whose CPUs a resize changed (``allocator.resize``) and only while it differs from its CPUs; a container
+    missing from it has its CPUs as its baseline. Always a subset of the container's CPUs.
     """
 
     default_cpuset: CPUSet = field(default_factory=CPUSet)
     assignments: dict[str, dict[str, CPUSet]] = field(default_factory=dict)
     modes: dict[str, dict[str, str]] = field(default_factory=dict)
     pod_modes: dict[str, str] = field(default_factory=dict)
+    baselines: dict[str, dict[str, CPUSet]] = field(default_factory=dict)
     reuse_pod: str | None = field(default=None, compare=False)
     reuse: CPUSet = field(default_factory=CPUSet, compare=False)
 
@@ -51,6 +56,23 @@ class CPUState:
             modes.pop(container, None)
             if not modes:
                 del self.modes[pod_uid]
+        self.set_baseline(pod_uid, container, None)
+
+    def baseline(self, pod_uid: str, container: str) -> CPUSet | None:
+        """The CPUs the container was admitted with (its CPUs when no resize changed them); None without CPUs."""
+        kept = self.baselines.get(pod_uid, {}).get(container)
+        return kept if kept is not None else self.get(pod_uid, container)
+
+    def set_baseline(self, pod_uid: str, container: str, cpus: CPUSet | None) -> None:
+        """Record the container's baseline; None (or its own CPUs) forgets it (its CPUs are the baseline)."""
+        if cpus is None or cpus == self.get(pod_uid, container):
+            pod = self.baselines.get(pod_uid)
+            if pod is not None:
+                pod.pop(container, None)
+                if not pod:
+                    del self.baselines[pod_uid]
+            return
+        self.baselines.setdefault(pod_uid, {})[container] = cpus
 
     def mode(self, pod_uid: str, container: str) -> str:
         return self.modes.get(pod_uid, {}).get(container, EXCLUSIVE)
@@ -81,6 +103,7 @@ class CPUState:
             assignments={u: dict(p) for u, p in self.assignments.items()},
             modes={u: dict(p) for u, p in self.modes.items()},
             pod_modes=dict(self.pod_modes),
+            baselines={u: dict(p) for u, p in self.baselines.items()},
             reuse_pod=self.reuse_pod,
             reuse=self.reuse,
         )

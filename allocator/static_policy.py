@@ -102,6 +102,10 @@ class StaticPolicy:
     def _take(self, available: CPUSet, count: int) -> CPUSet:
         return self._taker.take(available, count, self.options)
 
+    def take(self, available: CPUSet, count: int) -> CPUSet:
+        """``count`` CPUs of ``available`` by the policy's take-by-topology rules and options (AllocationError)."""
+        return self._take(available, count)
+
     # -- pools ----------------------------------------------------------------------------------------
     def allocatable_cpus(self) -> CPUSet:
         """Every CPU exclusive allocations may ever use (kubelet's GetAllocatableCPUs)."""
@@ -150,6 +154,14 @@ class StaticPolicy:
                         f'pod: {pod_uid}, container: {name} cpuset: "{cpus}" overlaps with default cpuset "{default}"'
                     )
                 known |= cpus.mask
+        for pod_uid, containers in state.baselines.items():
+            for name, base in containers.items():
+                own = assignments.get(pod_uid, {}).get(name)
+                if own is None or not base <= own:
+                    raise CheckpointError(
+                        f'pod: {pod_uid}, container: {name} baseline cpuset "{base}" is not part of its cpuset '
+                        f'"{own or ""}"'
+                    )
         total = CPUSet.from_mask(known)
         if total != expected:
             raise CheckpointError(
@@ -265,6 +277,15 @@ class StaticPolicy:
             return {CPU_RESOURCE: self._hints(assigned, CPUSet(), requested)}
         reusable = self._reusable(state, info.uid) | assigned
         return {CPU_RESOURCE: self._hints(self.available_cpus(state), reusable, requested)}
+
+    def cpu_hints(self, available: CPUSet, reusable: CPUSet, request: int) -> Hints:
+        """The CPU hints for ``request`` CPUs that must include ``reusable`` and may add ``available`` (a resize
+        keeps the CPUs a container holds: they are its reusable ones)."""
+        return {CPU_RESOURCE: self._hints(available, reusable, request)}
+
+    def aligned_cpus(self, numa: frozenset[int]) -> CPUSet:
+        """The CPUs an affinity of these NUMA nodes allocates from first (``align-by-socket``: their sockets)."""
+        return self._aligned_cpus(numa)
 
     def _hints(self, available: CPUSet, reusable: CPUSet, request: int) -> list[TopologyHint] | HintFamily | None:
         if len(self.topology.cpu_numa_nodes) > COMPACT_ABOVE_NUMA_NODES:
