@@ -189,6 +189,7 @@ class CriProxy:
                             on_rollback=self.metrics.observe_mode_rollback)
         resizer = Resizer(pinning, converger, lift_cfs_quota=cfg.lift_cfs_quota, on_resize=self.metrics.observe_resize)
         pinning.resize = resizer.update_container_resources  # kubelet's in-place resizes (it holds the pool gate)
+        modes.resized = resizer.models.get  # a mode changed after a resize works on the resized pod
         self._parts = ProxyParts(node_config, store, allocator, upstream, pusher, converger, starts, pinning, modes,
                                  Decider(allocator, node_config.topology), resizer)
         interceptors = dict(self.pinning.interceptors())
