@@ -119,6 +119,7 @@ class Resizer:
         self._sandboxes: dict[str, _Sandbox] = {}   # sandbox id -> its identity and annotations
         self._qos: dict[str, QOSClass] = {}         # pod uid -> its QoS class (CRI pod model)
         self.history: deque[ResizeRecord] = deque(maxlen=_HISTORY)
+        self.phases: dict[str, float] = {}          # milliseconds of each step of the last resize applied (log)
         # container id -> (cpu_period, cpu_quota) kubelet last sent for it: what ContainerStatus reports back
         self.kubelet_cfs = pinning.kubelet_cfs
 
@@ -161,10 +162,11 @@ class Resizer:
         self._record(t, "resized", _size(outcome.mode_before, outcome.cpus_before),
                      _size(outcome.mode_after, outcome.cpus_after), outcome.cpus_before, outcome.cpus_after, t0, None,
                      outcome.message)
-        log.info("resize pod=%s container=%s: %s -> %s, cpus %s -> %s, shared pool %s -> %s (%s) in %.1f ms",
+        steps = ", ".join(f"{k} {v:.1f}" for k, v in self.phases.items())
+        log.info("resize pod=%s container=%s: %s -> %s, cpus %s -> %s, shared pool %s -> %s (%s) in %.1f ms (%s)",
                  t.pod_ref, t.name, _size(outcome.mode_before, outcome.cpus_before),
                  _size(outcome.mode_after, outcome.cpus_after), outcome.cpus_before, outcome.cpus_after,
-                 outcome.pool_before, outcome.pool_after, cfs_summary(req.linux), seconds * 1000)
+                 outcome.pool_before, outcome.pool_after, cfs_summary(req.linux), seconds * 1000, steps)
         return response
 
     def _refuse(self, t: Tracked, outcome: ResizeOutcome, t0: float) -> None:
@@ -207,6 +209,15 @@ class Resizer:
                      req: cri_pb2.UpdateContainerResourcesRequest, forward: Forward, t0: float) -> bytes:
         """The decision is in the allocator's state; the lock and the pool gate are held."""
         alloc = self.pinning.allocator
+        phases = self.phases = {}
+        mark = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            phases[name] = (now - mark) * 1000
+            mark = now
+
         old_mode = t.mode
         new_mode: TrackedMode = outcome.mode_after
         pinned = new_mode != "shared"
@@ -228,8 +239,10 @@ class Resizer:
                              t0, "NarrowingFailed", message)
                 log.warning("resize pod=%s container=%s rolled back: %s", t.pod_ref, t.name, e)
                 raise Rejection(grpc.StatusCode.UNAVAILABLE, message) from None
+            lap("narrow")
         await self.pinning.save()                # 2. the decision on disk (after the narrowing is in the kernel)
         self.pinning.on_change()
+        lap("checkpoint")
         cpus, mems = outcome.cpus_after, outcome.mems_after
         if not pinned:
             cpus, mems = self.pinning.shared_pool()
@@ -237,14 +250,18 @@ class Resizer:
         records.drop(t.id)
         await records.quiesce(t.id)
         edited = self._edit(request, req, cpus, mems, pinned)
+        lap("records")
         response = await forward(edited)         # 3. the container takes its new set (kubelet's values with it)
+        lap("runtime")
         t.cpus, t.mems = cpus, mems
         if not pinned:
             self.kubelet_cfs.pop(t.id, None)
         if outcome.pool_after - outcome.pool_before:
             await self._widen()                  # 4. CPUs given back: the shared pool widens after
+            lap("widen")
         # the kernel, not the runtime's answer, is the truth
         await self.converger.repair([t, *self.pinning.registry.on_shared_pool()], "after a resize")
+        lap("kernel check")
         return response
 
     async def _narrow(self, t: Tracked, lost: CPUSet) -> None:
