@@ -82,13 +82,14 @@ async def run(shared: int, rounds: int, pause: float) -> dict:
         proxy = start_proxy(work, lab.socket)
         async with CRIClient(str(work / "proxy.sock")) as k, CRIClient(lab.socket) as direct:
             pids = []
+            tag = f"{os.getpid()}-{time.monotonic_ns()}"  # unique pod cgroups (other labs may run beside)
             for i in range(shared):
-                cfg = k.sandbox_config(f"web-{i}", f"uid-web-{i}", qos="burstable")
+                cfg = k.sandbox_config(f"web-{i}", f"uid-web-{i}-{tag}", qos="burstable")
                 sid = await k.run_pod_sandbox(cfg)
                 cid = await k.create_container(sid, k.container_config("main", cpu_milli=100), cfg)
                 await k.start_container(cid)
                 pids.append(await pid_of(k, cid))
-            cfg = k.sandbox_config("g", "uid-g")
+            cfg = k.sandbox_config("g", f"uid-g-{tag}")
             sid = await k.run_pod_sandbox(cfg)
             cid = await k.create_container(sid, k.container_config("main", cpu_milli=500, limit_milli=500), cfg)
             await k.start_container(cid)
@@ -160,8 +161,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shared", type=int, default=20, help="shared containers running beside (default 20)")
     ap.add_argument("--rounds", type=int, default=30, help="rounds of a growth and a shrink (default 30)")
-    ap.add_argument("--pause", type=float, default=0.5,
-                    help="seconds between resizes (default 0.5): after a narrowing the proxy brings containerd's "
+    ap.add_argument("--pause", type=float, default=2.0,
+                    help="seconds between resizes (default 2): a second after a narrowing the proxy brings containerd's "
                          "records of the shared containers up to date in the background (a runc update each), which "
                          "back-to-back resizes would queue behind")
     args = ap.parse_args()
