@@ -162,9 +162,9 @@ def main() -> None:
     ap.add_argument("--shared", type=int, default=20, help="shared containers running beside (default 20)")
     ap.add_argument("--rounds", type=int, default=30, help="rounds of a growth and a shrink (default 30)")
     ap.add_argument("--pause", type=float, default=2.0,
-                    help="seconds between resizes (default 2): a second after a narrowing the proxy brings containerd's "
-                         "records of the shared containers up to date in the background (a runc update each), which "
-                         "back-to-back resizes would queue behind")
+                    help="seconds between resizes (default 2): a second after a narrowing the proxy brings "
+                         "containerd's records of the shared containers up to date in the background (a runc update "
+                         "each), which back-to-back resizes would queue behind")
     args = ap.parse_args()
     print(json.dumps(asyncio.run(run(args.shared, args.rounds, args.pause)), indent=1))
 
