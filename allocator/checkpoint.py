@@ -380,8 +380,8 @@ def _parse_baselines(extra: object, entries: Mapping[str, Mapping[str, CPUSet]],
                 )
             if not cpus <= held:
                 raise CheckpointError(
-                    f"{where}.baselines[{uid!r}][{name!r}] is {cpus}, not a subset of the container's CPUs "
-                    f"{held}. {_REMEDY}"
+                    f"{where}.baselines[{uid!r}][{name!r}] is corrupt: {cpus} is not a subset of the container's "
+                    f"CPUs {held}. {_REMEDY}"
                 )
             out.setdefault(uid, {})[name] = cpus
     return out

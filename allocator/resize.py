@@ -7,9 +7,10 @@ the new assignment under the node's topology-manager policy, scope and static-po
   include its CPUs (scope ``pod``: the pod's CPUs) and may add free ones, merged by the topology-manager policy, so
   ``single-numa-node`` refuses a growth that cannot stay in one NUMA node, ``restricted`` a non-preferred result,
   and ``prefer-closest-numa-nodes`` picks the closest nodes. The new CPUs are taken by the static policy's
-  take-by-topology rules, in this order: free threads of cores it already holds partly, its own NUMA node(s),
-  the merged affinity, anywhere (as kubelet allocates outside the affinity when it must). ``full-pcpus-only``
-  takes whole free cores only (kubelet's SMTAlignmentError wording when the size or the free cores do not allow).
+  take-by-topology rules, in this order: free threads of cores it already holds partly (not with
+  ``distribute-cpus-across-cores``), its own NUMA node(s), the merged affinity, anywhere (as kubelet allocates
+  outside the affinity when it must). ``full-pcpus-only`` takes whole free cores only (kubelet's SMTAlignmentError
+  wording when the size or the free cores do not allow).
 - **shrink**: the CPUs added by earlier growths go first, then (unlike KEP-5554, which refuses it) the CPUs it was
   admitted with (its *baseline*). Within each group the least aligned go first: CPUs off the baseline's NUMA
   nodes, on the node where it holds fewest, on cores it holds partly, highest id first; ``full-pcpus-only``
@@ -153,15 +154,9 @@ def plan_resize(
             _shrink(work, policy, uid, name, n)
         if n and work.mode(uid, name) != container_mode(info, c):
             work.set(uid, name, work.get(uid, name) or CPUSet(), container_mode(info, c))
-    except _Refused as e:
-        return outcome(state, False, e.reason, _refusal(e.message, policy, topology_manager, state, info, name, n0, n)
-                       ), None
-    except SMTAlignmentError as e:
-        return outcome(state, False, e.reason, _refusal(str(e), policy, topology_manager, state, info, name, n0, n)
-                       ), None
-    except AllocationError as e:
-        return outcome(state, False, e.reason, _refusal(f"Allocate failed due to {e}, which is unexpected", policy,
-                                                        topology_manager, state, info, name, n0, n)), None
+    except (_Refused, AllocationError) as e:
+        reason, why = _why(e)
+        return outcome(state, False, reason, _refusal(why, policy, topology_manager, state, info, name, n0, n)), None
     result = outcome(work, True, None, "")
     message = (f"container {name!r} of pod {info.ref}: {_size(n0, result.mode_before)} -> "
                f"{_size(n, result.mode_after)}: CPUs {_set(result.cpus_before)} -> {_set(result.cpus_after)}, "
@@ -209,7 +204,7 @@ def _take_growth(policy: StaticPolicy, free: CPUSet, held: CPUSet, k: int, affin
     whole = policy.options.full_pcpus_only
     per_core = policy.cpus_per_core or 1
     steps = []
-    if not whole:
+    if not whole and not policy.options.distribute_cpus_across_cores:  # that option spreads over cores on purpose
         steps.append(topo.core_siblings(held))
     if held:
         steps.append(topo.cpus_in_numas(topo.numa_of(held)))
@@ -226,7 +221,7 @@ def _take_growth(policy: StaticPolicy, free: CPUSet, held: CPUSet, k: int, affin
             taken = taken | policy.take(avail, want)
         if len(taken) >= k:
             return taken
-    raise AllocationError(f"not enough cpus available to satisfy request: requested={k}, available={len(free)}")
+    raise AllocationError(f"not enough cpus available to satisfy request: requested={k} more, available={len(free)}")
 
 
 def _whole_cores(topo: Topology, cpus: CPUSet) -> CPUSet:
@@ -304,6 +299,15 @@ def _size(n: int, mode: str) -> str:
 
 def _set(cpus: CPUSet) -> str:
     return str(cpus) or "none"
+
+
+def _why(e: _Refused | AllocationError) -> tuple[str, str]:
+    """kubelet's reason and message of a refusal (its admission's wording for allocation errors)."""
+    if isinstance(e, _Refused):
+        return e.reason, e.message
+    if isinstance(e, SMTAlignmentError):
+        return e.reason, str(e)
+    return e.reason, f"Allocate failed due to {e}, which is unexpected"
 
 
 def _refusal(message: str, policy: StaticPolicy, tm: TopologyManager, state: CPUState, pod: PodInfo, name: str,

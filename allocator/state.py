@@ -42,8 +42,12 @@ class CPUState:
         return self.assignments.get(pod_uid, {}).get(container)
 
     def set(self, pod_uid: str, container: str, cpus: CPUSet, mode: str = "exclusive") -> None:
+        """Give the container ``cpus``; a recorded baseline keeps only those of them (it stays a subset)."""
         self.assignments.setdefault(pod_uid, {})[container] = cpus
         self.modes.setdefault(pod_uid, {})[container] = mode
+        kept = self.baselines.get(pod_uid, {}).get(container)
+        if kept is not None:
+            self.set_baseline(pod_uid, container, kept & cpus)
 
     def delete(self, pod_uid: str, container: str) -> None:
         pod = self.assignments.get(pod_uid)

@@ -209,6 +209,14 @@ def test_growth_keeps_its_cpus_and_its_numa_node_first_on_a_busy_machine() -> No
     assert out.cpus_after == S("0-1,9")  # its node before any other
 
 
+def test_growth_under_distribute_cpus_across_cores_spreads_over_cores() -> None:
+    alloc = NodeAllocator(NodeConfig(topology=TOPO, reserved_cpus=RESERVED, topology_manager_policy="best-effort",
+                                     cpu_manager_policy_options={"distribute-cpus-across-cores": "true"}))
+    assert alloc.admit_pod(pod("p", ("c", "1"))).container("c").cpus == S("0")
+    out = resize(alloc, pod("p", ("c", "2")), "c")
+    assert out.cpus_after == S("0-1")  # not 0's sibling 8: the option spreads over cores
+
+
 # -- shrink ------------------------------------------------------------------------------------------------------
 
 
@@ -288,8 +296,9 @@ def test_released_cpus_a_sibling_still_holds_stay_out_of_the_pool() -> None:
 
 
 @pytest.mark.parametrize("policy", ["none", "best-effort", "restricted", "single-numa-node"])
-def test_fractional_to_integer_and_back(policy: str) -> None:
-    alloc = node(policy)
+@pytest.mark.parametrize("full", [False, True], ids=["any-cpus", "full-pcpus-only"])
+def test_fractional_to_integer_and_back(policy: str, full: bool) -> None:
+    alloc = node(policy, full=full)
     full_pool = alloc.shared_pool()
     alloc.admit_pod(pod("p", ("c", "1500m")))
     assert alloc.container_cpus("uid-p", "c") is None
@@ -319,16 +328,20 @@ def test_burstable_container_stays_on_the_pool() -> None:
     assert out.admitted and not out.changed and out.mode_after == "shared"
 
 
-def test_share_mode_grows_and_shrinks_inside_the_pool() -> None:
-    alloc = node("restricted")
+@pytest.mark.parametrize("policy", ["none", "best-effort", "restricted", "single-numa-node"])
+@pytest.mark.parametrize("full", [False, True], ids=["any-cpus", "full-pcpus-only"])
+def test_share_mode_grows_and_shrinks_inside_the_pool(policy: str, full: bool) -> None:
+    alloc = node(policy, full=full)
     full_pool = alloc.shared_pool()
     alloc.admit_pod(pod("p", ("c", "2"), mode="share"))
     out = resize(alloc, pod("p", ("c", "4"), mode="share"), "c")
     assert out.admitted and out.mode_after == "share" and len(out.cpus_after) == 4
     assert out.pool_before == out.pool_after == full_pool  # share CPUs stay usable by the shared containers
     assert alloc.state.default_cpuset.isdisjoint(out.cpus_after)  # and no other container gets them
-    out = resize(alloc, pod("p", ("c", "1"), mode="share"), "c")
-    assert out.admitted and len(out.cpus_after) == 1 and out.pool_after == full_pool
+    out = resize(alloc, pod("p", ("c", "2"), mode="share"), "c")
+    assert out.admitted and len(out.cpus_after) == 2 and out.pool_after == full_pool
+    out = resize(alloc, pod("p", ("c", "1500m"), mode="share"), "c")  # not an integer: no CPUs of its own
+    assert out.admitted and out.mode_after == "shared" and out.pool_after == full_pool
 
 
 def test_none_mode_never_gets_cpus() -> None:
@@ -570,3 +583,16 @@ def test_random_creates_resizes_and_removals_keep_the_invariants(machine: str, d
             alloc.release_pod(uid)
             del pods[uid]
         check_invariants(alloc)
+
+
+def test_a_container_given_other_cpus_keeps_a_baseline_inside_them() -> None:
+    alloc = node("best-effort")
+    alloc.admit_pod(pod("p", ("c", "2")))
+    resize(alloc, pod("p", ("c", "4")), "c")
+    assert alloc.baseline_cpus("uid-p", "c") == S("0,8")
+    alloc.state.set("uid-p", "c", S("0-1,8-9"))  # the same CPUs: the baseline stays
+    assert alloc.baseline_cpus("uid-p", "c") == S("0,8")
+    alloc.state.set("uid-p", "c", S("0-1,9"))  # other CPUs: only those of the baseline among them
+    assert alloc.baseline_cpus("uid-p", "c") == S("0")
+    alloc.state.delete("uid-p", "c")
+    assert alloc.state.baselines == {}
