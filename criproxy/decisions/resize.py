@@ -50,7 +50,7 @@ from criproxy.decisions.pinning import Pinning
 from criproxy.decisions.registry import Tracked, TrackedMode
 from criproxy.decisions.resized_pod import carries_cpu, cfs_summary, with_cri_size
 from criproxy.decisions.starts import container_id_of
-from criproxy.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota
+from criproxy.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares, quota_to_milli_cpu
 from criproxy.node.converge import Converger
 from criproxy.relay import wire
 from criproxy.relay.cri_api import (
@@ -348,7 +348,13 @@ class Resizer:
         if found is not None:
             self._qos[t.pod_uid] = found
             return found
-        return "Guaranteed" if t.pinned else "Burstable"  # kubelet pins only Guaranteed pods' containers
+        # no cgroup to read: as kubelet classes it, as far as CRI tells (every container's CPU limit set and its
+        # shares those of the limit)
+        cri = self.pinning.registry.pods.get(t.pod_uid)
+        known = list(cri.resources.values()) if cri is not None else []
+        if t.pinned or (known and all(_guaranteed_cfs(r) for r in known)):
+            return "Guaranteed"
+        return "Burstable"
 
     def _remember(self, t: Tracked, pod: PodInfo, req: cri_pb2.UpdateContainerResourcesRequest) -> None:
         """The pod after the resize is the model of the next one; kubelet's CFS values are what it reads back."""
@@ -416,6 +422,11 @@ class Resizer:
         sandboxes = self.pinning.registry.sandboxes
         for sid in [s for s in self._sandboxes if s not in sandboxes]:
             del self._sandboxes[sid]
+
+
+def _guaranteed_cfs(r: cri_pb2.LinuxContainerResources) -> bool:
+    limit = quota_to_milli_cpu(r.cpu_quota, r.cpu_period or QUOTA_PERIOD)
+    return limit is not None and r.cpu_shares == milli_cpu_to_shares(limit)
 
 
 def _size(mode: str, cpus: CPUSet) -> str:

@@ -220,6 +220,35 @@ async def test_kubelet_resize_grows_and_shrinks_a_pinned_container_in_place(
     assert created_resources(runtime, db).cpuset_cpus == "1-6"
 
 
+async def test_kubelet_resize_between_the_shared_pool_and_cpus_of_its_own(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    """Fractional <-> integer, with and without the webhook's intent (which states the size at creation)."""
+    _, web, _ = await run_pod(kubelet, "web", 500, qos="burstable")
+    intent = encode_intent(PodInfo(uid="uid-i", namespace="default", name="i", qos_class="Guaranteed",
+                                   cpu_manager=None, bypass=False,
+                                   containers=(ContainerInfo("app", "app", 1500, 1500),)))
+    _, plain, _ = await run_pod(kubelet, "p", 1500, 1500)
+    _, annotated, _ = await run_pod(kubelet, "i", 1500, 1500, annotations={INTENT_ANNOTATION: intent}, uid="uid-i")
+    for cid in (plain["app"], annotated["app"]):
+        assert created_resources(runtime, cid).cpuset_cpus == "0-7"
+    await kubelet.update_container_resources(plain["app"], resized(2000))
+    res = created_resources(runtime, plain["app"])
+    assert (res.cpuset_cpus, res.cpu_quota) == ("1-2", -1)
+    await kubelet.update_container_resources(annotated["app"], resized(1000))
+    assert created_resources(runtime, annotated["app"]).cpuset_cpus == "3"
+    assert created_resources(runtime, web["app"]).cpuset_cpus == "0,4-7"
+    # back to fractional: the shared pool again, kubelet's quota kept, the pool widened
+    await kubelet.update_container_resources(plain["app"], resized(1500))
+    res = created_resources(runtime, plain["app"])
+    assert (res.cpuset_cpus, res.cpu_quota) == ("0-2,4-7", 150000)
+    assert created_resources(runtime, web["app"]).cpuset_cpus == "0-2,4-7"
+    status = proxy.resizer.recent()
+    assert [(r["pod"], r["result"], r["from"], r["to"]) for r in status] == [
+        ("default/p", "resized", "shared pool", "2 CPU(s) exclusive"),
+        ("default/i", "resized", "shared pool", "1 CPU(s) exclusive"),
+        ("default/p", "resized", "2 CPU(s) exclusive", "shared pool")]
+
+
 @pytest.mark.parametrize("proxy", [{"topology_manager_policy": "single-numa-node"}], indirect=True)
 async def test_a_resize_single_numa_node_cannot_keep_in_one_node_is_refused(
         proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
