@@ -240,9 +240,6 @@ class Resizer:
                 log.warning("resize pod=%s container=%s rolled back: %s", t.pod_ref, t.name, e)
                 raise Rejection(grpc.StatusCode.UNAVAILABLE, message) from None
             lap("narrow")
-        await self.pinning.save()                # 2. the decision on disk (after the narrowing is in the kernel)
-        self.pinning.on_change()
-        lap("checkpoint")
         cpus, mems = outcome.cpus_after, outcome.mems_after
         if not pinned:
             cpus, mems = self.pinning.shared_pool()
@@ -250,9 +247,24 @@ class Resizer:
         records.drop(t.id)
         await records.quiesce(t.id)
         edited = self._edit(request, req, cpus, mems, pinned)
-        lap("records")
-        response = await forward(edited)         # 3. the container takes its new set (kubelet's values with it)
-        lap("runtime")
+        if lost:
+            await self.pinning.save()            # 2. the decision on disk (after the narrowing is in the kernel)
+            self.pinning.on_change()
+            lap("checkpoint")
+            response = await forward(edited)     # 3. the container takes its new set (kubelet's values with it)
+            lap("runtime")
+        else:
+            # nothing becomes the container's own: the decision goes on disk while the container moves, and both
+            # are done before the pool widens (a kill before the checkpoint is on disk leaves the old decision,
+            # which the restarted proxy restores; the pool was not widened)
+            answered, saved = await asyncio.gather(forward(edited), self.pinning.save(), return_exceptions=True)
+            self.pinning.on_change()
+            lap("checkpoint and runtime")
+            for failure in (saved, answered):  # both finished: no state write outlives the locks
+                if isinstance(failure, BaseException):
+                    raise failure
+            assert isinstance(answered, bytes)
+            response = answered
         t.cpus, t.mems = cpus, mems
         if not pinned:
             self.kubelet_cfs.pop(t.id, None)
