@@ -184,6 +184,7 @@ async def test_kubelet_update_of_the_same_size_keeps_the_pin(
     assert res.memory_limit_in_bytes == 1 << 28
 
 
+@pytest.mark.parametrize("proxy", [{"relay": "frames"}, {"relay": "grpc"}], indirect=True)
 async def test_kubelet_resize_grows_and_shrinks_a_pinned_container_in_place(
         proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
     _, web, _ = await run_pod(kubelet, "web", 500, qos="burstable")
@@ -196,6 +197,9 @@ async def test_kubelet_resize_grows_and_shrinks_a_pinned_container_in_place(
     assert (res.cpuset_cpus, res.cpuset_mems, res.cpu_shares, res.cpu_quota) == ("1-3", "0", 3072, -1)
     assert created_resources(runtime, web["app"]).cpuset_cpus == "0,4-7"
     assert list(state_file(proxy)["entries"].values()) == [{"app": "1-3"}]
+    # what kubelet reads back: the limit it set (the runtime applied no quota)
+    linux = (await kubelet.container_status(db)).status.resources.linux
+    assert (linux.cpu_quota, linux.cpu_period, linux.cpu_shares) == (300000, 100000, 3072)
     # 3 -> 2: gives back a CPU the growth added, the pool widens after
     await kubelet.update_container_resources(db, resized(2000))
     assert created_resources(runtime, db).cpuset_cpus == "1-2"

@@ -73,6 +73,21 @@ def get(url: str) -> str:
         return r.read().decode()
 
 
+async def until_published(proxy: ProxyProcess, available: str) -> None:
+    """The NodeResourceTopology the proxy publishes says ``available`` free CPUs on NUMA node 0 (written in the
+    background right after the decision)."""
+    path = proxy.state_dir / "nrt" / "lab.json"
+    seen = None
+    for _ in range(100):
+        nrt = json.loads(path.read_text())
+        zone = next(z for z in nrt["zones"] if z["name"] == "node-0")
+        seen = [r["available"] for r in zone["resources"] if r["name"] == "cpu"]
+        if seen == [available]:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the NodeResourceTopology says {seen} CPUs available, not {available}")
+
+
 class Sampler:
     """Reads the resized container's and a shared container's ``Cpus_allowed_list`` every ``every`` seconds in a
     thread (the resized one first): a sample where the resized container is on ``own`` alone while the shared one
@@ -131,6 +146,7 @@ async def test_grow_shrink_and_refuse_judged_from_the_kernel(
     assert cfs_quota(g_pid) == "-1"  # pinned: no quota, though kubelet sent 100000
     state = proxy.state()
     assert [c for pod in state["entries"].values() for c in pod.values()] == [EXCL]
+    await until_published(proxy, "0")  # the NodeResourceTopology follows: no free CPU left
     # kubelet retries on every sync: the same call again changes nothing and answers OK
     await kubelet.update_container_resources(g, kubelet_resources(1000))
     assert cpus_of(g_pid) == (EXCL, EXCL) and cfs_quota(g_pid) == "-1" and proxy.state() == state
@@ -147,6 +163,7 @@ async def test_grow_shrink_and_refuse_judged_from_the_kernel(
     await kubelet.update_container_resources(g, kubelet_resources(1500))
     assert cpus_of(g_pid) == (ALL, ALL) and cpus_of(web_pid) == (ALL, ALL) and cfs_quota(g_pid) == "150000"
     assert proxy.state().get("entries", {}) == {}
+    await until_published(proxy, "1")
     # seen by people: /status, numapin status, metrics, one log line per resize
     status = json.loads(await asyncio.to_thread(get, f"http://127.0.0.1:{proxy.port}/status"))
     results = [(r["pod"], r["result"], r["from"], r["to"]) for r in status["resizes"]]
