@@ -24,6 +24,7 @@ from criproxy.decisions.pinning import Pinning, PinningOptions
 from criproxy.decisions.pod_watch import NodePodWatch
 from criproxy.decisions.reconcile import ReconcileReport, reconcile
 from criproxy.decisions.registry import Registry, Tracked
+from criproxy.decisions.resize import Resizer
 from criproxy.decisions.starts import StartGuard
 from criproxy.node.converge import Converger, Decider, Decision
 from criproxy.node.cpuset_pusher import CpusetPusher
@@ -73,6 +74,7 @@ class ProxyParts:
     pinning: Pinning
     modes: ModeApplier
     decider: Decider
+    resizer: Resizer
 
 
 class CriProxy:
@@ -143,6 +145,10 @@ class CriProxy:
     def modes(self) -> ModeApplier:
         return self._started().modes
 
+    @property
+    def resizer(self) -> Resizer:
+        return self._started().resizer
+
     async def start(self) -> CriProxy:
         cfg = self.config
         node = self._node if self._node is not None else await asyncio.to_thread(node_parts_of, cfg)
@@ -181,13 +187,15 @@ class CriProxy:
                             on_transition=self.metrics.observe_mode_change,
                             on_refusal=self.metrics.observe_mode_refusal,
                             on_rollback=self.metrics.observe_mode_rollback)
+        resizer = Resizer(pinning, converger, lift_cfs_quota=cfg.lift_cfs_quota, on_resize=self.metrics.observe_resize)
+        pinning.resize = resizer.update_container_resources  # kubelet's in-place resizes (it holds the pool gate)
+        modes.resized = resizer.models.get  # a mode changed after a resize works on the resized pod
         self._parts = ProxyParts(node_config, store, allocator, upstream, pusher, converger, starts, pinning, modes,
-                                 Decider(allocator, node_config.topology))
+                                 Decider(allocator, node_config.topology), resizer)
         interceptors = dict(self.pinning.interceptors())
         interceptors["StartContainer"] = self.starts.start_container
-        # kubelet's own cpuset-bearing update is sent with the pool gate held (shared): never between a
-        # narrowing's decision and its updates, which would put the wide pool back
-        interceptors["UpdateContainerResources"] = self.starts.gated(interceptors["UpdateContainerResources"])
+        # what kubelet reads back of a pinned container's CPU limit (it runs without a CFS quota)
+        interceptors["ContainerStatus"] = resizer.container_status
         handler = RelayHandler(self.upstream, interceptors, observe=self.metrics.observe_call)
         if cfg.publish_nrt or cfg.kubeconfig:
             self._api = ApiPublisher(cfg.kubeconfig)
@@ -262,6 +270,7 @@ class CriProxy:
                 converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota,
                 self_pod=self.pinning.self_pod, api=self.api, creating=self.pinning.creating)
             gone = self.modes.prune({uid for uid in self.registry.sandboxes.values()})
+            self.resizer.prune(set(self.registry.sandboxes.values()))
             await self.pinning.save()
             if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
                 await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.self_pod)

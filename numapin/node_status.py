@@ -88,6 +88,8 @@ class NodeStatus:
     runtime_checked: bool = False
     # pods whose CPU mode was changed while they ran: pod (namespace/name, else uid) -> mode
     pod_modes: dict[str, str] = field(default_factory=dict)
+    # kubelet's in-place resizes the proxy applied or refused, newest last (its /status ``resizes``)
+    resizes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def disagreements(self) -> list[CheckedContainer]:
@@ -117,8 +119,19 @@ class NodeStatus:
             "disagreements": [{"pod": c.pod, "container": c.name, "id": c.id, "expected": str(c.expected),
                                "actual": cpus(c.actual)} for c in self.disagreements],
             "podModes": dict(sorted(self.pod_modes.items())),
+            "resizes": [dict(r) for r in self.resizes],
             "notes": list(self.notes),
         }
+
+
+def resize_line(r: Mapping[str, Any]) -> str:
+    """One resize as ``numapin status`` shows it: from, to, when, and why it was refused."""
+    head = f"resize of {r.get('pod')} container {r.get('container')}"
+    when = f"at {r.get('at')}, {r.get('ms')} ms"
+    if r.get("result") == "resized":
+        return (f"{head}: {r.get('from')} -> {r.get('to')} (CPUs {r.get('cpusFrom') or '-'} -> "
+                f"{r.get('cpusTo') or '-'}) {when}")
+    return f"{head} {r.get('result')} ({r.get('reason')}) {when}: {r.get('message')}"
 
 
 # -- sources ------------------------------------------------------------------------------------------------
@@ -161,6 +174,7 @@ def from_proxy_status(doc: Mapping[str, Any], source: str) -> NodeStatus:
             notes=[] if doc.get("reconciled", True) else ["the proxy has not reconciled with the runtime yet"],
             pod_modes={str(p["pod"] or p["uid"]): str(p["mode"]) for p in doc.get("podModes", [])
                        if p.get("changed")},
+            resizes=[dict(r) for r in doc.get("resizes", []) if isinstance(r, Mapping)],
         )
     except (KeyError, TypeError, ValueError, AllocatorError) as e:
         raise StatusError(f"{source}: unexpected status document ({type(e).__name__}: {e})") from None
@@ -279,6 +293,8 @@ def render_text(status: NodeStatus) -> str:
         out.append("pinned containers: none")
     for pod, mode in sorted(status.pod_modes.items()):
         out.append(f"pod {pod}: CPU mode changed while running, now {mode}")
+    for r in status.resizes:
+        out.append(resize_line(r))
     out.append(f"shared pool: CPUs {status.shared_pool or '(empty)'}, NUMA node(s) {topo.numa_of(status.shared_pool)}")
     free = ", ".join(f"node {n}: {k}" for n, k in sorted(status.free_per_numa.items())) or "unknown"
     out.append(f"free CPUs per NUMA node: {free}")

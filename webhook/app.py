@@ -11,6 +11,7 @@ from typing import Any
 
 from webhook.admission.binding import BindingValidator
 from webhook.admission.mutate import is_pod_request, mutate_review
+from webhook.admission.resize import ResizeValidator, is_resize_request
 from webhook.admission.review import AdmissionRequest, Verdict
 from webhook.admission.simulate import Simulator
 from webhook.admission.unjudged import UnjudgedAction, UnjudgedRule
@@ -78,6 +79,7 @@ class WebhookApp:
         self.pod_finder = PodFinder(self.pods, pod_sources, timeout=opts.pod_lookup_timeout,
                                     count=lambda result: self.metrics.pod_lookups.labels(result).inc())
         self.pod_validator = PodValidator(self.nodes, self.simulator, self.unjudged)
+        self.resize_validator = ResizeValidator(self.nodes, self.simulator)
         self.binding_validator = BindingValidator(self.nodes, self.pod_finder, self.simulator, self.unjudged)
         self.reloader = CertReloader(opts.cert, opts.key)
         self.server = WebhookServer(
@@ -119,6 +121,8 @@ class WebhookApp:
     async def validate(self, req: AdmissionRequest) -> Verdict:
         if req.group == "" and req.resource == "pods" and req.sub_resource == "binding":
             return await self.binding_validator.validate(req)
+        if is_resize_request(req):
+            return await self.resize_validator.validate(req)
         if is_pod_request(req):
             return await self.pod_validator.validate(req)
         log.info("validate: not handled, allowed: %s", req.describe())

@@ -97,6 +97,8 @@ class ModeApplier:
         self._kick = asyncio.Event()
         self.created: dict[str, str] = {}            # pod uid -> the mode its sandbox was created with (seen)
         self.models: dict[str, PodInfo] = {}         # pod uid -> the pod model of its last change
+        # pod uid -> the pod after its last in-place resize (criproxy.decisions.resize; its intent states the old size)
+        self.resized: Callable[[str], PodInfo | None] = lambda uid: None
 
     # -- requests -----------------------------------------------------------------------------------------
     async def request(self, req: ModeRequest) -> ModeAnswer:
@@ -178,6 +180,9 @@ class ModeApplier:
         if req.pod is not None:
             return req.pod
         md = sb.metadata
+        resized = self.resized(md.uid)
+        if resized is not None:
+            return resized
         intent = annotations.get(INTENT_ANNOTATION)
         if intent is not None:
             return decode_intent(intent, uid=md.uid, namespace=md.namespace, name=md.name, annotations=annotations)

@@ -27,6 +27,8 @@ from allocator.pod import PodInfo
 from criproxy.decisions.cri_intent import PodIdentity, SelfPod, identity_of, pod_from_cri
 from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance
 from criproxy.decisions.registry import CriPod, Registry, Tracked, TrackedMode
+from criproxy.decisions.resized_pod import with_cri_size
+from criproxy.node.cfs import QUOTA_PERIOD
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.devices import devices_numa_nodes
 from criproxy.relay import wire
@@ -112,6 +114,11 @@ class Pinning:
         self.on_admitted = on_admitted or (lambda mode: None)  # a container created, with its mode
         self.on_rejected = on_rejected or (lambda reason: None)  # a create refused, with kubelet's reason
         self.on_narrow = on_narrow or (lambda seconds: None)
+        # kubelet's in-place resizes (criproxy.decisions.resize, wired by the app): UpdateContainerResources goes
+        # there when set
+        self.resize: Interceptor | None = None
+        # container id -> (cpu_period, cpu_quota) kubelet asked for a pinned container (which runs without a quota)
+        self.kubelet_cfs: dict[str, tuple[int, int]] = {}
         self.config = config
         self.policy = config.topology_manager_policy
         self.scope = config.topology_manager_scope
@@ -259,7 +266,7 @@ class Pinning:
         name = req.config.metadata.name
         try:
             if ident.annotations.get(INTENT_ANNOTATION) is not None:
-                return pod_from_cri(req), ()
+                return _sized_by_kubelet(pod_from_cri(req), name, req), ()
             cri_pod = self.registry.pods.setdefault(ident.uid, CriPod())
             others = (await self._instances(req.pod_sandbox_id, cri_pod) if cri_pod.roles.judges_others(name)
                       else {})
@@ -437,6 +444,9 @@ class Pinning:
         cid = cri_pb2.CreateContainerResponse.FromString(response).container_id
         t = Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, placement.mode, placement.cpus,
                     placement.mems)
+        limits = req.config.linux.resources
+        if placement.pinned and limits.cpu_quota > 0:
+            self.kubelet_cfs[cid] = (limits.cpu_period or QUOTA_PERIOD, limits.cpu_quota)
         async with self.lock:  # not amid a reconcile's rebuild of the registry; no push overtakes another
             self.registry.add(t)
             if not placement.pinned:
@@ -465,6 +475,8 @@ class Pinning:
 
     # -- UpdateContainerResources -------------------------------------------------------------------------
     async def update_container_resources(self, request: bytes, forward: Forward) -> bytes:
+        if self.resize is not None:
+            return await self.resize(request, forward)
         req = cri_pb2.UpdateContainerResourcesRequest.FromString(request)
         t = self.registry.containers.get(req.container_id)
         if t is None or t.mode == "bypass" or t.cpus is None:
@@ -495,6 +507,7 @@ class Pinning:
         cid = cri_pb2.RemoveContainerRequest.FromString(request).container_id
         response = await forward(request)
         t = self.registry.remove(cid)
+        self.kubelet_cfs.pop(cid, None)
         if t is None or self.registry.instances(t.pod_uid, t.name):
             return response
         pod = self.registry.pods.get(t.pod_uid)
@@ -540,6 +553,16 @@ class Pinning:
         self.on_change()
         log.info("release %s cpus=%s", what, freed)
         await self._resize_shared()
+
+
+def _sized_by_kubelet(pod: PodInfo, name: str, req: cri_pb2.CreateContainerRequest) -> PodInfo:
+    """The intent's pod with the container sized by kubelet's create: a container created again after an in-place
+    resize carries the new size, while the intent (stamped when the pod was created) states the old one. Values that
+    cannot be a resize of the container (kubelet never sends them) leave the intent as it is."""
+    try:
+        return with_cri_size(pod, name, req.config.linux.resources)
+    except PodSpecError:
+        return pod
 
 
 def _set_event() -> asyncio.Event:

@@ -20,8 +20,10 @@ __all__ = [
     "API_VERSIONS",
     "CPUSET_CPUS",
     "CPUSET_MEMS",
+    "CPU_PERIOD",
     "CPU_QUOTA",
     "CREATE_RESOURCES",
+    "STATUS_LINUX_RESOURCES",
     "UNLIMITED_QUOTA",
     "UPDATE_RESOURCES",
     "RuntimeApi",
@@ -35,8 +37,10 @@ API_VERSIONS = ("runtime.v1", "runtime.v1alpha2")
 # LinuxContainerConfig.resources=1; UpdateContainerResourcesRequest.linux=2
 CREATE_RESOURCES = (2, 15, 1)
 UPDATE_RESOURCES = (2,)
+# ContainerStatusResponse.status=1 -> ContainerStatus.resources=16 -> ContainerResources.linux=1
+STATUS_LINUX_RESOURCES = (1, 16, 1)
 # LinuxContainerResources fields
-CPU_QUOTA, CPUSET_CPUS, CPUSET_MEMS = 2, 6, 7
+CPU_PERIOD, CPU_QUOTA, CPUSET_CPUS, CPUSET_MEMS = 1, 2, 6, 7
 UNLIMITED_QUOTA = -1
 
 _Caller = Callable[[str, bytes], Awaitable[bytes]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["WireError", "encode_int64", "encode_string", "fields", "set_fields"]
+__all__ = ["WireError", "encode_int64", "encode_string", "fields", "message_at", "set_fields"]
 
 _VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = 0, 1, 2, 3, 4, 5
 
@@ -166,6 +166,19 @@ def set_fields(buf: bytes, path: Sequence[int], updates: Mapping[int, bytes]) ->
         if pending[number]:
             result = _insert_in_order(result, fields(result), number, pending[number])
     return result
+
+
+def message_at(buf: bytes, path: Sequence[int]) -> bytes | None:
+    """The bytes of the embedded message at ``path`` (its last occurrence at each level), None when absent."""
+    for number in path:
+        found = None
+        for f in fields(buf):
+            if f.number == number and f.wire_type == _LEN:
+                found = f
+        if found is None:
+            return None
+        buf = buf[found.value_start:found.end]
+    return buf
 
 
 def _insert_in_order(buf: bytes, fs: list[Field], number: int, encoded: bytes) -> bytes:

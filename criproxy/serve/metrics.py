@@ -47,6 +47,12 @@ class ProxyMetrics:
                                       "Changes of a running pod's CPU mode rolled back because the shared pool could "
                                       "not be narrowed off the new exclusive CPUs, by modes", ["from", "to"],
                                       registry=r)
+        self.resizes = Counter("numapin_criproxy_resizes",
+                               "kubelet's in-place resizes of tracked containers (UpdateContainerResources with a new "
+                               "CPU size), by result: resized, refused, rolled-back", ["result"], registry=r)
+        self.resize_seconds = Histogram("numapin_criproxy_resize_seconds",
+                                        "From a resize call's arrival to the kernel showing the new cpusets (or the "
+                                        "refusal)", buckets=_LATENCY_BUCKETS, registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
 
@@ -82,6 +88,10 @@ class ProxyMetrics:
 
     def observe_mode_rollback(self, old: str, new: str) -> None:
         self.mode_rollbacks.labels(old, new).inc()
+
+    def observe_resize(self, result: str, seconds: float) -> None:
+        self.resizes.labels(result).inc()
+        self.resize_seconds.observe(seconds)
 
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():

@@ -14,6 +14,7 @@ from allocator.node import NodeAllocator, NodeConfig
 from criproxy.config import ProxyConfig
 from criproxy.decisions.mode_apply import ModeApplier
 from criproxy.decisions.registry import Registry
+from criproxy.decisions.resize import Resizer
 
 __all__ = ["STATUS_VERSION", "ProxyView", "status_document"]
 
@@ -35,6 +36,8 @@ class ProxyView(Protocol):
     def reconciled(self) -> asyncio.Event: ...
     @property
     def modes(self) -> ModeApplier: ...
+    @property
+    def resizer(self) -> Resizer: ...
 
 
 def status_document(proxy: ProxyView) -> dict[str, Any]:
@@ -75,5 +78,7 @@ def status_document(proxy: ProxyView) -> dict[str, Any]:
         "containers": containers,
         # every pod's CPU mode (``changed``: set while it ran, see criproxy.decisions.mode_apply)
         "podModes": proxy.modes.modes(),
+        # kubelet's in-place resizes, newest last (see criproxy.decisions.resize)
+        "resizes": proxy.resizer.recent(),
     }
 

@@ -40,7 +40,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,8 +64,8 @@ T = TypeVar("T")
 REPAIR_BOUND = 2.0        # seconds a disagreement may last while the proxy runs (invariant b)
 CALL_DEADLINE = 30.0      # kubelet's default runtime request timeout is 2 min; ours is shorter
 SLACK = 3.0               # a call may end this late after its deadline (scheduling on a loaded machine)
-OP_KINDS = ("create", "burst", "sync", "delete", "kill-proxy", "restart-containerd", "drift", "wait")
-OP_WEIGHTS = (30, 8, 25, 14, 8, 3, 5, 7)
+OP_KINDS = ("create", "burst", "sync", "delete", "kill-proxy", "restart-containerd", "drift", "wait", "resize")
+OP_WEIGHTS = (30, 8, 25, 14, 8, 3, 5, 7, 10)
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,8 @@ class ChurnReport:
     exclusive_nodes: set[int] = field(default_factory=set)  # NUMA nodes the kernel ran exclusive containers on
     containers_started: int = 0
     restarts_attempt_plus_one: int = 0
+    resizes: Counter[str] = field(default_factory=Counter)   # kubelet's in-place resizes, by outcome
+    kills_mid_resize: int = 0
     samples: int = 0
     longest_disagreement_s: float = 0.0
     repairs_logged: int = 0
@@ -111,7 +113,9 @@ class ChurnReport:
                 "containerdRestarts": self.containerd_restarts, "driftsWritten": self.drifts_written,
                 "podsCreated": self.pods_created, "exclusiveAdmissions": self.exclusive_admissions,
                 "exclusiveNUMANodes": sorted(self.exclusive_nodes), "containersStarted": self.containers_started,
-                "restartsAttemptPlusOne": self.restarts_attempt_plus_one, "samples": self.samples,
+                "restartsAttemptPlusOne": self.restarts_attempt_plus_one,
+                "resizes": dict(sorted(self.resizes.items())), "killsMidResize": self.kills_mid_resize,
+                "samples": self.samples,
                 "longestDisagreementSeconds": round(self.longest_disagreement_s, 3),
                 "repairsLogged": self.repairs_logged, "startRefusalsLogged": self.start_refusals_logged,
                 "seconds": round(self.seconds, 1), "violations": self.violations,
@@ -234,6 +238,7 @@ class Churn:
         self._admitting_exclusive = 0
         self._exclusive_create = asyncio.Event()   # set while a CreateContainer that narrows the pool is sent
         self._drifted: dict[str, float] = {}       # container id -> when the harness wrote its cgroup
+        self._resizing: set[tuple[str, str]] = set()  # (pod uid, container) being resized: old or new set after a kill
 
     # -- recording ---------------------------------------------------------------------------------
     def violation(self, invariant: str, detail: str, key: tuple[str, ...] | None = None) -> None:
@@ -449,14 +454,17 @@ class Churn:
             after = {(a["podUID"], a["container"]): a["cpus"] for a in st.get("assignments", [])}
             for a in before.get("assignments", []):
                 k = (a["podUID"], a["container"])
-                if k in live and after.get(k) != a["cpus"]:
+                if k in live and after.get(k) != a["cpus"] and k not in self._resizing:
                     self.violation("e", f"running container {k} held cpus {a['cpus']} before the kill, "
                                         f"{after.get(k)} after")
 
-    async def kill_proxy_during(self, carrier: Callable[[], Awaitable[None]], *, mid_create: bool) -> None:
-        """SIGKILL the proxy while ``carrier`` runs: a random moment, or (``mid_create``) a few ms into the
-        CreateContainer of an exclusive container (the proxy narrows the shared pool then)."""
-        delay = self.rng.uniform(0.0, 0.03) if mid_create else self.rng.uniform(0.0, 1.0)
+    async def kill_proxy_during(self, carrier: Callable[[], Awaitable[None]], *, mid_create: bool,
+                                delay: float | None = None) -> None:
+        """SIGKILL the proxy while ``carrier`` runs: a random moment (or after ``delay`` seconds), or
+        (``mid_create``) a few ms into the CreateContainer of an exclusive container (the proxy narrows the shared
+        pool then)."""
+        if delay is None:
+            delay = self.rng.uniform(0.0, 0.03) if mid_create else self.rng.uniform(0.0, 1.0)
 
         async def killer() -> None:
             if mid_create:
@@ -494,6 +502,77 @@ class Churn:
                 break
             await asyncio.sleep(0.1)
         self.up_since = time.monotonic()
+
+    def resizable(self) -> list[tuple[PodRun, ContainerPlan]]:
+        """Running app containers of Guaranteed pods (kubelet resizes them in place; the QoS class stays)."""
+        out = []
+        for run in self.pods.values():
+            if run.deleting or run.plan.qos != "guaranteed" or run.plan.mode == "none":
+                continue
+            for c in run.plan.apps:
+                if run.instances.get(c.name) and c.cpu is not None:
+                    out.append((run, c))
+        return out
+
+    async def resize_pod(self, run: PodRun, c: ContainerPlan, milli: int) -> str:
+        """kubelet's resize of a running container (``UpdateContainerResources``, the whole block, no cpuset); the
+        plan follows on success (a later re-creation carries the new size, as kubelet's does). Returns the
+        outcome."""
+        cid = run.instances[c.name][-1][1]
+        res = pb.LinuxContainerResources(cpu_period=100000, cpu_quota=milli * 100, cpu_shares=milli * 1024 // 1000,
+                                         oom_score_adj=-997)
+        refused = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED)
+        try:
+            await asyncio.wait_for(self.kubelet.update_container_resources(cid, res),
+                                   CALL_DEADLINE * self.cfg.time_scale + 2 * self.slack)
+        except grpc.aio.AioRpcError as e:
+            outcome = "refused" if e.code() in refused else e.code().name
+            if e.code() == grpc.StatusCode.INTERNAL or not e.details():
+                self.violation("d", f"UpdateContainerResources {e.code().name}: {e.details()}")
+            self.report.calls[f"UpdateContainerResources {e.code().name}"] += 1
+            self.report.resizes[outcome] += 1
+            return outcome
+        except TimeoutError:
+            self.violation("d", "UpdateContainerResources (a resize) did not return")
+            return "hung"
+        self.report.calls["UpdateContainerResources OK"] += 1
+        self.report.resizes["resized"] += 1
+        resized = replace(c, cpu=milli, limit=milli)
+        run.plan = replace(run.plan, containers=tuple(resized if x.name == c.name else x
+                                                      for x in run.plan.containers))
+        return "resized"
+
+    async def resize(self) -> None:
+        """A resize of a random running Guaranteed container to a random size (sometimes more than the node has);
+        a third of them with the proxy SIGKILLed a few ms in, then sent again (kubelet retries on its next sync)."""
+        choices = self.resizable()
+        if not choices:
+            await self.create_pod("guaranteed-frac")
+            return
+        run, c = self.rng.choice(choices)
+        milli = self.rng.choice((500, 1000, 1500, 1000 * max(1, min(2, len(self.allocatable))),
+                                 1000 * (len(self.allocatable) + 1)))
+        key = (run.plan.uid, c.name)
+        self.trace(f"resize {run.plan.name}/{c.name} {c.cpu}m -> {milli}m")
+        if self.schedule.random() < 0.34:
+            self._resizing.add(key)
+            try:
+                self.report.kills_mid_resize += 1
+                await self.kill_proxy_during(lambda: self._resize_quietly(run, c, milli), mid_create=False,
+                                             delay=self.rng.uniform(0.0, 0.04))
+                await self.resize_pod(run, c, milli)  # kubelet's next sync
+            finally:
+                self._resizing.discard(key)
+        else:
+            await self.resize_pod(run, c, milli)
+
+    async def _resize_quietly(self, run: PodRun, c: ContainerPlan, milli: int) -> None:
+        """The resize a kill cuts: any error is the kill's (judged by the retry after it)."""
+        cid = run.instances[c.name][-1][1]
+        res = pb.LinuxContainerResources(cpu_period=100000, cpu_quota=milli * 100, cpu_shares=milli * 1024 // 1000,
+                                         oom_score_adj=-997)
+        with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+            await asyncio.wait_for(self.kubelet.update_container_resources(cid, res), 10 * self.cfg.time_scale)
 
     async def free_exclusive_cpus(self) -> None:
         """Delete the pods holding pinned CPUs (so that the next exclusive pod narrows the pool)."""
@@ -636,6 +715,8 @@ class Churn:
             await self.restart_containerd_during(lambda: self.create_pod("guaranteed-int"))
         elif kind == "drift":
             await self.drift()
+        elif kind == "resize":
+            await self.resize()
         else:
             await asyncio.sleep(self.rng.uniform(0.5, 2.0))
 

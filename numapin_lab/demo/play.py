@@ -23,7 +23,7 @@ from numapin.cri_view import list_runtime_containers
 from numapin.node_status import NodeStatus, check_runtime, fetch_proxy_status, from_proxy_status, marks_of, render_text
 from numapin.proc_cpus import process_cpus
 from numapin.render import render_topology
-from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.client import CRIClient, pb
 
 from .admission import AdmissionAnswer, AdmissionClient
 from .pod_manifest import make_pod
@@ -140,9 +140,10 @@ class Demo:
         self._log_mark = len(text)
         out = []
         for line in new.splitlines():
-            for key in ("decision ", "release ", "shared pool -> ", "mode change "):
+            for key in ("decision ", "release ", "resize pod=", "shared pool -> ", "mode change "):
                 if key in line:
                     out.append(line[line.index(key):])
+                    break  # one line once (a resize's line names the shared pool too)
         return out
 
     def _show_proxy_log(self) -> None:
@@ -338,6 +339,47 @@ class Demo:
                     "back to exclusive: web narrowed first, db alone on its CPUs again")
         self._show_proxy_log()
 
+    async def _live_resize(self, api: AdmissionClient, kubelet: CRIClient, db: dict[str, Any], k: int) -> None:
+        """kubectl patch pod db --subresource resize: judged by /validate (pods/resize), then kubelet's
+        UpdateContainerResources through the proxy (new shares and quota, no cpuset), with the real
+        Cpus_allowed_list of db and web before and after; a shrink, then the growth back."""
+        from numapin_lab.demo.admission import pod_request
+
+        if "db" not in self.pods or "web" not in self.pods:
+            return
+        say("")
+        smaller = k - 1 if k >= 2 else 0
+        small = f"{smaller}" if smaller else "500m"
+        say(f"   A live resize of db, without restarting it: kubectl patch pod db --subresource resize "
+            f"(cpu {k} -> {small} -> {k})")
+        pids = {name: await self._pid(self.pods[name]) for name in ("db", "web")}
+        cid = self.pods["db"].containers["app"]
+        for target, milli in ((small, smaller * 1000 or 500), (str(k), k * 1000)):
+            resized = copy.deepcopy(db)
+            for c in resized["spec"]["containers"]:
+                c["resources"]["requests"]["cpu"] = c["resources"]["limits"]["cpu"] = target
+            request = pod_request(resized, operation="UPDATE", old=db)
+            request["subResource"] = "resize"
+            v = await api.review("/validate", request)
+            verdict = "allowed" if v.allowed else "DENIED: " + v.message
+            say(f"   /validate UPDATE pods/resize db cpu={target}: {verdict}")
+            self._check(v.allowed, f"the webhook allows resizing db to {target} CPU(s) on this node")
+            before = {name: process_cpus(pid).cpus for name, pid in pids.items()}
+            await kubelet.update_container_resources(cid, pb.LinuxContainerResources(
+                cpu_period=100000, cpu_quota=milli * 100, cpu_shares=milli * 1024 // 1000))
+            after = {name: process_cpus(pid).cpus for name, pid in pids.items()}
+            for name in pids:
+                say(f"   kernel    {name}: Cpus_allowed_list {before[name]} -> {after[name]}")
+            own = milli % 1000 == 0
+            self._check(after["db"] is not None and (len(after["db"]) == milli // 1000 if own else
+                                                      after["db"] == after["web"]),
+                        f"db runs on {milli // 1000 if own else 'the shared pool'} CPU(s) as the kernel shows, "
+                        "the same process")
+            if own and after["db"] is not None and after["web"] is not None:
+                self._check(not (after["db"] & after["web"]), "web is not on any of db's CPUs (narrowed first)")
+            self._show_proxy_log()
+            db = resized
+
     async def _pid(self, pod: RunningPod) -> int:
         async with CRIClient(self.stack.proxy_socket) as kubelet:
             return await PodRunner(kubelet, self.stack.cgroup_root).pid_of(pod.containers["app"])
@@ -392,6 +434,7 @@ class Demo:
             self._show(excl_snap)
             self._side_by_side(share_snap, excl_snap)
             await self._live_transition(api, db)
+            await self._live_resize(api, kubelet, db, k)
 
             say("")
             say(f"4. More `exclusive` pods of {k} CPU(s) until this node has no NUMA node left that holds one")

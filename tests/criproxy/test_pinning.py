@@ -166,12 +166,105 @@ async def test_runtime_failure_releases_the_allocation(proxy: CriProxy, kubelet:
     assert created_resources(runtime, cid).cpuset_cpus == "1-2"
 
 
-async def test_kubelet_update_never_undoes_a_pin(proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+def resized(cpu_milli: int, **extra: object) -> pb.LinuxContainerResources:
+    """What kubelet (cpuManagerPolicy none) sends for a Guaranteed container resized to ``cpu_milli``."""
+    return pb.LinuxContainerResources(cpu_period=100000, cpu_quota=cpu_milli * 100,
+                                      cpu_shares=cpu_milli * 1024 // 1000, **extra)
+
+
+async def test_kubelet_update_of_the_same_size_keeps_the_pin(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    """kubelet's memory pass (CPU at its current values) or a retry: the cpuset kubelet never sets stays numapin's, the
+    quota stays lifted, the rest of kubelet's values go through."""
     _, ids, _ = await run_pod(kubelet, "db", 1000, 1000)
-    await kubelet.update_container_resources(ids["app"], pb.LinuxContainerResources(
-        cpuset_cpus="0-7", cpu_shares=2048, cpu_quota=200000, cpu_period=100000))
+    await kubelet.update_container_resources(ids["app"], resized(1000, cpuset_cpus="0-7",
+                                                                 memory_limit_in_bytes=1 << 28))
     res = created_resources(runtime, ids["app"])
-    assert (res.cpuset_cpus, res.cpuset_mems, res.cpu_shares, res.cpu_quota) == ("1", "0", 2048, -1)
+    assert (res.cpuset_cpus, res.cpuset_mems, res.cpu_shares, res.cpu_quota) == ("1", "0", 1024, -1)
+    assert res.memory_limit_in_bytes == 1 << 28
+
+
+@pytest.mark.parametrize("proxy", [{"relay": "frames"}, {"relay": "grpc"}], indirect=True)
+async def test_kubelet_resize_grows_and_shrinks_a_pinned_container_in_place(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, web, _ = await run_pod(kubelet, "web", 500, qos="burstable")
+    _, ids, _ = await run_pod(kubelet, "db", 1000, 1000)
+    db = ids["app"]
+    assert created_resources(runtime, db).cpuset_cpus == "1"
+    # 1 -> 3: keeps CPU 1, grows on its NUMA node; the shared container narrowed off the new CPUs
+    await kubelet.update_container_resources(db, resized(3000))
+    res = created_resources(runtime, db)
+    assert (res.cpuset_cpus, res.cpuset_mems, res.cpu_shares, res.cpu_quota) == ("1-3", "0", 3072, -1)
+    assert created_resources(runtime, web["app"]).cpuset_cpus == "0,4-7"
+    assert list(state_file(proxy)["entries"].values()) == [{"app": "1-3"}]
+    # what kubelet reads back: the limit it set (the runtime applied no quota)
+    linux = (await kubelet.container_status(db)).status.resources.linux
+    assert (linux.cpu_quota, linux.cpu_period, linux.cpu_shares) == (300000, 100000, 3072)
+    # 3 -> 2: gives back a CPU the growth added, the pool widens after
+    await kubelet.update_container_resources(db, resized(2000))
+    assert created_resources(runtime, db).cpuset_cpus == "1-2"
+    assert created_resources(runtime, web["app"]).cpuset_cpus == "0,3-7"
+    # 2 -> 6: CPUs 1-3 are NUMA node 0's free ones: the growth spills to node 1 (topology manager none)
+    await kubelet.update_container_resources(db, resized(6000))
+    assert created_resources(runtime, db).cpuset_cpus == "1-6"
+    assert created_resources(runtime, web["app"]).cpuset_cpus == "0,7"
+    # 6 -> 8: refused (7 allocatable CPUs), nothing changes; the call fails with kubelet's reason
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.update_container_resources(db, resized(8000))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "UnexpectedAdmissionError" in (err.value.details() or "")
+    assert created_resources(runtime, db).cpuset_cpus == "1-6"
+    assert created_resources(runtime, db).cpu_shares == 6144  # the refused call was never forwarded
+    # a Guaranteed container's shares must agree with its limit (its QoS class cannot change)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.update_container_resources(db, pb.LinuxContainerResources(
+            cpu_period=100000, cpu_quota=200000, cpu_shares=1024))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "disagrees with the CPU limit 2000m" in (err.value.details() or "")
+    assert created_resources(runtime, db).cpuset_cpus == "1-6"
+
+
+async def test_kubelet_resize_between_the_shared_pool_and_cpus_of_its_own(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    """Fractional <-> integer, with and without the webhook's intent (which states the size at creation)."""
+    _, web, _ = await run_pod(kubelet, "web", 500, qos="burstable")
+    intent = encode_intent(PodInfo(uid="uid-i", namespace="default", name="i", qos_class="Guaranteed",
+                                   cpu_manager=None, bypass=False,
+                                   containers=(ContainerInfo("app", "app", 1500, 1500),)))
+    _, plain, _ = await run_pod(kubelet, "p", 1500, 1500)
+    _, annotated, _ = await run_pod(kubelet, "i", 1500, 1500, annotations={INTENT_ANNOTATION: intent}, uid="uid-i")
+    for cid in (plain["app"], annotated["app"]):
+        assert created_resources(runtime, cid).cpuset_cpus == "0-7"
+    await kubelet.update_container_resources(plain["app"], resized(2000))
+    res = created_resources(runtime, plain["app"])
+    assert (res.cpuset_cpus, res.cpu_quota) == ("1-2", -1)
+    await kubelet.update_container_resources(annotated["app"], resized(1000))
+    assert created_resources(runtime, annotated["app"]).cpuset_cpus == "3"
+    assert created_resources(runtime, web["app"]).cpuset_cpus == "0,4-7"
+    # back to fractional: the shared pool again, kubelet's quota kept, the pool widened
+    await kubelet.update_container_resources(plain["app"], resized(1500))
+    res = created_resources(runtime, plain["app"])
+    assert (res.cpuset_cpus, res.cpu_quota) == ("0-2,4-7", 150000)
+    assert created_resources(runtime, web["app"]).cpuset_cpus == "0-2,4-7"
+    status = proxy.resizer.recent()
+    assert [(r["pod"], r["result"], r["from"], r["to"]) for r in status] == [
+        ("default/p", "resized", "shared pool", "2 CPU(s) exclusive"),
+        ("default/i", "resized", "shared pool", "1 CPU(s) exclusive"),
+        ("default/p", "resized", "2 CPU(s) exclusive", "shared pool")]
+
+
+@pytest.mark.parametrize("proxy", [{"topology_manager_policy": "single-numa-node"}], indirect=True)
+async def test_a_resize_single_numa_node_cannot_keep_in_one_node_is_refused(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, ids, _ = await run_pod(kubelet, "db", 2000, 2000)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await kubelet.update_container_resources(ids["app"], resized(5000))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = err.value.details() or ""
+    assert "TopologyAffinityError" in details and "single-numa-node" in details and "from 2 to 5" in details
+    assert created_resources(runtime, ids["app"]).cpuset_cpus == "1-2"
+    await kubelet.update_container_resources(ids["app"], resized(3000))
+    assert created_resources(runtime, ids["app"]).cpuset_cpus == "1-3"
 
 
 async def test_recreated_container_gets_its_cpus_back_and_removal_releases(

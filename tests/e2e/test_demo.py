@@ -75,6 +75,9 @@ def test_demo_runs_the_whole_job_and_cleans_up(workdir: Path) -> None:
     web = re.search(r"kernel    web: Cpus_allowed_list (\S+) -> (\S+)", out)
     assert db and web and db.group(1) == db.group(2) and web.group(1) != web.group(2), out
     assert "mode exclusive -> share" in out and "cpuManager=share" in out
+    # a live resize of db (kubectl patch --subresource resize): /validate, then kubelet's call through the proxy
+    assert "/validate UPDATE pods/resize db cpu=" in out and "resize pod=default/db container=app: " in out, out
+    assert "web is not on any of db's CPUs (narrowed first)" in out
     assert "proxy answered FAILED_PRECONDITION" in out or "proxy answered RESOURCE_EXHAUSTED" in out
     assert "running containers checked against their real cpuset: 2, 0 disagree" in out
     assert "nothing left behind" in out and out.rstrip().endswith("demo finished: every check passed")

@@ -207,3 +207,52 @@ async def test_concurrent_validations_share_the_simulator(cluster: WebhookApp, c
     answers = await asyncio.gather(*(client.admit("/validate", pod_request(p, with_uid=True)) for p in pods))
     assert all(a["allowed"] for a in answers)  # w-1 (best-effort) admits any of them
     assert cluster.metrics.internal_error_count() == 0
+
+
+# -- pods/resize ----------------------------------------------------------------------------------------------
+
+
+def _resize_request(running: dict, cpu: str, container_name: str = "c") -> dict:
+    """kube-apiserver's review of ``kubectl patch pod --subresource resize``: the whole pod before and after, only the
+    container's resources changed (the annotations, intent included, are the old pod's)."""
+    resized = copy.deepcopy(running)
+    for c in resized["spec"]["containers"]:
+        if c["name"] == container_name:
+            c["resources"]["requests"]["cpu"] = cpu
+            c["resources"]["limits"]["cpu"] = cpu
+    req = pod_request(resized, operation="UPDATE", old=running)
+    req["subResource"] = "resize"
+    return req
+
+
+async def test_a_resize_the_node_can_never_satisfy_is_denied(cluster: WebhookApp, client: Client) -> None:
+    # w-0: single-numa-node, the largest NUMA node has 28 allocatable CPUs
+    running = await _mutated(client, make_pod("db", [container("c", "4")], node_name="w-0"))
+    resp = await client.admit("/validate", _resize_request(running, "30"))
+    assert resp["allowed"] is False
+    msg = resp["status"]["message"]
+    assert "resize" in msg and "never" in msg and "w-0" in msg and "single-numa-node" in msg
+    assert 'container "c" 4 CPU(s) of its own -> 30 CPU(s) of its own (CPU 4000m -> 30000m)' in msg
+    assert "28 allocatable" in msg and "TopologyAffinityError" in msg
+    # a size the node can satisfy, a shrink, a move to the shared pool: allowed without a word
+    for cpu in ("8", "2", "1500m"):
+        resp = await client.admit("/validate", _resize_request(running, cpu))
+        assert resp["allowed"] is True and not resp.get("warnings"), (cpu, resp)
+    # on the best-effort node the same growth is fine; on a node without a published topology it is not judged
+    for node in ("w-1", "w-9"):
+        elsewhere = copy.deepcopy(running)
+        elsewhere["spec"]["nodeName"] = node
+        assert (await client.admit("/validate", _resize_request(elsewhere, "30")))["allowed"] is True
+
+
+async def test_a_resize_the_node_cannot_satisfy_now_warns(cluster: WebhookApp, client: Client) -> None:
+    # w-2: 4 NUMA x 8 CPUs, restricted + full-pcpus-only; CPUs 1-3 busy, 0 and 16 reserved: 27 free
+    running = await _mutated(client, make_pod("db", [container("c", "2")], node_name="w-2"))
+    resp = await client.admit("/validate", _resize_request(running, "3"))
+    assert resp["allowed"] is False and "SMTAlignmentError" in resp["status"]["message"]  # odd under full-pcpus-only
+    resp = await client.admit("/validate", _resize_request(running, "30"))
+    assert resp["allowed"] is True
+    assert any("w-2" in w and "right now" in w and "28 more CPU(s)" in w and "PodResizeInProgress" in w
+               for w in resp["warnings"]), resp
+    resp = await client.admit("/validate", _resize_request(running, "4"))
+    assert resp["allowed"] is True and not resp.get("warnings")
