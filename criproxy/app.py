@@ -173,10 +173,11 @@ class CriProxy:
         pinning = Pinning(
             node_config, allocator, store, pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
-                           self_pod_uid=cfg.self_pod_uid),
+                           self_pod_uid=cfg.self_pod_uid, bypass=cfg.bypass),
             api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._state_changed, on_admitted=self.metrics.observe_admission,
-            on_rejected=self.metrics.observe_rejection, on_narrow=self.metrics.observe_narrowing)
+            on_rejected=self.metrics.observe_rejection, on_bypass_ignored=self.metrics.observe_bypass_ignored,
+            on_narrow=self.metrics.observe_narrowing)
         modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
                             on_refusal=self.metrics.observe_mode_refusal,
@@ -260,11 +261,11 @@ class CriProxy:
             report = await reconcile(
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
                 converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota,
-                self_pod=self.pinning.self_pod, api=self.api, creating=self.pinning.creating)
+                bypass=self.pinning.bypass, api=self.api, creating=self.pinning.creating)
             gone = self.modes.prune({uid for uid in self.registry.sandboxes.values()})
             await self.pinning.save()
             if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
-                await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.self_pod)
+                await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.bypass)
         if gone:
             log.info("reconcile: forgot the CPU mode set while running of pods gone: %s", ", ".join(gone))
         log.info("reconcile: %s", report)  # after the state is on disk

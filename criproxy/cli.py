@@ -79,6 +79,15 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
      {"help": "clients (kubelet's connections) the frame relay serves at once, two file descriptors each; one "
               "beyond is told GOAWAY and closed, logged and counted in numapin_criproxy_connections_turned_away "
               f"(default {DEFAULTS.max_connections})"}),
+    ("--bypass-namespaces", "bypass_namespaces",
+     {"help": "namespaces (comma-separated) whose pods' numapin.io/bypass: \"true\" is honoured; elsewhere the "
+              "annotation is ignored (logged, counted in numapin_criproxy_bypass_ignored_total) and the pod is "
+              "treated by its QoS class and mode (default "
+              f"{','.join(sorted(DEFAULTS.bypass_namespaces))}; empty: nobody)"}),
+    ("--bypass-all-cpus-namespaces", "bypass_all_cpus_namespaces",
+     {"help": "namespaces among --bypass-namespaces whose bypassed pods are passed through untouched and may run on "
+              "every CPU, other pods' exclusive CPUs included (default none: a bypassed pod runs on the shared "
+              "pool)"}),
 )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from allocator.bypass import DEFAULT_BYPASS_NAMESPACE, BypassPolicy, parse_names
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, ConfigError
 
@@ -69,6 +70,13 @@ class ProxyConfig:
     log_level: str = "INFO"
     relay: str = "frames"         # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
     max_connections: int = 128    # clients the frame relay serves at once (two descriptors each)
+    # where numapin.io/bypass is honoured (allocator.bypass), and where a bypassed pod may run on every CPU
+    bypass_namespaces: frozenset[str] = frozenset({DEFAULT_BYPASS_NAMESPACE})
+    bypass_all_cpus_namespaces: frozenset[str] = frozenset()
+
+    @property
+    def bypass(self) -> BypassPolicy:
+        return BypassPolicy(namespaces=self.bypass_namespaces, all_cpus_namespaces=self.bypass_all_cpus_namespaces)
 
     @property
     def state_file(self) -> Path:
@@ -156,6 +164,12 @@ def _coerce(name: str, value: Any) -> Any:
         if str(value).lower() in ("false", "0", "no"):
             return False
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if name in ("bypass_namespaces", "bypass_all_cpus_namespaces"):
+        if isinstance(value, frozenset):
+            return value
+        if value is not None and not isinstance(value, str | list):
+            raise ConfigError(f"{where}: expected namespace names (a,b or a list), got {value!r}")
+        return parse_names(value, where)
     if name == "relay":
         if value not in ("frames", "grpc"):
             raise ConfigError(f"{where}: expected frames or grpc, got {value!r}")

@@ -1,5 +1,8 @@
 """``/validate``, pods CREATE and UPDATE.
 
+- ``numapin.io/bypass: "true"`` is a privilege (allocator.bypass): denied outside the namespaces (and, when listed,
+  service accounts) of ``--bypass-namespaces`` / ``--bypass-service-accounts``, on CREATE and UPDATE, naming the
+  rule and the flag. The node's proxy ignores it there too.
 - ``qos.gocrane.io/cpu-manager`` must be ``none``, ``exclusive`` or ``share`` (after trimming and lowercasing);
   on UPDATE only a new or changed bad value is denied, so a pod created before numapin can still be updated
   (finalizers, labels) and deleted.
@@ -25,10 +28,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from allocator.bypass import BypassPolicy
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.nrt import NodeTopology
 from allocator.pod import (
+    BYPASS_ANNOTATION,
     CPU_MANAGER_ANNOTATION,
     CPU_MANAGER_VALUES,
     PodInfo,
@@ -134,10 +139,12 @@ def never_message(pod: PodInfo, f: Feasibility) -> str:
 
 
 class PodValidator:
-    def __init__(self, nodes: NodeStore, simulator: Simulator, unjudged: UnjudgedRule) -> None:
+    def __init__(self, nodes: NodeStore, simulator: Simulator, unjudged: UnjudgedRule,
+                 bypass: BypassPolicy | None = None) -> None:
         self.nodes = nodes
         self.simulator = simulator
         self.unjudged = unjudged
+        self.bypass = bypass if bypass is not None else BypassPolicy()
 
     async def validate(self, req: AdmissionRequest) -> Verdict:
         pod = req.object
@@ -146,6 +153,15 @@ class PodValidator:
             return Verdict.allow()
         ann = _annotations(pod)
         old_ann = _annotations(req.old_object) if req.operation == "UPDATE" else {}
+
+        if self.bypass.asked({k: v for k, v in ann.items() if k == BYPASS_ANNOTATION and isinstance(v, str)}):
+            namespace = req.namespace or _meta_str(pod, "namespace")
+            account = _service_account(pod)
+            if not self.bypass.allows(namespace, account):
+                log.info("validate: %s denied: %s outside the bypass namespaces", req.describe(), BYPASS_ANNOTATION)
+                return _invalid(pod, req, FieldCause(_annotation_field(BYPASS_ANNOTATION),
+                                                     f"Forbidden: {self.bypass.denial(namespace, account)}",
+                                                     "FieldValueForbidden"))
 
         raw_mode = ann.get(CPU_MANAGER_ANNOTATION)
         if raw_mode is not None and (req.operation == "CREATE" or raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)):
@@ -246,6 +262,23 @@ class PodValidator:
                     f"manager policy {node.topology_manager_policy}: {now.reason or now.message}); its proxy refuses "
                     f"the change ({change}) and the pod keeps running as it was")
         return Verdict.allow(*warnings)
+
+
+def _meta_str(obj: Mapping[str, Any], key: str) -> str:
+    meta = obj.get("metadata")
+    value = meta.get(key) if isinstance(meta, Mapping) else None
+    return value if isinstance(value, str) else ""
+
+
+def _service_account(pod: Mapping[str, Any]) -> str:
+    """The pod's service account (``spec.serviceAccountName``, the deprecated ``serviceAccount``, else default)."""
+    spec = pod.get("spec")
+    if isinstance(spec, Mapping):
+        for key in ("serviceAccountName", "serviceAccount"):
+            value = spec.get(key)
+            if isinstance(value, str) and value:
+                return value
+    return "default"
 
 
 def _annotation_field(key: str) -> str:
