@@ -20,7 +20,7 @@ Node topology comes from NodeResourceTopology documents in --nrt-dir (default) o
 binding for a pod not cached yet reads the pod from the API server (--pod-lookup-timeout).
 A request that cannot be judged (pod or node unknown, node not simulable, pod unreadable, internal error) is
 allowed with a warning or denied: --unjudged. Connections and bodies are bounded (see docs/webhook.md,
-"Limits"); --client-ca makes /mutate and /validate answer only clients with a certificate from that CA.
+"Limits"); --client-ca-file makes /mutate and /validate answer only clients with a certificate from that CA.
 --workers N runs N webhook processes on the same port (SO_REUSEPORT), each with its own caches, as replicas.
 """
 
@@ -54,9 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="when given, a pod of --bypass-namespaces must also run as one of these service accounts to "
                           "set numapin.io/bypass (the node proxy cannot see service accounts: it checks namespaces)")
     lim = parser.add_argument_group("connection limits (docs/webhook.md, Limits)")
-    lim.add_argument("--client-ca", type=Path,
+    lim.add_argument("--client-ca-file", "--client-ca", dest="client_ca", type=Path, metavar="FILE",
                      help="CA (PEM) of the client certificate kube-apiserver presents (its admission kubeconfig); "
-                          "/mutate and /validate then refuse clients without one")
+                          "/mutate and /validate then refuse clients without one (401) and the TLS handshake refuses "
+                          "a certificate the CA did not sign; /healthz, /readyz and /metrics stay open (--client-ca: "
+                          "the same flag's earlier name)")
     lim.add_argument("--max-connections", type=int, default=None, help="open connections at most (default 256)")
     lim.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                      help="close a keep-alive connection idle this long (default 60)")
@@ -122,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kubeconfig and not Path(args.kubeconfig).is_file():
         return _fail(f"--kubeconfig {args.kubeconfig} is not a file")
     if args.client_ca is not None and not args.client_ca.is_file():
-        return _fail(f"--client-ca {args.client_ca} is not a file")
+        return _fail(f"--client-ca-file {args.client_ca} is not a file")
     if args.workers < 1:
         return _fail(f"--workers must be at least 1, got {args.workers}")
     if args.worker_metrics_dir is not None and not args.worker_metrics_dir.is_dir():
