@@ -28,6 +28,7 @@ from criproxy.decisions.starts import StartGuard
 from criproxy.node.converge import Converger, Decider, Decision
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.kernel import CgroupLayout, KernelRoots
+from criproxy.relay.conn_limits import ConnectionLimits
 from criproxy.relay.cri_api import RuntimeApi
 from criproxy.relay.frames import FrameRelayServer
 from criproxy.relay.grpc_relay import RelayHandler, Upstream
@@ -201,9 +202,11 @@ class CriProxy:
             self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_relay(listen_path(cfg.listen), handler, cfg.relay,
-                                         max_connections=cfg.max_connections,
-                                         on_turned_away=self.metrics.observe_connection_turned_away)
+        self._server = await start_relay(
+            listen_path(cfg.listen), handler, cfg.relay,
+            limits=ConnectionLimits(max_connections=cfg.max_connections, idle_timeout=cfg.connection_idle_timeout),
+            on_turned_away=self.metrics.observe_connection_turned_away,
+            on_closed=self.metrics.observe_connection_closed)
         log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s",
                  cfg.listen, cfg.relay, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
