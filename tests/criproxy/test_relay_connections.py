@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from criproxy.relay import h2wire as h2
-from criproxy.relay.conn_limits import ConnectionLimits, descriptor_cap
+from criproxy.relay.conn_limits import ConnectionLimits, descriptor_cap, raise_descriptor_limit
 from criproxy.relay.frames import FrameRelayServer, start_frame_relay_server
 from criproxy.relay.grpc_relay import Forward, RelayHandler, Upstream
 from numapin_lab.cri.client import CRIClient, pb
@@ -60,6 +60,7 @@ class _Relay:
 
 @pytest.fixture
 async def relay(short_tmp: Path, runtime: MemoryRuntime, request: pytest.FixtureRequest) -> AsyncIterator[_Relay]:
+    raise_descriptor_limit()  # as the command line does, before the cap is read from it
     limits: ConnectionLimits = getattr(request, "param", ConnectionLimits())
     upstream = Upstream(runtime.socket_path)
     closed: list[str] = []
@@ -79,6 +80,8 @@ def test_the_default_cap_is_what_the_descriptors_allow() -> None:
 
 
 async def test_hundreds_of_long_held_connections_are_all_served(relay: _Relay) -> None:
+    # this process holds both ends and the runtime's: three descriptors a connection (the fixture raised the limit)
+    assert relay.server.max_connections >= HELD, "the test needs a larger open-files limit (ulimit -Hn)"
     clients = [await RawClient.connect(relay.path) for _ in range(HELD)]
     try:
         # every one answered while all are held, twice (critest's clients call again much later)
