@@ -48,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     who = parser.add_argument_group("who may bypass numapin (docs/tenancy.md)")
     who.add_argument("--bypass-namespaces", default=None, metavar="NS[,NS...]",
                      help="namespaces whose pods may set numapin.io/bypass: \"true\"; elsewhere it is denied on CREATE "
-                          "and UPDATE (default: the webhook's own namespace, from $POD_NAMESPACE or the service "
-                          "account, else numapin; empty: nobody)")
+                          "and on an UPDATE that sets it (default: the webhook's own namespace, from $POD_NAMESPACE "
+                          "or the service account, else numapin; empty: nobody)")
     who.add_argument("--bypass-service-accounts", default=None, metavar="NS:NAME[,...]",
                      help="when given, a pod of --bypass-namespaces must also run as one of these service accounts to "
                           "set numapin.io/bypass (the node proxy cannot see service accounts: it checks namespaces)")

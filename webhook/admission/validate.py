@@ -1,8 +1,9 @@
 """``/validate``, pods CREATE and UPDATE.
 
 - ``numapin.io/bypass: "true"`` is a privilege (allocator.bypass): denied outside the namespaces (and, when listed,
-  service accounts) of ``--bypass-namespaces`` / ``--bypass-service-accounts``, on CREATE and UPDATE, naming the
-  rule and the flag. The node's proxy ignores it there too.
+  service accounts) of ``--bypass-namespaces`` / ``--bypass-service-accounts``, on CREATE and on an UPDATE that sets
+  it, naming the rule and the flag; a pod that carried it before (created before the rule) can still be updated
+  (finalizers, labels), with a warning. The node's proxy ignores it there too.
 - ``qos.gocrane.io/cpu-manager`` must be ``none``, ``exclusive`` or ``share`` (after trimming and lowercasing);
   on UPDATE only a new or changed bad value is denied, so a pod created before numapin can still be updated
   (finalizers, labels) and deleted.
@@ -154,14 +155,19 @@ class PodValidator:
         ann = _annotations(pod)
         old_ann = _annotations(req.old_object) if req.operation == "UPDATE" else {}
 
-        if self.bypass.asked({k: v for k, v in ann.items() if k == BYPASS_ANNOTATION and isinstance(v, str)}):
+        warnings: list[str] = []
+        if _asks_bypass(self.bypass, ann):
             namespace = req.namespace or _meta_str(pod, "namespace")
             account = _service_account(pod)
             if not self.bypass.allows(namespace, account):
-                log.info("validate: %s denied: %s outside the bypass namespaces", req.describe(), BYPASS_ANNOTATION)
-                return _invalid(pod, req, FieldCause(_annotation_field(BYPASS_ANNOTATION),
-                                                     f"Forbidden: {self.bypass.denial(namespace, account)}",
-                                                     "FieldValueForbidden"))
+                why = self.bypass.denial(namespace, account)
+                if req.operation == "UPDATE" and _asks_bypass(self.bypass, old_ann):
+                    warnings.append(f"numapin: {why}; the node ignores it (the pod runs by its QoS class and mode)")
+                else:
+                    log.info("validate: %s denied: %s outside the bypass namespaces", req.describe(),
+                             BYPASS_ANNOTATION)
+                    return _invalid(pod, req, FieldCause(_annotation_field(BYPASS_ANNOTATION), f"Forbidden: {why}",
+                                                         "FieldValueForbidden"))
 
         raw_mode = ann.get(CPU_MANAGER_ANNOTATION)
         if raw_mode is not None and (req.operation == "CREATE" or raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)):
@@ -201,7 +207,6 @@ class PodValidator:
             if problem:
                 return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Invalid value: {problem}"))
 
-        warnings: list[str] = []
         if info.cpu_manager in ("exclusive", "share") and not any(guaranteed_cpus(info, c) for c in info.containers):
             warnings.append(
                 f"numapin: {CPU_MANAGER_ANNOTATION}={info.cpu_manager} has no effect: no container has an integer "
@@ -262,6 +267,11 @@ class PodValidator:
                     f"manager policy {node.topology_manager_policy}: {now.reason or now.message}); its proxy refuses "
                     f"the change ({change}) and the pod keeps running as it was")
         return Verdict.allow(*warnings)
+
+
+def _asks_bypass(policy: BypassPolicy, annotations: Mapping[str, Any]) -> bool:
+    value = annotations.get(BYPASS_ANNOTATION)
+    return isinstance(value, str) and policy.asked({BYPASS_ANNOTATION: value})
 
 
 def _meta_str(obj: Mapping[str, Any], key: str) -> str:
