@@ -25,8 +25,7 @@ def test_each_bound_is_named_with_where_it_was_crossed() -> None:
     problem = check_bounds({"a": nest(MAX_DEPTH)})
     assert problem is not None and problem.startswith("bound exceeded: nesting") and f"{MAX_DEPTH} levels" in problem
     assert "at a[0][0]" in problem
-    assert check_bounds({"n": 2 ** 63 - 1, "m": -(2 ** 63)}) is None
-    assert "integers: x[1] does not fit in 64 bits" in (check_bounds({"x": [0, 2 ** 63]}) or "")
+    assert check_bounds({"n": 10 ** 4000, "m": -(2 ** 63)}) is None  # integers: the parser bounds their digits
     assert "numbers: f is inf" in (check_bounds({"f": float("inf")}) or "")
     assert "not a finite number" in (check_bounds({"f": float("nan")}) or "")
     assert "strings: s is longer than" in (check_bounds({"s": "x" * (MAX_STRING_BYTES + 1)}) or "")
@@ -40,8 +39,10 @@ def test_parse_refuses_a_review_over_a_bound_with_the_bound() -> None:
         parse_slim(nested_review(800))
     with pytest.raises(BodyError, match="lone surrogate"):
         parse_slim(_dump(_review(_pod("2"), uid="UID")).replace(b'"UID"', b'"\\ud800"'))
-    with pytest.raises(BodyError, match="integers"):
-        parse_slim(_dump(_review(_pod(10 ** 30))))
+    with pytest.raises(BodyError, match="4300 digits"):  # the parser's own bound
+        parse_slim(_dump(_review(_pod("DIGITS"))).replace(b'"DIGITS"', b"1" * 4301))
+    with pytest.raises(BodyError, match="not a finite number"):  # Python writes Infinity; JSON has none
+        parse_slim(_dump(_review(_pod(float("inf")))))
     # what the slim review drops is never read: a deep volume list is no bound's business (the parsers refuse
     # what they cannot read themselves)
     assert parse_slim(nested_review(500, "volumes"))["request"]["uid"]
