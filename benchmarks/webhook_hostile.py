@@ -1,7 +1,8 @@
 """Hostile traffic against a real ``numapin webhook`` process on loopback, the longer form of
 tests/webhook/test_hostile.py (issue 15); prints JSON.
 
-Phases: (1) a seeded fuzz of AdmissionReview bodies plus issue 15's payloads, with /healthz probes on fresh
+Phases: (1) a seeded fuzz of AdmissionReview bodies plus issue 15's payloads and issue 25's nestings (every place,
+depths around every bound up to 100000, small bodies and bodies the parser process reads), with /healthz probes on fresh
 connections measuring the event loop's lag; (2) connection abuse held for ``--hold`` seconds: ``--idle`` idle TLS
 connections, TCP connections that never handshake, slowloris headers, half-sent bodies of the largest accepted size,
 while probes and real reviews keep going; (3) the attack dropped, the server drains. Reported: answers by HTTP status
@@ -38,6 +39,7 @@ from tests.webhook.hostile import (  # noqa: E402
     hostile_cases,
     metric_sum,
     metrics,
+    nested_cases,
     request,
     send_cases,
 )
@@ -79,7 +81,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             prober = Prober(port, server.ca_file, interval=0.05, timeout=5.0)
             await prober.start()
             started = time.perf_counter()
-            cases = hostile_cases() + list(fuzz_bodies(seed=args.seed, count=args.fuzz))
+            cases = hostile_cases() + list(fuzz_bodies(seed=args.seed, count=args.fuzz)) + nested_cases()
             statuses, problems = await send_cases(port, ctx, cases, concurrency=args.concurrency)
             await prober.stop()
             out["bodies"] = {"sent": len(cases), "seconds": round(time.perf_counter() - started, 2),
@@ -134,10 +136,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "unjudged": metric_sum(m, "numapin_webhook_unjudged_total"),
             }
             out["log_tracebacks"] = server.log_text().count("Traceback")
+            # issue 25: the body parser process must survive every body (nested_cases: every nesting place and
+            # depth, on the loop and in the process)
+            out["parser_process_deaths"] = server.log_text().count("parser process died") + \
+                server.log_text().count("parser process ended")
         finally:
             server.stop()
     out["rss_growth_mib"] = round(out["connections"]["rss_peak_mib"] - out["rss_baseline_mib"], 1)
     out["ok"] = (out["bodies"]["problems"] == 0 and out["bodies"]["probe"]["failed"] == 0
+                 and out["parser_process_deaths"] == 0 and out["bodies"]["statuses"].get("503", 0) == 0
                  and out["connections"]["probe"]["failed"] == 0 and out["connections"]["legit_reviews"]["wrong"] == 0
                  and out["after"]["internal_errors"] == 0
                  and out["connections"]["rss_peak_mib"] <= out["limits"]["memory_ceiling_mib_without_pod_cache"])

@@ -29,6 +29,7 @@ from criproxy.decisions.starts import StartGuard
 from criproxy.node.converge import Converger, Decider, Decision
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.kernel import CgroupLayout, KernelRoots
+from criproxy.relay.conn_limits import ConnectionLimits
 from criproxy.relay.cri_api import RuntimeApi
 from criproxy.relay.frames import FrameRelayServer
 from criproxy.relay.grpc_relay import RelayHandler, Upstream
@@ -179,10 +180,11 @@ class CriProxy:
         pinning = Pinning(
             node_config, allocator, store, pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
-                           self_pod_uid=cfg.self_pod_uid),
+                           self_pod_uid=cfg.self_pod_uid, bypass=cfg.bypass),
             api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._state_changed, on_admitted=self.metrics.observe_admission,
-            on_rejected=self.metrics.observe_rejection, on_narrow=self.metrics.observe_narrowing)
+            on_rejected=self.metrics.observe_rejection, on_bypass_ignored=self.metrics.observe_bypass_ignored,
+            on_narrow=self.metrics.observe_narrowing)
         modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
                             on_refusal=self.metrics.observe_mode_refusal,
@@ -208,9 +210,11 @@ class CriProxy:
             self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
-        self._server = await start_relay(listen_path(cfg.listen), handler, cfg.relay,
-                                         max_connections=cfg.max_connections,
-                                         on_turned_away=self.metrics.observe_connection_turned_away)
+        self._server = await start_relay(
+            listen_path(cfg.listen), handler, cfg.relay,
+            limits=ConnectionLimits(max_connections=cfg.max_connections, idle_timeout=cfg.connection_idle_timeout),
+            on_turned_away=self.metrics.observe_connection_turned_away,
+            on_closed=self.metrics.observe_connection_closed)
         log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s",
                  cfg.listen, cfg.relay, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
                  cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
@@ -268,12 +272,12 @@ class CriProxy:
             report = await reconcile(
                 self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
                 converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota,
-                self_pod=self.pinning.self_pod, api=self.api, creating=self.pinning.creating)
+                bypass=self.pinning.bypass, api=self.api, creating=self.pinning.creating)
             gone = self.modes.prune({uid for uid in self.registry.sandboxes.values()})
             self.resizer.prune(set(self.registry.sandboxes.values()))
             await self.pinning.save()
             if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
-                await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.self_pod)
+                await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.bypass)
         if gone:
             log.info("reconcile: forgot the CPU mode set while running of pods gone: %s", ", ".join(gone))
         log.info("reconcile: %s", report)  # after the state is on disk

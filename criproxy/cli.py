@@ -78,7 +78,21 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--max-connections", "max_connections",
      {"help": "clients (kubelet's connections) the frame relay serves at once, two file descriptors each; one "
               "beyond is told GOAWAY and closed, logged and counted in numapin_criproxy_connections_turned_away "
-              f"(default {DEFAULTS.max_connections})"}),
+              "(default 0: as many as the open-files limit allows, which the proxy raises to its hard limit; what "
+              "each connection may cost is bounded instead, see docs/node.md)"}),
+    ("--connection-idle-timeout", "connection_idle_timeout",
+     {"help": "seconds a client connection may stay without a call in flight and without sending anything before "
+              "it is asked to go (GOAWAY, no call lost; a gRPC client reconnects for its next call) and closed "
+              f"(default {DEFAULTS.connection_idle_timeout:.0f}; 0: never)"}),
+    ("--bypass-namespaces", "bypass_namespaces",
+     {"help": "namespaces (comma-separated) whose pods' numapin.io/bypass: \"true\" is honoured; elsewhere the "
+              "annotation is ignored (logged, counted in numapin_criproxy_bypass_ignored_total) and the pod is "
+              "treated by its QoS class and mode (default "
+              f"{','.join(sorted(DEFAULTS.bypass_namespaces))}; empty: nobody)"}),
+    ("--bypass-all-cpus-namespaces", "bypass_all_cpus_namespaces",
+     {"help": "namespaces among --bypass-namespaces whose bypassed pods are passed through untouched and may run on "
+              "every CPU, other pods' exclusive CPUs included (default none: a bypassed pod runs on the shared "
+              "pool)"}),
 )
 
 
@@ -114,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"numapin criproxy: log-level: unknown level {config.log_level!r}", file=sys.stderr)
         return 2
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from criproxy.relay.conn_limits import raise_descriptor_limit
+    raise_descriptor_limit()  # connections are bounded by their cost, not by a count (conn_limits)
     return asyncio.run(_serve(config, parts))
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from allocator.bypass import DEFAULT_BYPASS_NAMESPACE, BypassPolicy, parse_names
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, ConfigError
 
@@ -68,7 +69,16 @@ class ProxyConfig:
     self_pod_uid: str | None = None
     log_level: str = "INFO"
     relay: str = "frames"         # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
-    max_connections: int = 128    # clients the frame relay serves at once (two descriptors each)
+    max_connections: int = 0      # clients the frame relay serves at once (two descriptors each); 0: as the
+    #                               descriptors allow (criproxy.relay.conn_limits)
+    connection_idle_timeout: float = 600.0  # seconds without a call or a byte before a client is asked to go; 0 never
+    # where numapin.io/bypass is honoured (allocator.bypass), and where a bypassed pod may run on every CPU
+    bypass_namespaces: frozenset[str] = frozenset({DEFAULT_BYPASS_NAMESPACE})
+    bypass_all_cpus_namespaces: frozenset[str] = frozenset()
+
+    @property
+    def bypass(self) -> BypassPolicy:
+        return BypassPolicy(namespaces=self.bypass_namespaces, all_cpus_namespaces=self.bypass_all_cpus_namespaces)
 
     @property
     def state_file(self) -> Path:
@@ -127,7 +137,7 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"{where}: {e}") from None
     if name in ("topology_manager_policy_options", "cpu_manager_policy_options"):
         return parse_options(value, where)
-    if name in ("reconcile_period", "converge_period"):
+    if name in ("reconcile_period", "converge_period", "connection_idle_timeout"):
         try:
             f = float(value)
         except (TypeError, ValueError):
@@ -144,9 +154,8 @@ def _coerce(name: str, value: Any) -> Any:
             n = int(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected a whole number, got {value!r}") from None
-        if n < (1 if name == "max_connections" else 0):
-            raise ConfigError(f"{where}: must be {'at least 1' if name == 'max_connections' else 'not negative'}, "
-                              f"got {n}")
+        if n < 0:
+            raise ConfigError(f"{where}: must not be negative, got {n}")
         return n
     if name in ("lift_cfs_quota", "publish_nrt", "watch_pods"):
         if isinstance(value, bool):
@@ -156,6 +165,12 @@ def _coerce(name: str, value: Any) -> Any:
         if str(value).lower() in ("false", "0", "no"):
             return False
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if name in ("bypass_namespaces", "bypass_all_cpus_namespaces"):
+        if isinstance(value, frozenset):
+            return value
+        if value is not None and not isinstance(value, str | list):
+            raise ConfigError(f"{where}: expected namespace names (a,b or a list), got {value!r}")
+        return parse_names(value, where)
     if name == "relay":
         if value not in ("frames", "grpc"):
             raise ConfigError(f"{where}: expected frames or grpc, got {value!r}")

@@ -83,6 +83,9 @@ class NodeStatus:
     free_per_numa: dict[int, int]
     assignments: list[Assignment]
     bypass_ids: frozenset[str] = frozenset()
+    # the proxy said which containers it leaves alone (bypass_ids); else a pod's numapin.io/bypass annotation is
+    # taken at its word, as the state files do not say which namespaces may bypass (docs/tenancy.md)
+    bypass_known: bool = False
     checked: list[CheckedContainer] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     runtime_checked: bool = False
@@ -171,6 +174,7 @@ def from_proxy_status(doc: Mapping[str, Any], source: str) -> NodeStatus:
             free_per_numa={int(k): int(v) for k, v in doc["freeCPUsPerNUMA"].items()},
             assignments=assignments,
             bypass_ids=frozenset(c["id"] for c in doc.get("containers", []) if c.get("mode") == "bypass"),
+            bypass_known=True,
             notes=[] if doc.get("reconciled", True) else ["the proxy has not reconciled with the runtime yet"],
             pod_modes={str(p["pod"] or p["uid"]): str(p["mode"]) for p in doc.get("podModes", [])
                        if p.get("changed")},
@@ -236,7 +240,7 @@ def check_runtime(status: NodeStatus, containers: Sequence[RuntimeContainer], *,
                           for a in status.assignments]
     running = set()
     for c in containers:
-        if not c.running or not c.sandbox_ready or c.bypass or c.id in status.bypass_ids:
+        if not c.running or not c.sandbox_ready or c.id in status.bypass_ids or (c.bypass and not status.bypass_known):
             continue
         running.add((c.pod_uid, c.name))
         a = by_key.get((c.pod_uid, c.name))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from allocator.bypass import BypassPolicy
 from webhook.admission.binding import BindingValidator
 from webhook.admission.mutate import is_pod_request, mutate_review
 from webhook.admission.resize import ResizeValidator, is_resize_request
@@ -53,6 +54,7 @@ class WebhookOptions:
     # the process is the webhook's own (``numapin webhook``): after the first load, freeze its heap out of the
     # garbage collector's full passes (``heap.settle``); off for a webhook embedded in another process (tests)
     settle_heap: bool = False
+    bypass: BypassPolicy = field(default_factory=BypassPolicy)  # who may set numapin.io/bypass (allocator.bypass)
     worker_metrics_dir: Path | None = None  # a worker of ``--workers N``: where the workers answer each other's metrics
 
 
@@ -78,7 +80,7 @@ class WebhookApp:
         self.sources.extend(pod_sources)
         self.pod_finder = PodFinder(self.pods, pod_sources, timeout=opts.pod_lookup_timeout,
                                     count=lambda result: self.metrics.pod_lookups.labels(result).inc())
-        self.pod_validator = PodValidator(self.nodes, self.simulator, self.unjudged)
+        self.pod_validator = PodValidator(self.nodes, self.simulator, self.unjudged, opts.bypass)
         self.resize_validator = ResizeValidator(self.nodes, self.simulator)
         self.binding_validator = BindingValidator(self.nodes, self.pod_finder, self.simulator, self.unjudged)
         self.reloader = CertReloader(opts.cert, opts.key)

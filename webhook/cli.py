@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ Node topology comes from NodeResourceTopology documents in --nrt-dir (default) o
 binding for a pod not cached yet reads the pod from the API server (--pod-lookup-timeout).
 A request that cannot be judged (pod or node unknown, node not simulable, pod unreadable, internal error) is
 allowed with a warning or denied: --unjudged. Connections and bodies are bounded (see docs/webhook.md,
-"Limits"); --client-ca makes /mutate and /validate answer only clients with a certificate from that CA.
+"Limits"); --client-ca-file makes /mutate and /validate answer only clients with a certificate from that CA.
 --workers N runs N webhook processes on the same port (SO_REUSEPORT), each with its own caches, as replicas.
 """
 
@@ -44,10 +45,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="how long a binding waits for its pod from the API server on a cache miss (default 1)")
     judge.add_argument("--pod-cache-bytes", type=int, default=None,
                        help="memory bound of the pod cache (default 64 MiB)")
+    who = parser.add_argument_group("who may bypass numapin (docs/tenancy.md)")
+    who.add_argument("--bypass-namespaces", default=None, metavar="NS[,NS...]",
+                     help="namespaces whose pods may set numapin.io/bypass: \"true\"; elsewhere it is denied on CREATE "
+                          "and on an UPDATE that sets it (default: the webhook's own namespace, from $POD_NAMESPACE "
+                          "or the service account, else numapin; empty: nobody)")
+    who.add_argument("--bypass-service-accounts", default=None, metavar="NS:NAME[,...]",
+                     help="when given, a pod of --bypass-namespaces must also run as one of these service accounts to "
+                          "set numapin.io/bypass (the node proxy cannot see service accounts: it checks namespaces)")
     lim = parser.add_argument_group("connection limits (docs/webhook.md, Limits)")
-    lim.add_argument("--client-ca", type=Path,
+    lim.add_argument("--client-ca-file", "--client-ca", dest="client_ca", type=Path, metavar="FILE",
                      help="CA (PEM) of the client certificate kube-apiserver presents (its admission kubeconfig); "
-                          "/mutate and /validate then refuse clients without one")
+                          "/mutate and /validate then refuse clients without one (401) and the TLS handshake refuses "
+                          "a certificate the CA did not sign; /healthz, /readyz and /metrics stay open (--client-ca: "
+                          "the same flag's earlier name)")
     lim.add_argument("--max-connections", type=int, default=None, help="open connections at most (default 256)")
     lim.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                      help="close a keep-alive connection idle this long (default 60)")
@@ -76,7 +87,25 @@ def _fail(msg: str) -> int:
     return 2
 
 
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def own_namespace() -> str:
+    """The namespace the webhook runs in: $POD_NAMESPACE, else its service account's, else numapin's default."""
+    from allocator.bypass import DEFAULT_BYPASS_NAMESPACE
+
+    env = os.environ.get("POD_NAMESPACE", "").strip()
+    if env:
+        return env
+    try:
+        return _SA_NAMESPACE.read_text().strip() or DEFAULT_BYPASS_NAMESPACE
+    except OSError:
+        return DEFAULT_BYPASS_NAMESPACE
+
+
 def run(args: argparse.Namespace) -> int:
+    from allocator.bypass import BypassPolicy, parse_names, parse_service_accounts
+    from allocator.errors import ConfigError
     from webhook.app import WebhookApp, WebhookOptions
     from webhook.cluster.pods_cache import DEFAULT_POD_CACHE_BYTES
     from webhook.https.limits import ServerLimits
@@ -95,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kubeconfig and not Path(args.kubeconfig).is_file():
         return _fail(f"--kubeconfig {args.kubeconfig} is not a file")
     if args.client_ca is not None and not args.client_ca.is_file():
-        return _fail(f"--client-ca {args.client_ca} is not a file")
+        return _fail(f"--client-ca-file {args.client_ca} is not a file")
     if args.workers < 1:
         return _fail(f"--workers must be at least 1, got {args.workers}")
     if args.worker_metrics_dir is not None and not args.worker_metrics_dir.is_dir():
@@ -105,6 +134,13 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value <= 0:
             return _fail(f"--{name.replace('_', '-')} must be positive, got {value}")
+    try:
+        bypass = BypassPolicy(
+            namespaces=parse_names(own_namespace() if args.bypass_namespaces is None else args.bypass_namespaces,
+                                   "--bypass-namespaces"),
+            service_accounts=parse_service_accounts(args.bypass_service_accounts, "--bypass-service-accounts"))
+    except ConfigError as e:
+        return _fail(str(e))
     opts = WebhookOptions(
         cert=args.cert, key=args.key, host=args.host, port=args.port, nrt_dir=args.nrt_dir, pods_dir=args.pods_dir,
         kubeconfig=args.kubeconfig, in_cluster=args.in_cluster,
@@ -116,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
             ("inflight_bytes", args.inflight_bytes)) if v is not None}),
         client_ca=args.client_ca, unjudged=args.unjudged, pod_lookup_timeout=args.pod_lookup_timeout,
         pod_cache_bytes=args.pod_cache_bytes or DEFAULT_POD_CACHE_BYTES, reuse_port=args.reuse_port,
-        settle_heap=True, worker_metrics_dir=args.worker_metrics_dir,
+        settle_heap=True, worker_metrics_dir=args.worker_metrics_dir, bypass=bypass,
     )
     if opts.max_body * 8 > opts.limits.inflight_bytes:
         return _fail(f"--inflight-bytes ({opts.limits.inflight_bytes}) must hold one body of --max-body-bytes "

@@ -63,9 +63,6 @@ class SelfPod:
         return bool(self.uid and uid == self.uid) or (self.namespace_name is not None
                                                       and (namespace, name) == self.namespace_name)
 
-    def passes(self, uid: str, namespace: str, name: str, annotations: Mapping[str, str]) -> bool:
-        """numapin leaves the pod alone: annotated ``numapin.io/bypass: "true"``, or the proxy's own pod."""
-        return is_bypassed(annotations) or self.matches(uid, namespace, name)
 
 
 def identity_of(sandbox: cri_pb2.PodSandboxConfig) -> PodIdentity:

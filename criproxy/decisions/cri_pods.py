@@ -14,7 +14,7 @@ import logging
 
 from allocator.intent import INTENT_ANNOTATION
 from allocator.node import NodeAllocator
-from criproxy.decisions.cri_intent import SelfPod
+from criproxy.decisions.bypass import BypassRule
 from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance, replay
 from criproxy.decisions.registry import CriPod, Registry
 from criproxy.node.runtime_reads import container_statuses
@@ -30,7 +30,7 @@ _PERIOD = 100000
 
 
 async def rebuild_cri_pods(upstream: Upstream, api: RuntimeApi, allocator: NodeAllocator, registry: Registry,
-                           self_pod: SelfPod, *, timeout: float = 30.0) -> int:
+                           bypass: BypassRule, *, timeout: float = 30.0) -> int:
     """Fill ``registry.pods`` for every ready pod that carries no intent annotation; returns how many. Raises
     AioRpcError when the runtime cannot be listed."""
     sb_raw = await upstream.call(api.method("ListPodSandbox"), cri_pb2.ListPodSandboxRequest().SerializeToString(),
@@ -39,7 +39,7 @@ async def rebuild_cri_pods(upstream: Upstream, api: RuntimeApi, allocator: NodeA
                                  timeout=timeout)
     sandboxes = {s.id: s for s in cri_pb2.ListPodSandboxResponse.FromString(sb_raw).items
                  if s.state == cri_pb2.SANDBOX_READY and INTENT_ANNOTATION not in s.annotations
-                 and not self_pod.passes(s.metadata.uid, s.metadata.namespace, s.metadata.name, s.annotations)}
+                 and not bypass.honours(s.metadata.uid, s.metadata.namespace, s.metadata.name, s.annotations)}
     by_sandbox: dict[str, list[cri_pb2.Container]] = {}
     for c in cri_pb2.ListContainersResponse.FromString(ct_raw).containers:
         if c.pod_sandbox_id in sandboxes:

@@ -131,12 +131,14 @@ class ModeApplier:
         ref = f"{sb.metadata.namespace}/{sb.metadata.name}"
         self.refs[uid] = ref
         annotations = dict(sb.annotations)
-        if self.pinning.self_pod.passes(uid, sb.metadata.namespace, sb.metadata.name, annotations):
-            return ModeAnswer("ignored", f"pod {ref} is passed through untouched (numapin.io/bypass)")
+        if self.pinning.bypass.honours(uid, sb.metadata.namespace, sb.metadata.name, annotations):
+            return ModeAnswer("ignored", f"pod {ref} bypasses numapin (numapin.io/bypass in a namespace of "
+                                         "--bypass-namespaces, or the proxy's own pod): it has no mode")
         created = _created_mode(annotations)
         self.created[uid] = created
         pod = await self._pod_model(req, sb, annotations)
-        pod = replace(pod, uid=uid, cpu_manager=None if created == KUBELET_RULE else created)  # type: ignore[arg-type]
+        pod = replace(pod, uid=uid, cpu_manager=None if created == KUBELET_RULE else created,  # type: ignore[arg-type]
+                      bypass=False)  # a bypass outside --bypass-namespaces is ignored
         gate = self.pinning.pusher.gate
         async with self.pinning.lock:
             current = self.allocator.pod_mode(uid) or created

@@ -12,19 +12,28 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import grpc.aio
 
+from allocator.bypass import BypassPolicy
 from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, PodSpecError
 from allocator.intent import INTENT_ANNOTATION
 from allocator.node import NodeAllocator, NodeConfig, PodDecision
 from allocator.pod import PodInfo
-from criproxy.decisions.cri_intent import PodIdentity, SelfPod, identity_of, pod_from_cri
+from criproxy.decisions.bypass import BypassRule
+from criproxy.decisions.cri_intent import (
+    PodIdentity,
+    SelfPod,
+    container_from_cri,
+    identity_of,
+    pod_from_cri,
+    qos_from_cgroup_parent,
+)
 from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance
 from criproxy.decisions.registry import CriPod, Registry, Tracked, TrackedMode
 from criproxy.decisions.resized_pod import with_cri_size
@@ -60,6 +69,7 @@ class PinningOptions:
     sysfs: str = "/sys"                  # for device NUMA nodes
     self_pod: tuple[str, str] | None = None   # (namespace, name) of the proxy's own pod: passed through
     self_pod_uid: str | None = None
+    bypass: BypassPolicy = field(default_factory=BypassPolicy)  # who may bypass numapin (allocator.bypass)
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,7 @@ class Pinning:
                  on_change: Callable[[], None] | None = None,
                  on_admitted: Callable[[TrackedMode], None] | None = None,
                  on_rejected: Callable[[str], None] | None = None,
+                 on_bypass_ignored: Callable[[str], None] | None = None,
                  on_narrow: Callable[[float], None] | None = None) -> None:
         self.allocator = allocator
         self.store = store
@@ -100,7 +111,7 @@ class Pinning:
         self.registry = registry
         self.options = options
         self.api = api or RuntimeApi()
-        self.self_pod = SelfPod(options.self_pod, options.self_pod_uid)
+        self.bypass = BypassRule(SelfPod(options.self_pod, options.self_pod_uid), options.bypass)
         # set once the start-up reconcile has a complete picture: no admission is decided before
         self.ready = ready if ready is not None else _set_event()
         self.lock = asyncio.Lock()  # every change of the allocation (decisions, releases, reconcile)
@@ -119,6 +130,8 @@ class Pinning:
         self.resize: Interceptor | None = None
         # container id -> (cpu_period, cpu_quota) kubelet asked for a pinned container (which runs without a quota)
         self.kubelet_cfs: dict[str, tuple[int, int]] = {}
+        # a bypass annotation the proxy ignored (outside --bypass-namespaces), with the pod's namespace
+        self.on_bypass_ignored = on_bypass_ignored or (lambda namespace: None)
         self.config = config
         self.policy = config.topology_manager_policy
         self.scope = config.topology_manager_scope
@@ -146,7 +159,7 @@ class Pinning:
         await asyncio.to_thread(self.store.save, self.allocator.state)
 
     def passes_through(self, ident: PodIdentity) -> bool:
-        return self.self_pod.passes(ident.uid, ident.namespace, ident.name, ident.annotations)
+        return self.bypass.passes(ident.uid, ident.namespace, ident.name, ident.annotations)
 
     async def _resize_shared(self) -> None:
         pool, mems = self.shared_pool()
@@ -200,13 +213,23 @@ class Pinning:
         req = cri_pb2.CreateContainerRequest.FromString(request)
         ident = identity_of(req.sandbox_config)
         name = req.config.metadata.name
-        if self.passes_through(ident):
+        verdict = self.bypass.verdict(ident.uid, ident.namespace, ident.name, ident.annotations)
+        if verdict in ("self", "untouched"):
             return await self._pass_through(request, forward, req, ident)
+        if verdict == "ignored":
+            self.on_bypass_ignored(ident.namespace)
+            log.warning("pod=%s container=%s: %s; the annotation is ignored, the pod is treated by its QoS class and "
+                        "mode", ident.ref, name, self.bypass.policy.denial(ident.namespace, None))
         await self._await_ready(forward, ident, name)
         pod_lock = self._pod_lock(ident.uid)
         try:
             async with pod_lock:
-                pod, reallocate = await self._pod_model(req, ident, forward)
+                reallocate: tuple[str, ...] = ()
+                if verdict == "shared":
+                    pod = _bypassed_model(req, ident)
+                else:
+                    pod, reallocate = await self._pod_model(req, ident, forward)
+                    pod = self.bypass.model(pod)
                 devices = await self._devices(req)
                 async with self.lock:
                     placement, flights = await self._decide(pod, ident, name, devices, reallocate,
@@ -563,6 +586,13 @@ def _sized_by_kubelet(pod: PodInfo, name: str, req: cri_pb2.CreateContainerReque
         return with_cri_size(pod, name, req.config.linux.resources)
     except PodSpecError:
         return pod
+def _bypassed_model(req: cri_pb2.CreateContainerRequest, ident: PodIdentity) -> PodInfo:
+    """A honoured bypass: the container alone, which the allocator puts on the shared pool (no CPUs, no rejection,
+    whatever the pod's intent annotation says)."""
+    qos = qos_from_cgroup_parent(req.sandbox_config.linux.cgroup_parent) or "BestEffort"
+    this = container_from_cri(req.config.metadata.name, req.config.linux.resources, qos)
+    return PodInfo(uid=ident.uid, namespace=ident.namespace, name=ident.name, qos_class=qos, cpu_manager=None,
+                   bypass=True, containers=(this,))
 
 
 def _set_event() -> asyncio.Event:

@@ -20,7 +20,7 @@ from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.node import NodeAllocator
 from allocator.topology import Topology
-from criproxy.decisions.cri_intent import SelfPod
+from criproxy.decisions.bypass import BypassRule
 from criproxy.decisions.registry import Registry, Tracked
 from criproxy.node.converge import Converger
 from criproxy.node.cpuset_pusher import CpusetPusher
@@ -75,14 +75,14 @@ def _parse_cpus(text: str) -> CPUSet | None:
 
 async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAllocator, registry: Registry,
                     pusher: CpusetPusher, *, converger: Converger | None = None,
-                    lift_cfs_quota: bool = True, self_pod: SelfPod | None = None,
+                    lift_cfs_quota: bool = True, bypass: BypassRule | None = None,
                     api: RuntimeApi | None = None, creating: Collection[tuple[str, str]] = (),
                     timeout: float = 30.0) -> ReconcileReport:
     """Call with the allocation lock held (no decision is taken meanwhile). ``creating``: (pod uid, container)
     whose CPUs are decided and whose create is at the runtime (they keep their CPUs). Raises AioRpcError when the
     runtime cannot be listed; nothing is changed then."""
     api = api or RuntimeApi()
-    self_pod = self_pod or SelfPod()
+    bypass = bypass or BypassRule()
     sb_raw = await upstream.call(api.method("ListPodSandbox"), cri_pb2.ListPodSandboxRequest().SerializeToString(),
                                  timeout=timeout)
     ct_raw = await upstream.call(api.method("ListContainers"), cri_pb2.ListContainersRequest().SerializeToString(),
@@ -125,9 +125,10 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
         uid = sb.metadata.uid
         ref = f"{sb.metadata.namespace}/{sb.metadata.name}"
         exited = c.state in (cri_pb2.CONTAINER_EXITED, cri_pb2.CONTAINER_UNKNOWN) or sb.state != cri_pb2.SANDBOX_READY
-        bypass = self_pod.passes(uid, sb.metadata.namespace, sb.metadata.name, sb.annotations)
-        cpus = None if bypass else allocator.container_cpus(uid, c.metadata.name)
-        if bypass:
+        verdict = bypass.verdict(uid, sb.metadata.namespace, sb.metadata.name, sb.annotations)
+        untouched = verdict in ("self", "untouched")  # a honoured bypass elsewhere runs on the shared pool
+        cpus = None if untouched or verdict == "shared" else allocator.container_cpus(uid, c.metadata.name)
+        if untouched:
             mode = "bypass"
         elif cpus is not None:
             mode = allocator.state.mode(uid, c.metadata.name)
@@ -136,7 +137,7 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
         t = Tracked(c.id, c.pod_sandbox_id, uid, ref, c.metadata.name, mode, exited=exited)  # type: ignore[arg-type]
         registry.add(t)
         adopted += 1
-        if not (exited or bypass):
+        if not (exited or untouched):
             live.append((t, cpus))
     statuses = await container_statuses(upstream, api, (t.id for t, _ in live), timeout=timeout)
     for (t, cpus), st in zip(live, statuses, strict=True):

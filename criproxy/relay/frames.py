@@ -27,7 +27,9 @@ per burst of frames, no per-call objects on the relayed path. What it looks at:
   (``_Connection.late``) are dropped, not passed to kubelet's closed stream, and their DATA credited back.
 - A held call the runtime refused (RST_STREAM REFUSED_STREAM, or beyond its GOAWAY) is refused to kubelet the same
   way when the interceptor passes the failure on: kubelet's gRPC retries an unprocessed call once by itself.
-- At most ``max_connections`` kubelet connections are served at once; one beyond is told GOAWAY and closed.
+- What a client connection may cost is bounded (``conn_limits``): descriptors (every connection the process has
+  descriptors for is served; one beyond is told GOAWAY and closed), an idle connection (asked to go, then closed),
+  bytes held per connection, frames per second (a flood is told GOAWAY ENHANCE_YOUR_CALM and closed).
 - The proxy's own frames (credits, edited messages, answers, resets) never go between a relayed HEADERS frame and
   its CONTINUATION frames (RFC 9113 6.10): they wait in ``_Peer.queued`` until the relayed header block ends.
 - The runtime's trailers give each relayed call's status for the metrics (a block is decoded once and
@@ -53,6 +55,7 @@ import grpc.aio
 import hpack
 
 from criproxy.relay import h2wire as h2
+from criproxy.relay.conn_limits import MAX_PENDING, ConnectionLimits, FrameBudget
 from criproxy.relay.grpc_relay import (
     CRI_SERVICES,
     MAX_MESSAGE,
@@ -80,11 +83,13 @@ _END_STREAM, _END_HEADERS, _PADDED = h2.END_STREAM, h2.END_HEADERS, h2.PADDED
 _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
 _CONNECT_TIMEOUT = 20.0
-# kubelet connections served at once (each costs two descriptors: it and its runtime connection); kubelet opens two
-DEFAULT_MAX_CONNECTIONS = 128
+# kubelet connections served at once (each costs two descriptors: it and its runtime connection); kubelet opens two.
+# 0: as many as the process's descriptors allow (conn_limits.descriptor_cap)
+DEFAULT_MAX_CONNECTIONS = 0
 _TURNED_AWAY_LINGER = 2.0   # seconds a turned-away client has to read the GOAWAY before its connection closes
 _REFUSAL_LOG_PERIOD = 10.0  # at most one log line per period about turned-away connections
 _CACHE_LIMIT = 1024
+_BACKLOG = 4096
 # the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
 _MAX_HEADER_LIST = 16 << 20
 # the largest intercepted message (request or answer) held in memory, with gRPC's 5-byte prefix: the gRPC relay's
@@ -99,6 +104,10 @@ _RST_CODES = {0x7: grpc.StatusCode.UNAVAILABLE, 0x8: grpc.StatusCode.CANCELLED, 
 
 class _ProtocolError(Exception):
     """A peer broke HTTP/2 (or HPACK): the connection is closed."""
+
+
+class _OverBudget(_ProtocolError):
+    """A client would cost more memory than a connection may (conn_limits): the connection is closed."""
 
 
 class _Routes:
@@ -469,15 +478,17 @@ class _RuntimeSide(asyncio.Protocol):
 class _Server:
     """What the connections of one listening socket share."""
 
-    def __init__(self, handler: RelayHandler, max_connections: int, on_turned_away: Callable[[], None] | None
-                 ) -> None:
+    def __init__(self, handler: RelayHandler, limits: ConnectionLimits, on_turned_away: Callable[[], None] | None,
+                 on_closed: Callable[[str], None] | None = None) -> None:
         self.runtime_path = normalize_endpoint(handler.upstream.endpoint)[len("unix:"):]
         self.routes = _Routes(dict(handler.interceptors))
         self.statuses = _Statuses()
         self.observe: Observer | None = handler.observe
         self.connections: set[_Connection] = set()
-        self.max_connections = max_connections
+        self.limits = limits
+        self.max_connections = limits.cap()
         self.on_turned_away = on_turned_away
+        self.on_closed = on_closed or (lambda why: None)  # a connection closed for what it cost: idle, frames, memory
         self.lingering = 0         # turned-away connections still open (reading the GOAWAY)
         self.turned_away = 0       # since the last log line about them
         self.logged_at = -_REFUSAL_LOG_PERIOD
@@ -506,6 +517,16 @@ class _Server:
         self.lingering -= 1
         transport.close()
 
+    async def sweep_idle(self) -> None:
+        """Ask idle connections to go, and close those asked that are done (``_Connection.idle_check``)."""
+        timeout = self.limits.idle_timeout
+        period = min(max(timeout / 4, 0.05), 5.0)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for c in list(self.connections):
+                c.idle_check(now, timeout, self.limits.drain_grace)
+
 
 class _Connection(asyncio.Protocol):
     """One kubelet connection (this protocol) and its runtime connection (``_RuntimeSide``)."""
@@ -517,7 +538,7 @@ class _Connection(asyncio.Protocol):
         self.held: dict[int, _Held] = {}
         self.calls: dict[int, tuple[str, float]] = {}  # relayed calls in flight, for the metrics
         self.decoder = hpack.Decoder(max_header_list_size=_MAX_HEADER_LIST)  # paired with kubelet's encoder
-        self.state = "connecting"                       # connecting, relaying, refusing, closed
+        self.state = "connecting"                       # connecting, relaying, refusing, calming, closed
         self.pending = bytearray()                      # kubelet's bytes before the runtime connection is up
         self.preface = False
         self.ktail = b""
@@ -533,6 +554,10 @@ class _Connection(asyncio.Protocol):
         self.credit = asyncio.Event()
         self.tasks: set[asyncio.Task[None]] = set()
         self.refusal = ""
+        now = time.monotonic()
+        self.heard = now       # when kubelet last sent anything
+        self.draining = 0.0    # when it was asked to go for being idle (0: not asked)
+        self.budget = FrameBudget(server.limits.frame_rate, server.limits.frame_burst, now)
 
     # --- set-up and tear-down
 
@@ -561,15 +586,20 @@ class _Connection(asyncio.Protocol):
         if self.pending:
             data, self.pending = bytes(self.pending), bytearray()
             self.from_kubelet(data)
+            self.resume(self.kube)  # paused at MAX_PENDING bytes, if it came to that
 
     def data_received(self, data: bytes) -> None:
         if self.state == "relaying":
             self.from_kubelet(data)
         elif self.state == "connecting":
             self.pending.extend(data)
+            if len(self.pending) > MAX_PENDING:  # read on once the runtime connection is up
+                self.pause(self.kube)
         elif self.state == "refusing":
             self.pending.extend(data)
             self._refuse_calls()
+            if len(self.pending) > MAX_PENDING and self.state != "closed":
+                self._close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.kube_gone = True
@@ -583,7 +613,7 @@ class _Connection(asyncio.Protocol):
             self._close()
 
     def runtime_lost(self, exc: Exception | None) -> None:
-        if self.state == "closed":
+        if self.state in ("closed", "calming"):
             return
         log.info("frame relay: the runtime closed a connection (%s); closing kubelet's, with %d call(s) in flight",
                  exc or "end of stream", len(self.calls) + len(self.held))
@@ -628,7 +658,40 @@ class _Connection(asyncio.Protocol):
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def _fail(self, why: str) -> None:
+    def idle_check(self, now: float, timeout: float, grace: float) -> None:
+        """An idle connection (no call in flight, nothing from kubelet for ``timeout`` seconds) is asked to go: GOAWAY
+        NO_ERROR with the highest stream id, so every stream it sent is still served and a gRPC client opens a new
+        connection for its next call; it is closed once asked ``grace`` seconds ago with no call in flight."""
+        if self.state != "relaying" or self.calls or self.held:
+            return
+        if self.draining:
+            if now - self.draining >= grace:
+                log.debug("frame relay: closing a connection idle for %.0f s", now - self.heard)
+                self.server.on_closed("idle")
+                self._close()
+        elif now - self.heard >= timeout:
+            self.draining = now
+            self.kube.write(h2.goaway(0x7FFFFFFF, h2.NO_ERROR, b"numapin: idle connection"))
+
+    def _calm_down(self) -> None:
+        """A client sending more frames than its budget: told GOAWAY ENHANCE_YOUR_CALM, its runtime connection
+        closed at once, and itself closed after a linger in which what it sends is dropped unread (a close with its
+        bytes unread would reset the connection before it reads the GOAWAY)."""
+        self.kube.write(h2.goaway(self.last_sid, h2.ENHANCE_YOUR_CALM, b"numapin: too many frames"))
+        self.server.on_closed("frames")
+        log.warning("frame relay: closing a kubelet connection: more than %.0f frames per second on average",
+                    self.server.limits.frame_rate)
+        error = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "numapin: too many frames")
+        for held in self.held.values():
+            held.done(error)
+        self.state = "calming"  # data_received drops everything from now on
+        if self.rt.transport is not None:
+            self.rt.transport.close()
+        asyncio.get_running_loop().call_later(_TURNED_AWAY_LINGER, self._close)
+
+    def _fail(self, why: str, cost: str = "") -> None:
+        if cost:
+            self.server.on_closed(cost)
         log.warning("frame relay: closing a kubelet connection: %s", why)
         error = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, f"numapin: {why}")
         for held in self.held.values():
@@ -660,8 +723,10 @@ class _Connection(asyncio.Protocol):
         held = self.held
         done = pos
         cut: int | None = 0 if rt.backlog else None  # where the frames waiting for the runtime's window begin
+        count = 0
         try:
             for pos, end, ftype, flags, sid in _frames(data, done):
+                count += 1
                 length = end - pos - 9
                 if ftype == _DATA:
                     h = held.get(sid)
@@ -702,8 +767,18 @@ class _Connection(asyncio.Protocol):
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
                 done = end
+            if len(data) - done >= 9:  # a frame not whole yet: refused before it is buffered if the runtime would
+                size = int.from_bytes(data[done:done + 3], "big")
+                if size > rt.max_frame:
+                    raise _OverBudget(f"a frame of {size} bytes, larger than the runtime accepts "
+                                      f"(SETTINGS_MAX_FRAME_SIZE {rt.max_frame})")
         except _ProtocolError as e:
-            self._fail(str(e))
+            self._fail(str(e), "memory" if isinstance(e, _OverBudget) else "")
+            return
+        now = time.monotonic()
+        self.heard = now
+        if not self.budget.take(count, now):
+            self._calm_down()
             return
         self.ktail = data[done:]
         _pass_on(rt, data, start, done, out, self.kcont is not None, cut)
@@ -787,8 +862,7 @@ class _Connection(asyncio.Protocol):
                     path = v
                     break
             method, icpt = self.server.routes.of(path)
-            if self.server.observe is not None:
-                self.calls[sid] = (method, time.perf_counter())
+            self.calls[sid] = (method, time.perf_counter())  # in flight: the connection is not idle
             if icpt is not None and not flags & _END_STREAM:
                 self.calls.pop(sid, None)
                 self.held[sid] = _Held(sid, method, icpt, [(bytes(k), bytes(v)) for k, v in headers],
@@ -807,6 +881,8 @@ class _Connection(asyncio.Protocol):
         h.request.extend(payload)
         if len(h.request) > MAX_HELD:
             raise _ProtocolError(f"{h.method} request on stream {h.sid} larger than {MAX_HELD} bytes")
+        if len(self.held) > 1 and sum(len(x.request) for x in self.held.values()) > MAX_HELD:
+            raise _OverBudget(f"intercepted requests held at once on one connection larger than {MAX_HELD} bytes")
         if length:  # the proxy is this data's receiver: credit the stream and the connection back to kubelet
             self.kube.write(h2.window_update(0, length) + h2.window_update(h.sid, length))
         if flags & _END_STREAM:
@@ -1150,6 +1226,13 @@ class FrameRelayServer:
         self._server = server
         self._shared = shared
         self._stopped = asyncio.Event()
+        self._sweeper: asyncio.Task[None] | None = None
+        if shared.limits.idle_timeout > 0:
+            self._sweeper = asyncio.get_running_loop().create_task(shared.sweep_idle())
+
+    @property
+    def max_connections(self) -> int:
+        return self._shared.max_connections
 
     @property
     def connections(self) -> int:
@@ -1160,6 +1243,8 @@ class FrameRelayServer:
         seconds, then close every connection."""
         if self._stopped.is_set():
             return
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         self._server.close()
         conns = list(self._shared.connections)
         for c in conns:
@@ -1180,20 +1265,28 @@ class FrameRelayServer:
 
 async def start_frame_relay_server(path: str, handler: RelayHandler, *,
                                    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                                   on_turned_away: Callable[[], None] | None = None) -> FrameRelayServer:
+                                   on_turned_away: Callable[[], None] | None = None,
+                                   limits: ConnectionLimits | None = None,
+                                   on_closed: Callable[[str], None] | None = None) -> FrameRelayServer:
     """Serve the frame relay for ``handler`` (its runtime endpoint, interceptors and observer) on the unix socket
-    ``path`` (mode 0660); interceptors run on the calling event loop. At most ``max_connections`` clients are
-    served at once: a connection beyond them is told GOAWAY and closed (``on_turned_away`` is told)."""
-    if max_connections < 1:
-        raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+    ``path`` (mode 0660); interceptors run on the calling event loop. What a connection may cost: ``limits``
+    (conn_limits; default: ``max_connections``, 0 for as many as the descriptors allow, and the default bounds).
+    A connection beyond the cap is told GOAWAY and closed (``on_turned_away`` is told); one closed for what it cost
+    is told to ``on_closed`` ("idle", "frames" or "memory")."""
+    if limits is None:
+        limits = ConnectionLimits(max_connections=max_connections)
+    if limits.max_connections < 0:
+        raise ValueError(f"max_connections must not be negative, got {limits.max_connections}")
     prepare_socket(path)
-    shared = _Server(handler, max_connections, on_turned_away)
+    shared = _Server(handler, limits, on_turned_away, on_closed)
     loop = asyncio.get_running_loop()
     handler.loop = loop
     factory: Callable[[], asyncio.Protocol] = lambda: _Connection(shared)  # noqa: E731
     old = os.umask(0o117)  # the socket is born 0660: no window with wider permissions
     try:
-        server = await loop.create_unix_server(factory, path)
+        # a backlog for bursts of clients (critest starting its specs) rather than asyncio's 100 (the kernel caps it
+        # at net.core.somaxconn)
+        server = await loop.create_unix_server(factory, path, backlog=_BACKLOG)
     finally:
         os.umask(old)
     os.chmod(path, SOCKET_MODE)

@@ -37,6 +37,13 @@ class ProxyMetrics:
         self.connections_turned_away = Counter("numapin_criproxy_connections_turned_away",
                                                "Client connections told GOAWAY at once: the frame relay served "
                                                "--max-connections already", registry=r)
+        self.connections_closed = Counter("numapin_criproxy_connections_closed",
+                                          "Client connections the frame relay closed for what they cost: idle (asked "
+                                          "to go, then closed), frames (more frames per second than allowed), memory "
+                                          "(bytes held beyond a connection's bounds)", ["why"], registry=r)
+        self.bypass_ignored = Counter("numapin_criproxy_bypass_ignored",
+                                      "Containers of pods annotated numapin.io/bypass outside --bypass-namespaces: "
+                                      "the annotation was ignored, by the pod's namespace", ["namespace"], registry=r)
         self.mode_changes = Counter("numapin_criproxy_mode_changes",
                                     "Running pods moved to another CPU mode (qos.gocrane.io/cpu-manager), by modes",
                                     ["from", "to"], registry=r)
@@ -76,6 +83,12 @@ class ProxyMetrics:
 
     def observe_connection_turned_away(self) -> None:
         self.connections_turned_away.inc()
+
+    def observe_connection_closed(self, why: str) -> None:
+        self.connections_closed.labels(why).inc()
+
+    def observe_bypass_ignored(self, namespace: str) -> None:
+        self.bypass_ignored.labels(namespace).inc()
 
     def observe_start_refusal(self) -> None:
         self.start_refusals.inc()

@@ -3,7 +3,10 @@ with the truth read from the kernel.
 
 The driver plays what kubelet does: pods of every QoS class and mode (Guaranteed with whole CPUs, fractional
 Guaranteed, Burstable, BestEffort, ``qos.gocrane.io/cpu-manager`` none/share/exclusive, with and without the
-webhook's ``numapin.io/cpu-intent`` annotation), init containers run to completion first, app containers
+webhook's ``numapin.io/cpu-intent`` annotation), tenants' pods that ask to bypass numapin or forge what it reads
+(``numapin.io/bypass`` outside the bypass namespaces, an intent that lies about their QoS class and CPUs, labels
+and annotations that look like another namespace's; issue 25) and an operator's bypassed pod in numapin's own
+namespace, init containers run to completion first, app containers
 that crash (``sh -c 'sleep N; exit 1'``) and are created again with the same name and attempt+1 (the last
 dead instance kept, older ones removed), bursts of concurrent pod starts, pod deletions; and faults: the
 proxy SIGKILLed at a random moment of an operation (often while an exclusive pod is being admitted, i.e.
@@ -92,6 +95,7 @@ class ChurnReport:
     containerd_restarts: int = 0
     drifts_written: int = 0
     pods_created: int = 0
+    tenant_pods: int = 0            # pods that asked to bypass numapin or forged what it reads
     exclusive_admissions: int = 0   # CreateContainer answered OK for a container that narrows the shared pool
     exclusive_nodes: set[int] = field(default_factory=set)  # NUMA nodes the kernel ran exclusive containers on
     containers_started: int = 0
@@ -111,7 +115,8 @@ class ChurnReport:
                 "calls": dict(sorted(self.calls.items())), "proxyKills": self.proxy_kills,
                 "killsWhileAdmittingExclusive": self.kills_while_admitting_exclusive,
                 "containerdRestarts": self.containerd_restarts, "driftsWritten": self.drifts_written,
-                "podsCreated": self.pods_created, "exclusiveAdmissions": self.exclusive_admissions,
+                "podsCreated": self.pods_created, "tenantPods": self.tenant_pods,
+                "exclusiveAdmissions": self.exclusive_admissions,
                 "exclusiveNUMANodes": sorted(self.exclusive_nodes), "containersStarted": self.containers_started,
                 "restartsAttemptPlusOne": self.restarts_attempt_plus_one,
                 "resizes": dict(sorted(self.resizes.items())), "killsMidResize": self.kills_mid_resize,
@@ -141,6 +146,12 @@ class PodPlan:
     mode: str | None       # qos.gocrane.io/cpu-manager
     intent: bool
     containers: tuple[ContainerPlan, ...]
+    namespace: str = "churn"
+    forged: tuple[tuple[str, str], ...] = ()   # annotations a tenant wrote (bypass, a lying intent, ...)
+
+    @property
+    def tenant(self) -> bool:
+        return self.kind.startswith("tenant-")
 
     @property
     def inits(self) -> list[ContainerPlan]:
@@ -162,12 +173,48 @@ class PodPlan:
                                                          cpu_request_milli=c.cpu, cpu_limit_milli=c.limit)
                                            for c in self.containers))
             out[INTENT_ANNOTATION] = encode_intent(pod)
+        out.update(self.forged)
         return out
+
+
+# what a tenant writes to escape isolation (the proxy must ignore or judge it: docs/tenancy.md)
+_BYPASS = ("numapin.io/bypass", "true")
+_LOOKALIKE = (("io.kubernetes.pod.namespace", "numapin"), ("io.kubernetes.pod.uid", "churn-00000-00000000"))
+
+
+def plan_tenant(rng: random.Random, index: int, kind: str, allocatable: int) -> PodPlan:
+    """A pod that asks to bypass numapin or forges what it reads: ``tenant-bypass`` (the bypass annotation and
+    look-alike identity annotations, outside the bypass namespaces: ignored, the pod treated by its QoS class),
+    ``tenant-intent`` (a Burstable pod whose intent claims Guaranteed and whole CPUs: it may get free CPUs, never
+    another pod's), ``operator-bypass`` (numapin's own namespace: honoured, on the shared pool)."""
+    uid = f"churn-{index:05d}-{rng.getrandbits(32):08x}"
+    whole = 1000 * rng.randint(1, max(1, min(2, allocatable)))
+    crash = rng.choice((None, None, 2))
+    if kind == "tenant-bypass":
+        qos = rng.choice(("guaranteed", "burstable", "besteffort"))
+        cpu = limit = whole if qos == "guaranteed" else None
+        if qos == "burstable":
+            cpu, limit = 500, None
+        return PodPlan(f"p{index:05d}-{kind}", uid, kind, qos, None, False,
+                       (ContainerPlan("app", False, cpu, limit, crash),), forged=(_BYPASS, *_LOOKALIKE))
+    if kind == "tenant-intent":
+        claimed = PodInfo(uid=uid, namespace="churn", name=f"p{index:05d}-{kind}", qos_class="Guaranteed",
+                          cpu_manager="exclusive", bypass=False,
+                          containers=(ContainerInfo(name="app", role="app", cpu_request_milli=whole,
+                                                    cpu_limit_milli=whole),))
+        return PodPlan(f"p{index:05d}-{kind}", uid, kind, "burstable", None, False,
+                       (ContainerPlan("app", False, 200, None, crash),),
+                       forged=((INTENT_ANNOTATION, encode_intent(claimed)), _BYPASS))
+    return PodPlan(f"p{index:05d}-{kind}", uid, kind, "guaranteed", None, False,
+                   (ContainerPlan("app", False, whole, whole, crash),), namespace="numapin", forged=(_BYPASS,))
 
 
 def plan_pod(rng: random.Random, index: int, allocatable: int, kind: str | None = None) -> PodPlan:
     kind = kind or rng.choice(("guaranteed-int", "guaranteed-int", "guaranteed-frac", "burstable", "besteffort",
-                       "crane-exclusive", "crane-share", "crane-none", "guaranteed-two-apps"))
+                       "crane-exclusive", "crane-share", "crane-none", "guaranteed-two-apps", "tenant-bypass",
+                       "tenant-intent", "operator-bypass"))
+    if kind in ("tenant-bypass", "tenant-intent", "operator-bypass"):
+        return plan_tenant(rng, index, kind, allocatable)
     whole = 1000 * rng.randint(1, max(1, min(2, allocatable)))
     qos, mode = "guaranteed", None
     if kind == "guaranteed-frac":
@@ -303,7 +350,7 @@ class Churn:
             return
         plan = plan_pod(self.rng, self.index, len(self.allocatable), kind)
         self.index += 1
-        cfg = CRIClient.sandbox_config(plan.name, plan.uid, namespace="churn", qos=plan.qos,
+        cfg = CRIClient.sandbox_config(plan.name, plan.uid, namespace=plan.namespace, qos=plan.qos,
                                        annotations=plan.annotations())
         run = PodRun(plan, cfg)
         self.pods[plan.uid] = run
@@ -312,6 +359,7 @@ class Churn:
             return
         run.sandbox = sid
         self.report.pods_created += 1
+        self.report.tenant_pods += plan.tenant or plan.kind == "operator-bypass"
         exclusive_like = plan.qos == "guaranteed" and plan.mode != "none" and any(
             c.cpu is not None and c.cpu % 1000 == 0 for c in plan.apps)
         self._admitting_exclusive += exclusive_like

@@ -41,6 +41,7 @@ async def test_seeded_churn_keeps_every_invariant_in_the_kernel(work: Path) -> N
     assert doc["violations"] == [], json.dumps(doc["violations"], indent=1)
     # the run did what it is for: pods came and went, containers were restarted, faults happened
     assert doc["podsCreated"] >= 10 and doc["containersStarted"] >= 10
+    assert doc["tenantPods"] >= 1  # pods that asked to bypass numapin or forged what it reads (issue 25)
     assert doc["proxyKills"] >= 1 and doc["samples"] >= 50
     assert sum(doc["resizes"].values()) >= 1  # kubelet's in-place resizes, some with a kill of the proxy in them
     assert sum(doc["operations"].values()) == OPS

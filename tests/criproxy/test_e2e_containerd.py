@@ -156,6 +156,24 @@ async def test_exclusive_container_is_isolated_from_shared_ones_and_released(
     assert proxy.state().get("entries", {}) == {}
 
 
+async def test_a_bypass_annotation_never_reaches_exclusive_cpus(
+        kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
+    """Issue 25, in the kernel: a tenant's bypass (namespace default, not listed) is ignored, one in numapin's own
+    namespace (listed by default) is honoured; both run on the shared pool and are narrowed off db's CPU."""
+    pids = []
+    for ns in ("default", "numapin"):
+        cfg = kubelet.sandbox_config(f"tool-{ns}", f"e2e-tool-{ns}-{os.getpid()}-{time.monotonic_ns()}",
+                                     namespace=ns, qos="burstable", annotations={"numapin.io/bypass": "true"})
+        sid = await kubelet.run_pod_sandbox(cfg)
+        cid = await kubelet.create_container(sid, kubelet.container_config("main", cpu_milli=200), cfg)
+        await kubelet.start_container(cid)
+        pids.append(await pid_of(kubelet, cid))
+    assert [cpus_of(pid) for pid in pids] == [(machine_cpus, machine_cpus)] * 2
+    _, db = await start_pod(kubelet, "db", 1000, 1000)
+    assert cpus_of(await pid_of(kubelet, db)) == (EXCL, EXCL)
+    assert [cpus_of(pid) for pid in pids] == [(SHARED, SHARED)] * 2
+
+
 async def test_share_mode_is_pinned_but_shared_containers_keep_its_cpu(
         kubelet: CRIClient, proxy: ProxyProcess, machine_cpus: str) -> None:
     _, web = await start_pod(kubelet, "web", 200, qos="burstable")

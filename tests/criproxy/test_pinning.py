@@ -310,8 +310,11 @@ async def test_share_mode_pins_but_keeps_cpus_in_the_shared_pool(
 
 async def test_bypass_pods_and_the_proxy_itself_pass_untouched(
         short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    # a bypass in a namespace the operator lists, and lets run on every CPU, is left alone (tests/criproxy/
+    # test_bypass.py: everywhere else)
     cfg = proxy_config(short_tmp, runtime, two_numa_sysfs, self_pod_namespace="kube-system",
-                       self_pod_name="numapin-abc")
+                       self_pod_name="numapin-abc", bypass_namespaces="default",
+                       bypass_all_cpus_namespaces="default")
     p = await CriProxy(cfg).start()
     try:
         async with CRIClient(cfg.listen) as k:

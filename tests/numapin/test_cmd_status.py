@@ -146,3 +146,22 @@ def test_bad_input_exits_2(tmp: Path, capsys: pytest.CaptureFixture[str]) -> Non
         port = s.getsockname()[1]
     assert main(["status", "--status-url", f"http://127.0.0.1:{port}/status", "--no-runtime"]) == 2
     assert "cannot reach" in capsys.readouterr().err
+
+
+async def test_a_tenants_bypass_annotation_hides_nothing_from_a_live_status(
+        proxy: CriProxy, runtime: MemoryRuntime, tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 25: the proxy ignores numapin.io/bypass outside its --bypass-namespaces, so `numapin status` checks such
+    a pod like any other (it learns from the proxy which containers it really leaves alone)."""
+    async with CRIClient(str(tmp / "proxy.sock")) as k:
+        await run_pod(k, "db", 2000, "exclusive")
+        cfg = k.sandbox_config("tool", "uid-tool", qos="burstable", annotations={"numapin.io/bypass": "true"})
+        sid = await k.run_pod_sandbox(cfg)
+        tool = await k.create_container(sid, k.container_config("app", cpu_milli=200), cfg)
+        await k.start_container(tool)
+    async with CRIClient(runtime.socket_path) as direct:  # onto db's CPUs behind the proxy's back
+        await direct.update_container_resources(tool, pb.LinuxContainerResources(cpuset_cpus="0-7"))
+    url = f"http://127.0.0.1:{proxy.metrics_port}/status"
+    code, out = await status("--status-url", url, "--runtime-endpoint", runtime.socket_path, "--format", "json",
+                             capsys=capsys)
+    assert code == 1
+    assert [(d["pod"], d["actual"]) for d in json.loads(out)["disagreements"]] == [("default/tool", "0-7")]

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -384,6 +384,43 @@ def hostile_cases() -> list[Case]:
     return cases
 
 
+# where a nesting goes in a review: kept by the slim review (and so checked against json_bounds) or dropped by it
+NEST_PLACES = ("request.resource.group", "annotation", "cpu", "volumes", "userInfo")
+# depths around every bound: json_bounds.MAX_DEPTH, where pickle gave up (~500), the parsers' own (~1000), far beyond
+NEST_DEPTHS = (1, 2, 10, 62, 63, 64, 65, 66, 100, 400, 499, 500, 501, 800, 980, 990, 999, 1000, 1001, 5000, 100000)
+
+
+def nested_review(depth: int, place: str = "request.resource.group", *, brace: str = "[", pad: int = 0) -> bytes:
+    """A pod review carrying ``depth`` levels of arrays (``brace`` "[") or objects ("{") at ``place``, padded with an
+    annotation of ``pad`` bytes (over ``request_body.LARGE_BODY_BYTES`` the parser process reads it; issue 25: 800
+    levels of arrays in request.resource.group of a body over 128 KiB killed that process)."""
+    pod = _pod("2")
+    if pad:
+        pod["metadata"]["annotations"]["pad"] = "x" * pad
+    doc = _review(pod)
+    mark = "NESTMARK"
+    if place == "request.resource.group":
+        doc["request"]["resource"]["group"] = mark
+    elif place == "annotation":
+        pod["metadata"]["annotations"]["deep"] = mark
+    elif place == "cpu":
+        pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] = mark
+    elif place == "volumes":
+        pod["spec"]["volumes"] = mark
+    else:
+        doc["request"]["userInfo"]["extra"] = mark
+    nest = ("[" * depth + "]" * depth) if brace == "[" else ('{"a":' * depth + "1" + "}" * depth)
+    return _dump(doc).replace(f'"{mark}"'.encode(), nest.encode())
+
+
+def nested_cases(depths: Iterable[int] = NEST_DEPTHS, *, pads: Iterable[int] = (0, 140 * 1024)) -> list[Case]:
+    """Every place of ``NEST_PLACES`` at every depth, arrays and objects, on the event loop and in the parser
+    process (by padding)."""
+    return [Case(f"nested-{brace}{depth}-{place}{'-large' if pad else ''}", "/validate",
+                 nested_review(depth, place, brace=brace, pad=pad))
+            for depth in depths for place in NEST_PLACES for brace in "[{" for pad in pads]
+
+
 def fuzz_bodies(seed: int, count: int) -> Iterator[Case]:
     """``count`` seeded bodies: valid reviews, hostile values, broken encodings and structures."""
     rng = random.Random(seed)
@@ -459,10 +496,21 @@ def fuzz_bodies(seed: int, count: int) -> Iterator[Case]:
         yield Case(kind, rng.choice(["/mutate", "/validate"]), body)
 
 
+def _loads_deep(text: str) -> Any:
+    """``json.loads`` with room for any nesting the webhook's parsers accept (up to about 1000 levels: how deep
+    depends on the stack they run on, and the parser process's is shallower than this harness's)."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 5000))
+    try:
+        return json.loads(text)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def expected_uid(body: bytes) -> str | None:
     """The uid a correct answer echoes: the request's, read strictly (None when the body is not a valid review)."""
     try:
-        doc = json.loads(body.decode("utf-8"))
+        doc = _loads_deep(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     req = doc.get("request") if isinstance(doc, dict) else None

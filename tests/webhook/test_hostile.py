@@ -28,6 +28,7 @@ from tests.webhook.hostile import (
     hostile_cases,
     metric_sum,
     metrics,
+    nested_cases,
     request,
     send_cases,
 )
@@ -59,7 +60,8 @@ async def test_hostile_traffic(tmp_path: Path) -> None:
         # -- 1. bodies -------------------------------------------------------------------------------------------
         prober = Prober(port, server.ca_file, interval=0.05, timeout=4.0)
         await prober.start()
-        cases = hostile_cases() + list(fuzz_bodies(seed=15, count=240))
+        nested = nested_cases((64, 65, 500, 800, 1000, 100000))
+        cases = hostile_cases() + list(fuzz_bodies(seed=15, count=240)) + nested
         statuses, problems = await send_cases(port, ctx, cases)
         await prober.stop()
         print("bodies:", json.dumps({"statuses": statuses, "probe": prober.summary()}))
@@ -69,6 +71,10 @@ async def test_hostile_traffic(tmp_path: Path) -> None:
         m = await metrics(port, ctx)
         assert metric_sum(m, "numapin_webhook_internal_errors_total") == 0
         assert metric_sum(m, "numapin_webhook_unjudged_total", reason="pod_unreadable", action="deny") >= 5
+        # issue 25: the parser process survived every body (a death is logged, and its replacement's first body
+        # would have been answered 503)
+        assert "parser process" not in server.log_text(), server.log_text()[-3000:]
+        assert statuses.get(503, 0) == 0
 
         # -- 2. connections --------------------------------------------------------------------------------------
         baseline = server.rss_bytes()

@@ -20,7 +20,7 @@ __all__ = ["slim_review"]
 
 _REQUEST_DROP = ("object", "oldObject", "userInfo", "options")
 _METADATA = ("name", "namespace", "generateName", "uid", "annotations", "labels")
-_SPEC = ("nodeName", "nodeSelector")
+_SPEC = ("nodeName", "nodeSelector", "serviceAccountName", "serviceAccount")
 _CONTAINER = ("name", "resources", "restartPolicy")
 
 

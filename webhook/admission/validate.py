@@ -1,5 +1,9 @@
 """``/validate``, pods CREATE and UPDATE.
 
+- ``numapin.io/bypass: "true"`` is a privilege (allocator.bypass): denied outside the namespaces (and, when listed,
+  service accounts) of ``--bypass-namespaces`` / ``--bypass-service-accounts``, on CREATE and on an UPDATE that sets
+  it, naming the rule and the flag; a pod that carried it before (created before the rule) can still be updated
+  (finalizers, labels), with a warning. The node's proxy ignores it there too.
 - ``qos.gocrane.io/cpu-manager`` must be ``none``, ``exclusive`` or ``share`` (after trimming and lowercasing);
   on UPDATE only a new or changed bad value is denied, so a pod created before numapin can still be updated
   (finalizers, labels) and deleted.
@@ -25,10 +29,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from allocator.bypass import BypassPolicy
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.nrt import NodeTopology
 from allocator.pod import (
+    BYPASS_ANNOTATION,
     CPU_MANAGER_ANNOTATION,
     CPU_MANAGER_VALUES,
     PodInfo,
@@ -134,10 +140,12 @@ def never_message(pod: PodInfo, f: Feasibility) -> str:
 
 
 class PodValidator:
-    def __init__(self, nodes: NodeStore, simulator: Simulator, unjudged: UnjudgedRule) -> None:
+    def __init__(self, nodes: NodeStore, simulator: Simulator, unjudged: UnjudgedRule,
+                 bypass: BypassPolicy | None = None) -> None:
         self.nodes = nodes
         self.simulator = simulator
         self.unjudged = unjudged
+        self.bypass = bypass if bypass is not None else BypassPolicy()
 
     async def validate(self, req: AdmissionRequest) -> Verdict:
         pod = req.object
@@ -146,6 +154,20 @@ class PodValidator:
             return Verdict.allow()
         ann = _annotations(pod)
         old_ann = _annotations(req.old_object) if req.operation == "UPDATE" else {}
+
+        warnings: list[str] = []
+        if _asks_bypass(self.bypass, ann):
+            namespace = req.namespace or _meta_str(pod, "namespace")
+            account = _service_account(pod)
+            if not self.bypass.allows(namespace, account):
+                why = self.bypass.denial(namespace, account)
+                if req.operation == "UPDATE" and _asks_bypass(self.bypass, old_ann):
+                    warnings.append(f"numapin: {why}; the node ignores it (the pod runs by its QoS class and mode)")
+                else:
+                    log.info("validate: %s denied: %s outside the bypass namespaces", req.describe(),
+                             BYPASS_ANNOTATION)
+                    return _invalid(pod, req, FieldCause(_annotation_field(BYPASS_ANNOTATION), f"Forbidden: {why}",
+                                                         "FieldValueForbidden"))
 
         raw_mode = ann.get(CPU_MANAGER_ANNOTATION)
         if raw_mode is not None and (req.operation == "CREATE" or raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)):
@@ -185,7 +207,6 @@ class PodValidator:
             if problem:
                 return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Invalid value: {problem}"))
 
-        warnings: list[str] = []
         if info.cpu_manager in ("exclusive", "share") and not any(guaranteed_cpus(info, c) for c in info.containers):
             warnings.append(
                 f"numapin: {CPU_MANAGER_ANNOTATION}={info.cpu_manager} has no effect: no container has an integer "
@@ -246,6 +267,28 @@ class PodValidator:
                     f"manager policy {node.topology_manager_policy}: {now.reason or now.message}); its proxy refuses "
                     f"the change ({change}) and the pod keeps running as it was")
         return Verdict.allow(*warnings)
+
+
+def _asks_bypass(policy: BypassPolicy, annotations: Mapping[str, Any]) -> bool:
+    value = annotations.get(BYPASS_ANNOTATION)
+    return isinstance(value, str) and policy.asked({BYPASS_ANNOTATION: value})
+
+
+def _meta_str(obj: Mapping[str, Any], key: str) -> str:
+    meta = obj.get("metadata")
+    value = meta.get(key) if isinstance(meta, Mapping) else None
+    return value if isinstance(value, str) else ""
+
+
+def _service_account(pod: Mapping[str, Any]) -> str:
+    """The pod's service account (``spec.serviceAccountName``, the deprecated ``serviceAccount``, else default)."""
+    spec = pod.get("spec")
+    if isinstance(spec, Mapping):
+        for key in ("serviceAccountName", "serviceAccount"):
+            value = spec.get(key)
+            if isinstance(value, str) and value:
+                return value
+    return "default"
 
 
 def _annotation_field(key: str) -> str:

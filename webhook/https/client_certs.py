@@ -1,8 +1,8 @@
-"""A client certificate for kube-apiserver to present to the webhook (``numapin webhook --client-ca``).
+"""A client certificate for kube-apiserver to present to the webhook (``numapin webhook --client-ca-file``).
 
 The API server presents one when its admission configuration (``--admission-control-config-file``) points, for the
 webhook's Service name, to a kubeconfig with ``client-certificate``/``client-key``. This makes such a pair, signed
-by a CA whose certificate is then given to the webhook as ``--client-ca`` (see docs/webhook.md, "Who may call the
+by a CA whose certificate is then given to the webhook as ``--client-ca-file`` (see docs/webhook.md, "Who may call the
 webhook").
 """
 

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 import msgspec
 
 from webhook.admission.slim import slim_review
+from webhook.https.json_bounds import check_bounds
 
 __all__ = ["LARGE_BODY_BYTES", "BodyError", "BodyParser", "ParserUnavailable", "decode_body", "parse_slim"]
 
@@ -76,8 +77,13 @@ def decode_body(raw: bytes) -> Any:
 
 
 def parse_slim(raw: bytes) -> Any:
-    """``decode_body`` then ``slim_review``: what the parser process runs."""
-    return slim_review(decode_body(raw))
+    """``decode_body``, ``slim_review``, then the bounds of ``json_bounds`` (BodyError naming the bound crossed): what
+    the parser process runs, and the event loop for a small body."""
+    slim = slim_review(decode_body(raw))
+    problem = check_bounds(slim)
+    if problem is not None:
+        raise BodyError(problem)
+    return slim
 
 
 class BodyParser:
@@ -177,12 +183,18 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
         if len(head) < 8:
             return
         raw = stdin.read(int.from_bytes(head, "big"))
+        answer: tuple[str, Any]
         try:
-            answer: tuple[str, Any] = ("ok", parse_slim(raw))
+            answer = ("ok", parse_slim(raw))
         except BodyError as e:
             answer = ("error", str(e))
+        except Exception as e:
+            answer = ("error", f"body cannot be read: {type(e).__name__}")
         del raw
-        data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            data = pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            data = pickle.dumps(("error", f"body cannot be read: {type(e).__name__}"), protocol=pickle.HIGHEST_PROTOCOL)
         stdout.write(len(data).to_bytes(8, "big"))
         stdout.write(data)
         stdout.flush()

@@ -118,7 +118,7 @@ class WebhookServer:
             peer = request.transport.get_extra_info("peercert") if request.transport is not None else None
             if not peer:  # the TLS layer already refused a certificate the CA did not sign
                 self.metrics.observe(request.path.strip("/"), "unauthenticated", 0.0)
-                resp = _text(401, "a client certificate signed by the webhook's --client-ca is required")
+                resp = _text(401, "a client certificate signed by the webhook's --client-ca-file is required")
                 resp.force_close()
                 return resp
         return await handler(request)
