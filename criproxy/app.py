@@ -173,10 +173,11 @@ class CriProxy:
         pinning = Pinning(
             node_config, allocator, store, pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
-                           self_pod_uid=cfg.self_pod_uid),
+                           self_pod_uid=cfg.self_pod_uid, cdi_spec_dirs=cfg.cdi_dirs),
             api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._state_changed, on_admitted=self.metrics.observe_admission,
-            on_rejected=self.metrics.observe_rejection, on_narrow=self.metrics.observe_narrowing)
+            on_rejected=self.metrics.observe_rejection, on_narrow=self.metrics.observe_narrowing,
+            on_cdi_problem=self.metrics.observe_cdi_problem)
         modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
                             on_refusal=self.metrics.observe_mode_refusal,

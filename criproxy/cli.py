@@ -70,6 +70,10 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
                                                        f"(default {DEFAULTS.metrics_address})"}),
     ("--import-kubelet-state", "import_kubelet_state",
      {"help": "kubelet's cpu_manager_state to import once when numapin has no state yet"}),
+    ("--cdi-spec-dirs", "cdi_spec_dirs",
+     {"help": "CDI spec directories, ':'-separated, a later one's device winning: the CDI devices kubelet names "
+              f"are resolved there to device nodes whose NUMA nodes join the device hints (default "
+              f"{DEFAULTS.cdi_spec_dirs})"}),
     ("--log-level", "log_level", {"help": "DEBUG, INFO, WARNING (default INFO)"}),
     ("--relay", "relay", {"choices": ("frames", "grpc"),
                           "help": "how calls reach the runtime: frames (HTTP/2 frames copied between kubelet's "

@@ -69,6 +69,12 @@ class ProxyConfig:
     log_level: str = "INFO"
     relay: str = "frames"         # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
     max_connections: int = 128    # clients the frame relay serves at once (two descriptors each)
+    cdi_spec_dirs: str = "/etc/cdi:/var/run/cdi"  # where CDI specs are read from, ':'-separated, later ones win
+
+    @property
+    def cdi_dirs(self) -> tuple[str, ...]:
+        """The CDI spec directories, in priority order (a later one's device wins)."""
+        return tuple(d for d in self.cdi_spec_dirs.split(":") if d)
 
     @property
     def state_file(self) -> Path:
@@ -156,6 +162,10 @@ def _coerce(name: str, value: Any) -> Any:
         if str(value).lower() in ("false", "0", "no"):
             return False
         raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if name == "cdi_spec_dirs" and isinstance(value, list):  # a config file's list of directories
+        if not all(isinstance(d, str) and ":" not in d for d in value):
+            raise ConfigError(f"{where}: expected a list of directories, got {value!r}")
+        return ":".join(value)
     if name == "relay":
         if value not in ("frames", "grpc"):
             raise ConfigError(f"{where}: expected frames or grpc, got {value!r}")

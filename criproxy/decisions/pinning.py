@@ -27,6 +27,7 @@ from allocator.pod import PodInfo
 from criproxy.decisions.cri_intent import PodIdentity, SelfPod, identity_of, pod_from_cri
 from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance
 from criproxy.decisions.registry import CriPod, Registry, Tracked, TrackedMode
+from criproxy.node.cdi import DEFAULT_SPEC_DIRS, cdi_numa_nodes
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.devices import devices_numa_nodes
 from criproxy.relay import wire
@@ -56,6 +57,7 @@ _GATE_NO_DEADLINE = 60.0
 class PinningOptions:
     lift_cfs_quota: bool = True          # pinned containers run without a CFS quota (kubelet >= 1.32)
     sysfs: str = "/sys"                  # for device NUMA nodes
+    cdi_spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS  # where CDI devices are resolved to device nodes
     self_pod: tuple[str, str] | None = None   # (namespace, name) of the proxy's own pod: passed through
     self_pod_uid: str | None = None
 
@@ -91,7 +93,8 @@ class Pinning:
                  on_change: Callable[[], None] | None = None,
                  on_admitted: Callable[[TrackedMode], None] | None = None,
                  on_rejected: Callable[[str], None] | None = None,
-                 on_narrow: Callable[[float], None] | None = None) -> None:
+                 on_narrow: Callable[[float], None] | None = None,
+                 on_cdi_problem: Callable[[str], None] | None = None) -> None:
         self.allocator = allocator
         self.store = store
         self.pusher = pusher
@@ -112,6 +115,7 @@ class Pinning:
         self.on_admitted = on_admitted or (lambda mode: None)  # a container created, with its mode
         self.on_rejected = on_rejected or (lambda reason: None)  # a create refused, with kubelet's reason
         self.on_narrow = on_narrow or (lambda seconds: None)
+        self.on_cdi_problem = on_cdi_problem or (lambda reason: None)  # a CDI device gave no hint, with why
         self.config = config
         self.policy = config.topology_manager_policy
         self.scope = config.topology_manager_scope
@@ -322,7 +326,20 @@ class Pinning:
 
     async def _devices(self, req: cri_pb2.CreateContainerRequest) -> dict[str, frozenset[int]]:
         paths = [d.host_path for d in req.config.devices]
-        return await asyncio.to_thread(devices_numa_nodes, paths, self.options.sysfs) if paths else {}
+        cdi = [d.name for d in req.config.CDI_devices]
+        if not paths and not cdi:
+            return {}
+        return await asyncio.to_thread(self._device_nodes, paths, cdi, req.config.metadata.name)
+
+    def _device_nodes(self, paths: list[str], cdi: list[str], name: str) -> dict[str, frozenset[int]]:
+        """The NUMA nodes of a container's devices: CRI's ``devices`` and its CDI devices' device nodes. A CDI
+        device that does not resolve gives no hint, a log line and a count; never a failed create."""
+        nodes = devices_numa_nodes(paths, self.options.sysfs) if paths else {}
+        from_cdi, problems = cdi_numa_nodes(cdi, self.options.sysfs, self.options.cdi_spec_dirs)
+        for p in problems:
+            log.warning("container %s: %s (no device hint from it)", name, p.detail)
+            self.on_cdi_problem(p.reason)
+        return {**nodes, **from_cdi}
 
     async def _decide(self, pod: PodInfo, ident: PodIdentity, name: str, devices: Mapping[str, frozenset[int]],
                       reallocate: tuple[str, ...], sandbox_id: str) -> tuple[Placement, list[_Flight]]:

@@ -47,6 +47,10 @@ class ProxyMetrics:
                                       "Changes of a running pod's CPU mode rolled back because the shared pool could "
                                       "not be narrowed off the new exclusive CPUs, by modes", ["from", "to"],
                                       registry=r)
+        self.cdi_problems = Counter("numapin_criproxy_cdi_unresolved",
+                                    "CDI devices of created containers that gave no NUMA hint (malformed name, in "
+                                    "no readable spec, unreadable or invalid spec), by reason", ["reason"],
+                                    registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
 
@@ -82,6 +86,9 @@ class ProxyMetrics:
 
     def observe_mode_rollback(self, old: str, new: str) -> None:
         self.mode_rollbacks.labels(old, new).inc()
+
+    def observe_cdi_problem(self, reason: str) -> None:
+        self.cdi_problems.labels(reason).inc()
 
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():
