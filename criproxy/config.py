@@ -70,6 +70,9 @@ class ProxyConfig:
     relay: str = "frames"         # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
     max_connections: int = 128    # clients the frame relay serves at once (two descriptors each)
     cdi_spec_dirs: str = "/etc/cdi:/var/run/cdi"  # where CDI specs are read from, ':'-separated, later ones win
+    kubelet_config: str = "/var/lib/kubelet/config.yaml"  # kubelet's config file, checked for drift
+    kubelet_root_dir: str = "/var/lib/kubelet"  # kubelet's state files (cpu_manager_state, memory_manager_state)
+    kubelet_check_period: float = 60.0  # seconds between checks of kubelet's configuration; 0 = only at start
 
     @property
     def cdi_dirs(self) -> tuple[str, ...]:
@@ -133,7 +136,7 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"{where}: {e}") from None
     if name in ("topology_manager_policy_options", "cpu_manager_policy_options"):
         return parse_options(value, where)
-    if name in ("reconcile_period", "converge_period"):
+    if name in ("reconcile_period", "converge_period", "kubelet_check_period"):
         try:
             f = float(value)
         except (TypeError, ValueError):

@@ -24,6 +24,7 @@ from allocator.errors import AllocatorError, PodSpecError
 from allocator.intent import INTENT_ANNOTATION
 from allocator.node import NodeAllocator, NodeConfig, PodDecision
 from allocator.pod import PodInfo
+from allocator.state import CPUState
 from criproxy.decisions.cri_intent import PodIdentity, SelfPod, identity_of, pod_from_cri
 from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance
 from criproxy.decisions.registry import CriPod, Registry, Tracked, TrackedMode
@@ -94,7 +95,8 @@ class Pinning:
                  on_admitted: Callable[[TrackedMode], None] | None = None,
                  on_rejected: Callable[[str], None] | None = None,
                  on_narrow: Callable[[float], None] | None = None,
-                 on_cdi_problem: Callable[[str], None] | None = None) -> None:
+                 on_cdi_problem: Callable[[str], None] | None = None,
+                 refuse_exclusive: Callable[[], str | None] | None = None) -> None:
         self.allocator = allocator
         self.store = store
         self.pusher = pusher
@@ -116,6 +118,8 @@ class Pinning:
         self.on_rejected = on_rejected or (lambda reason: None)  # a create refused, with kubelet's reason
         self.on_narrow = on_narrow or (lambda seconds: None)
         self.on_cdi_problem = on_cdi_problem or (lambda reason: None)  # a CDI device gave no hint, with why
+        # why no container may get new exclusive CPUs now (kubelet's drift: two writers of cpusets), or None
+        self.refuse_exclusive = refuse_exclusive or (lambda: None)
         self.config = config
         self.policy = config.topology_manager_policy
         self.scope = config.topology_manager_scope
@@ -362,6 +366,7 @@ class Pinning:
         if not any(c.name == name for c in decision.containers):
             raise Rejection(grpc.StatusCode.INTERNAL,
                             f"numapin: pod {ident.ref}: the allocator made no decision for container {name}")
+        self._refuse_new_exclusive(before, ident, name)
         # what the state says wins: a container holding CPUs runs on them (kubelet keeps an existing
         # assignment even if the container's request changed), anything else on the shared pool
         own = self.allocator.container_cpus(ident.uid, name)
@@ -382,6 +387,20 @@ class Pinning:
             lost = pool_before - self.allocator.shared_pool()
             flights = [f for f in self._flights if not f.cpus.isdisjoint(lost)]
         return placement, flights
+
+    def _refuse_new_exclusive(self, before: CPUState, ident: PodIdentity, name: str) -> None:
+        """Undo the admission and raise Rejection when it gave CPUs of their own to containers that had none while
+        new exclusive admissions are refused (a re-created container keeping its CPUs is no new admission)."""
+        after = self.allocator.state.assignments
+        if all(before.get(uid, c) is not None for uid, cs in after.items() for c in cs):
+            return
+        reason = self.refuse_exclusive()
+        if reason is None:
+            return
+        self.allocator.state = before
+        self.on_rejected("KubeletDrift")
+        raise Rejection(grpc.StatusCode.FAILED_PRECONDITION,
+                        f"numapin: pod {ident.ref} container {name}: no new exclusive CPUs while {reason}")
 
     def _admitted_before(self, uid: str, sandbox_id: str) -> bool:
         """Whether the runtime already created a container of this sandbox (kubelet admitted the pod before its

@@ -14,6 +14,7 @@ from allocator.node import NodeAllocator, NodeConfig
 from criproxy.config import ProxyConfig
 from criproxy.decisions.mode_apply import ModeApplier
 from criproxy.decisions.registry import Registry
+from criproxy.node.kubelet_watch import KubeletWatch
 
 __all__ = ["STATUS_VERSION", "ProxyView", "status_document"]
 
@@ -35,6 +36,8 @@ class ProxyView(Protocol):
     def reconciled(self) -> asyncio.Event: ...
     @property
     def modes(self) -> ModeApplier: ...
+    @property
+    def kubelet(self) -> KubeletWatch: ...
 
 
 def status_document(proxy: ProxyView) -> dict[str, Any]:
@@ -75,5 +78,7 @@ def status_document(proxy: ProxyView) -> dict[str, Any]:
         "containers": containers,
         # every pod's CPU mode (``changed``: set while it ran, see criproxy.decisions.mode_apply)
         "podModes": proxy.modes.modes(),
+        # what the proxy sees of kubelet's configuration (criproxy.node.kubelet_drift)
+        "kubeletDrift": {"checked": proxy.kubelet.checked, **proxy.kubelet.report.to_dict()},
     }
 
