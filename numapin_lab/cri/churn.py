@@ -52,6 +52,7 @@ from allocator.intent import INTENT_ANNOTATION, encode_intent
 from allocator.pod import CPU_MANAGER_ANNOTATION, ContainerInfo, PodInfo
 from allocator.topology import Topology
 
+from .cgroups import remove_cgroup
 from .client import CRIClient, pb
 from .containerd import ContainerdLab
 from .kernel_truth import ContainerTruth, KernelTruth
@@ -223,6 +224,9 @@ class Churn:
         self.kubelet = CRIClient(proxy.socket, timeout=CALL_DEADLINE * cfg.time_scale)
         self.truth = KernelTruth(lab.socket)
         self.pods: dict[str, PodRun] = {}
+        # every pod cgroup a sandbox was asked for: runc may have made it even when the call failed (containerd
+        # killed mid-call), and kubelet removes the cgroups of pods that are gone; so does the churn at its end
+        self.pod_cgroups: set[str] = set()
         self.index = 0
         self.op = 0
         self.fault_epoch = 0            # bumped by every kill: a call that spans one may time out
@@ -302,6 +306,7 @@ class Churn:
                                        annotations=plan.annotations())
         run = PodRun(plan, cfg)
         self.pods[plan.uid] = run
+        self.pod_cgroups.add(cfg.linux.cgroup_parent)
         ok, sid = await self.call("RunPodSandbox", self.kubelet.run_pod_sandbox(cfg), 60.0)
         if not ok or not sid:
             return
@@ -667,6 +672,7 @@ class Churn:
         cfg = CRIClient.sandbox_config(whole.name, whole.uid, namespace="churn", qos="guaranteed")
         run = PodRun(whole, cfg)
         self.pods[whole.uid] = run
+        self.pod_cgroups.add(cfg.linux.cgroup_parent)
         ok, sid = await self.call("RunPodSandbox", self.kubelet.run_pod_sandbox(cfg), 60.0)
         if not ok or not sid:
             self.violation("c", "the pod asking for every CPU got no sandbox")
@@ -717,8 +723,9 @@ async def run_churn(cfg: ChurnConfig, lab: ContainerdLab, workdir: Path) -> Chur
     proxy = ProxyProcess(workdir, lab.socket, reserved_cpus=cfg.reserved_cpus, sysfs=cfg.sysfs,
                          warm=cfg.warm_proxy, **kw)
     await asyncio.to_thread(proxy.start)
+    churn = Churn(cfg, lab, proxy, report)
     try:
-        await Churn(cfg, lab, proxy, report).run()
+        await churn.run()
     finally:
         proxy.stop()
         async with CRIClient(lab.socket) as direct:  # leave containerd empty
@@ -726,6 +733,8 @@ async def run_churn(cfg: ChurnConfig, lab: ContainerdLab, workdir: Path) -> Chur
                 for sb in await direct.list_pod_sandbox():
                     await direct.stop_pod_sandbox(sb.id)
                     await direct.remove_pod_sandbox(sb.id)
+        for parent in sorted(churn.pod_cgroups):  # and no pod cgroup of the churn's, as kubelet leaves none
+            await asyncio.to_thread(remove_cgroup, parent, settle=2.0)
     return report
 
 
