@@ -173,3 +173,33 @@ async def test_the_proxy_refuses_new_exclusive_admissions_while_kubelet_s_cpu_ma
             assert 'numapin_criproxy_kubelet_drift{kind="cpu-manager-static"} 0.0' in metrics.decode()
     finally:
         await p.stop()
+
+
+async def test_a_mode_change_to_exclusive_is_refused_too_while_kubelet_drifts(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    from allocator.pod import CPU_MANAGER_ANNOTATION
+    from criproxy.decisions.mode_request import ModeRequest
+
+    root = short_tmp / "kubelet"
+    root.mkdir()
+    (root / "memory_manager_state").write_text(json.dumps({"policyName": "Static", "checksum": 1}))
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs, kubelet_config=str(root / "config.yaml"),
+                       kubelet_root_dir=str(root), kubelet_check_period="0")
+    p = await CriProxy(cfg).start()
+    try:
+        await asyncio.wait_for(p.reconciled.wait(), 30)
+        async with CRIClient(cfg.listen) as k:
+            sb = k.sandbox_config("db", "uid-db", annotations={CPU_MANAGER_ANNOTATION: "none"})
+            sid = await k.run_pod_sandbox(sb)
+            cid = await k.create_container(sid, k.container_config("main", cpu_milli=2000, limit_milli=2000), sb)
+            await k.start_container(cid)  # mode none: the shared pool, admitted while kubelet drifts
+            answer = await p.modes.request(ModeRequest("default", "db", "exclusive", "local"))
+            assert (answer.outcome, answer.reason) == ("refused", "KubeletDrift"), answer
+            assert "Memory Manager state file" in answer.message and p.allocator.state.assignments == {}
+            (root / "memory_manager_state").write_text(json.dumps({"policyName": "None", "checksum": 1}))
+            await p.kubelet.check()
+            answer = await p.modes.request(ModeRequest("default", "db", "exclusive", "local"))
+            assert answer.outcome == "changed", answer
+            assert len(p.allocator.container_cpus("uid-db", "main") or ()) == 2
+    finally:
+        await p.stop()
