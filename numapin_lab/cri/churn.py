@@ -52,7 +52,6 @@ from allocator.intent import INTENT_ANNOTATION, encode_intent
 from allocator.pod import CPU_MANAGER_ANNOTATION, ContainerInfo, PodInfo
 from allocator.topology import Topology
 
-from .cgroups import remove_cgroup
 from .client import CRIClient, pb
 from .containerd import ContainerdLab
 from .kernel_truth import ContainerTruth, KernelTruth
@@ -733,8 +732,11 @@ async def run_churn(cfg: ChurnConfig, lab: ContainerdLab, workdir: Path) -> Chur
                 for sb in await direct.list_pod_sandbox():
                     await direct.stop_pod_sandbox(sb.id)
                     await direct.remove_pod_sandbox(sb.id)
-        for parent in sorted(churn.pod_cgroups):  # and no pod cgroup of the churn's, as kubelet leaves none
-            await asyncio.to_thread(remove_cgroup, parent, settle=2.0)
+        # and no pod of the churn's, as kubelet leaves none: a container containerd started after its sandbox was
+        # removed (a start still under way in containerd when the churn's call timed out) or a sandbox containerd
+        # lost to a kill keeps running with no record; the lab's stop() kills what runs in these cgroups (after
+        # containerd is gone) and removes them
+        lab.pod_cgroups.update(p for p in churn.pod_cgroups if p.strip("/"))
     return report
 
 
