@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .devices import devices_numa_nodes
 
 __all__ = ["DEFAULT_SPEC_DIRS", "CDIProblem", "CDIResolution", "CDISpecs", "cdi_numa_nodes", "load_specs", "resolve"]
@@ -105,6 +103,8 @@ def load_specs(spec_dirs: Sequence[str | os.PathLike[str]] = DEFAULT_SPEC_DIRS) 
     """Read every ``*.json``/``*.yaml``/``*.yml`` spec of ``spec_dirs`` (a missing directory has none; a later
     directory's device replaces an earlier one's of the same name). A spec that cannot be read or is not a CDI spec
     is a problem and contributes nothing."""
+    import yaml  # only where a CDI device is named (the proxy imports no YAML parser otherwise: test_lean_import)
+
     devices: dict[str, dict[str, tuple[str, ...]]] = {}
     problems: list[CDIProblem] = []
     for d in spec_dirs:
