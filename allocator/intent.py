@@ -9,7 +9,9 @@ CRI carries no resource requests and no init/sidecar roles, so the webhook recor
 ``cpu`` is ``[request, limit]`` in milli-CPUs, ``memory`` ``[request, limit]`` in bytes, ``null`` where not set;
 ``hugepages`` (only for a container asking some) maps ``hugepages-<size>`` to bytes (requests equal limits);
 ``cpuManager`` is the normalised ``qos.gocrane.io/cpu-manager`` value or ``null``. Containers are listed
-init containers first (``role`` ``init`` or ``sidecar``), in spec order, then app containers.
+init containers first (``role`` ``init`` or ``sidecar``), in spec order, then app containers. ``"podLevel": true``
+is present only for a pod with pod-level resources (``spec.resources``; by kubelet's rule none of its containers gets
+CPUs of its own, and ``qosClass`` is the pod-level one); older intents without it read as ``false``.
 
 The annotation is untrusted on input (anyone creating a pod can write it): ``decode_intent`` refuses a text longer
 than ``MAX_INTENT_CHARS`` or nested deeper than ``MAX_INTENT_DEPTH`` before handing it to the JSON parser (checked
@@ -74,6 +76,8 @@ def encode_intent(pod: PodInfo) -> str:
             for c in pod.containers
         ],
     }
+    if pod.pod_level_resources:
+        doc["podLevel"] = True
     text = json.dumps(doc, separators=(",", ":"), sort_keys=True)
     if len(text) > MAX_INTENT_CHARS:
         raise PodSpecError(f"the CPU intent of pod {pod.ref} would take {len(text)} characters, more than the "
@@ -91,12 +95,12 @@ def decode_intent(
     if len(text) > MAX_INTENT_CHARS:
         raise PodSpecError(f"{where} is {len(text)} characters long; at most {MAX_INTENT_CHARS} are read")
     try:
-        qos, mode, containers = _stated(text) if len(text) <= _CACHED_CHARS else _stated.__wrapped__(text)
+        qos, mode, containers, level = _stated(text) if len(text) <= _CACHED_CHARS else _stated.__wrapped__(text)
     except PodSpecError as e:
         raise PodSpecError(where + str(e)) from None
     bypass = is_bypassed(annotations or {})
     return PodInfo(uid=uid, namespace=namespace, name=name, qos_class=qos, cpu_manager=mode, bypass=bypass,
-                   containers=containers)
+                   containers=containers, pod_level_resources=level)
 
 
 # perf (issue 13): what an intent states depends on its text alone, and the pods of one workload share their text;
@@ -105,9 +109,9 @@ _CACHED_CHARS = 4096
 
 
 @functools.lru_cache(maxsize=1024)
-def _stated(text: str) -> tuple[Any, Any, tuple[ContainerInfo, ...]]:
-    """QoS class, mode and containers an intent text states. PodSpecError messages are to follow the annotation's
-    name."""
+def _stated(text: str) -> tuple[Any, Any, tuple[ContainerInfo, ...], bool]:
+    """QoS class, mode, containers and whether the pod has pod-level resources, as an intent text states.
+    PodSpecError messages are to follow the annotation's name."""
     if json_depth_exceeds(text, MAX_INTENT_DEPTH):
         raise PodSpecError(f" is not JSON nested at most {MAX_INTENT_DEPTH} levels deep")
     try:
@@ -130,7 +134,10 @@ def _stated(text: str) -> tuple[Any, Any, tuple[ContainerInfo, ...]]:
     containers = tuple(_container(c, f": containers[{i}]") for i, c in enumerate(raw))
     if len({c.name for c in containers}) != len(containers):
         raise PodSpecError(": container names must be unique")
-    return qos, mode, containers
+    level = doc.get("podLevel", False)
+    if not isinstance(level, bool):
+        raise PodSpecError(f": podLevel must be true or false, got {level!r}")
+    return qos, mode, containers, level
 
 
 def _pair(value: Any, field: str) -> tuple[int | None, int | None]:

@@ -5,6 +5,10 @@ Eligibility follows kubelet by default (Guaranteed pod, integer CPU request). Th
 ``qos.gocrane.io/cpu-manager`` (Crane's advanced CPU manager) overrides it: ``none`` never pins;
 ``exclusive`` and ``share`` pin a container whose own CPU limit is an integer >= 1 equal to its request,
 whatever the pod's QoS class. ``share`` CPUs stay usable by the shared pool.
+
+A pod with pod-level resources (``spec.resources``, ``allocator.pod_level``) follows kubelet 1.34: its QoS class
+comes from the pod-level values and, by kubelet's rule, no container of it gets CPUs of its own; the annotation's
+modes still judge each container by its own CPU request and limit.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from .modes import (
     ContainerMode,
     CPUManagerAnnotation,
 )
+from .pod_level import pod_level_resources
 from .quantity import cpu_milli, memory_bytes
 
 __all__ = [
@@ -79,6 +84,7 @@ class PodInfo:
     cpu_manager: CPUManagerMode | None
     bypass: bool
     containers: tuple[ContainerInfo, ...]
+    pod_level_resources: bool = False  # spec.resources sets CPU, memory or hugepages (kubelet: no exclusive CPUs)
 
     @property
     def init_containers(self) -> tuple[ContainerInfo, ...]:
@@ -126,9 +132,17 @@ class PodInfo:
                 containers.append(c)
         if not any(c.role == "app" for c in containers):
             raise PodSpecError("spec.containers must list at least one container")
+        level = pod_level_resources(spec.get("resources"),
+                                    [(c.role, c.cpu_request_milli, c.memory_request) for c in containers])
         status = pod.get("status")
         status_qos = status.get("qosClass") if isinstance(status, Mapping) else None
-        qos = status_qos if status_qos in ("Guaranteed", "Burstable", "BestEffort") else qos_class(containers)
+        if status_qos in ("Guaranteed", "Burstable", "BestEffort"):
+            qos = status_qos
+        elif level is not None:  # the pod-level values alone, as one container
+            qos = qos_class([ContainerInfo("pod", "app", level.cpu_request_milli, level.cpu_limit_milli,
+                                           level.memory_request, level.memory_limit)])
+        else:
+            qos = qos_class(containers)
         raw_mode = annotations.get(CPU_MANAGER_ANNOTATION)
         mode = None if raw_mode is None else normalize_cpu_manager(raw_mode)
         uid, namespace, name = (_string(meta.get(k), f"metadata.{k}") for k in ("uid", "namespace", "name"))
@@ -142,6 +156,7 @@ class PodInfo:
             cpu_manager=mode,
             bypass=is_bypassed(annotations),
             containers=tuple(containers),
+            pod_level_resources=level is not None,
         )
 
 
@@ -189,7 +204,7 @@ def guaranteed_cpus(pod: PodInfo, c: ContainerInfo) -> int:
         if req is None or lim is None or req != lim or req < 1000 or req % 1000:
             return 0
         return req // 1000
-    if pod.qos_class != "Guaranteed" or not req or req % 1000:
+    if pod.qos_class != "Guaranteed" or pod.pod_level_resources or not req or req % 1000:
         return 0
     return req // 1000
 

@@ -29,6 +29,8 @@ from criproxy.decisions.starts import StartGuard
 from criproxy.node.converge import Converger, Decider, Decision
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.kernel import CgroupLayout, KernelRoots
+from criproxy.node.kubelet_drift import KubeletPaths
+from criproxy.node.kubelet_watch import KubeletWatch
 from criproxy.relay.conn_limits import ConnectionLimits
 from criproxy.relay.cri_api import RuntimeApi
 from criproxy.relay.frames import FrameRelayServer
@@ -88,6 +90,9 @@ class CriProxy:
         self.config = config
         self._node = node
         self.metrics = ProxyMetrics()
+        paths = KubeletPaths(config.kubelet_config, config.kubelet_root_dir, config.proc_root)
+        self.kubelet = KubeletWatch(paths, config.listen, config.kubelet_check_period,
+                                    on_report=self.metrics.set_kubelet_drift)
         self.registry = Registry()
         self.api = RuntimeApi()  # the runtime's CRI version, for the proxy's own calls
         self.reconciled = asyncio.Event()
@@ -180,11 +185,12 @@ class CriProxy:
         pinning = Pinning(
             node_config, allocator, store, pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
-                           self_pod_uid=cfg.self_pod_uid, bypass=cfg.bypass),
+                           self_pod_uid=cfg.self_pod_uid, bypass=cfg.bypass, cdi_spec_dirs=cfg.cdi_dirs),
             api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._state_changed, on_admitted=self.metrics.observe_admission,
             on_rejected=self.metrics.observe_rejection, on_bypass_ignored=self.metrics.observe_bypass_ignored,
-            on_narrow=self.metrics.observe_narrowing)
+            on_narrow=self.metrics.observe_narrowing, on_cdi_problem=self.metrics.observe_cdi_problem,
+            refuse_exclusive=self.kubelet.refusal)
         modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
                             on_refusal=self.metrics.observe_mode_refusal,
@@ -210,6 +216,7 @@ class CriProxy:
             self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],
                      self.metrics_port, endpoint[0], self.metrics_port)
+        await self.kubelet.check()  # before kubelet's first call: a drift refuses from the start
         self._server = await start_relay(
             listen_path(cfg.listen), handler, cfg.relay,
             limits=ConnectionLimits(max_connections=cfg.max_connections, idle_timeout=cfg.connection_idle_timeout),
@@ -222,6 +229,7 @@ class CriProxy:
         self._spawn(self._reconcile_loop(), "reconcile")
         self._spawn(self._nrt_loop(), "nrt")
         self._spawn(self._modes_loop(), "modes")
+        self._spawn(self.kubelet.run(), "kubelet-watch")
         return self
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:

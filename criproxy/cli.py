@@ -70,6 +70,20 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
                                                        f"(default {DEFAULTS.metrics_address})"}),
     ("--import-kubelet-state", "import_kubelet_state",
      {"help": "kubelet's cpu_manager_state to import once when numapin has no state yet"}),
+    ("--cdi-spec-dirs", "cdi_spec_dirs",
+     {"help": "CDI spec directories, ':'-separated, a later one's device winning: the CDI devices kubelet names "
+              f"are resolved there to device nodes whose NUMA nodes join the device hints (default "
+              f"{DEFAULTS.cdi_spec_dirs})"}),
+    ("--kubelet-config", "kubelet_config",
+     {"help": "kubelet's configuration file, checked at start and every --kubelet-check-period for drift: "
+              "cpuManagerPolicy or memoryManagerPolicy static, or a containerRuntimeEndpoint that is not --listen "
+              f"(kubelet's own --config flag wins when its process is visible) (default {DEFAULTS.kubelet_config})"}),
+    ("--kubelet-root-dir", "kubelet_root_dir",
+     {"help": "kubelet's root directory: its cpu_manager_state, memory_manager_state and kubeadm-flags.env "
+              f"(default {DEFAULTS.kubelet_root_dir})"}),
+    ("--kubelet-check-period", "kubelet_check_period",
+     {"help": "seconds between checks of kubelet's configuration; while kubelet's CPU or Memory Manager is static "
+              "new exclusive admissions are refused (default 60; 0: only at start)"}),
     ("--log-level", "log_level", {"help": "DEBUG, INFO, WARNING (default INFO)"}),
     ("--relay", "relay", {"choices": ("frames", "grpc"),
                           "help": "how calls reach the runtime: frames (HTTP/2 frames copied between kubelet's "

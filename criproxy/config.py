@@ -75,10 +75,19 @@ class ProxyConfig:
     # where numapin.io/bypass is honoured (allocator.bypass), and where a bypassed pod may run on every CPU
     bypass_namespaces: frozenset[str] = frozenset({DEFAULT_BYPASS_NAMESPACE})
     bypass_all_cpus_namespaces: frozenset[str] = frozenset()
+    cdi_spec_dirs: str = "/etc/cdi:/var/run/cdi"  # where CDI specs are read from, ':'-separated, later ones win
+    kubelet_config: str = "/var/lib/kubelet/config.yaml"  # kubelet's config file, checked for drift
+    kubelet_root_dir: str = "/var/lib/kubelet"  # kubelet's state files (cpu_manager_state, memory_manager_state)
+    kubelet_check_period: float = 60.0  # seconds between checks of kubelet's configuration; 0 = only at start
 
     @property
     def bypass(self) -> BypassPolicy:
         return BypassPolicy(namespaces=self.bypass_namespaces, all_cpus_namespaces=self.bypass_all_cpus_namespaces)
+
+    @property
+    def cdi_dirs(self) -> tuple[str, ...]:
+        """The CDI spec directories, in priority order (a later one's device wins)."""
+        return tuple(d for d in self.cdi_spec_dirs.split(":") if d)
 
     @property
     def state_file(self) -> Path:
@@ -137,7 +146,7 @@ def _coerce(name: str, value: Any) -> Any:
             raise ConfigError(f"{where}: {e}") from None
     if name in ("topology_manager_policy_options", "cpu_manager_policy_options"):
         return parse_options(value, where)
-    if name in ("reconcile_period", "converge_period", "connection_idle_timeout"):
+    if name in ("reconcile_period", "converge_period", "connection_idle_timeout", "kubelet_check_period"):
         try:
             f = float(value)
         except (TypeError, ValueError):
@@ -171,6 +180,10 @@ def _coerce(name: str, value: Any) -> Any:
         if value is not None and not isinstance(value, str | list):
             raise ConfigError(f"{where}: expected namespace names (a,b or a list), got {value!r}")
         return parse_names(value, where)
+    if name == "cdi_spec_dirs" and isinstance(value, list):  # a config file's list of directories
+        if not all(isinstance(d, str) and ":" not in d for d in value):
+            raise ConfigError(f"{where}: expected a list of directories, got {value!r}")
+        return ":".join(value)
     if name == "relay":
         if value not in ("frames", "grpc"):
             raise ConfigError(f"{where}: expected frames or grpc, got {value!r}")

@@ -159,6 +159,17 @@ def fetch_proxy_status(url: str, timeout: float = 10.0) -> dict[str, Any]:
     return dict(doc)
 
 
+def drift_notes(drift: Any) -> list[str]:
+    """The proxy's kubelet drift findings (``/status`` ``kubeletDrift``) as notes, loud."""
+    if not isinstance(drift, Mapping):
+        return []
+    notes = [f"KUBELET DRIFT: {p.get('detail')}" for p in drift.get("problems") or [] if isinstance(p, Mapping)]
+    if drift.get("refusingExclusive"):
+        notes.append("KUBELET DRIFT: the proxy refuses new exclusive admissions until kubelet's CPU and Memory "
+                     "Managers are back on none")
+    return notes
+
+
 def from_proxy_status(doc: Mapping[str, Any], source: str) -> NodeStatus:
     """The proxy's view from its ``/status`` document."""
     try:
@@ -175,7 +186,8 @@ def from_proxy_status(doc: Mapping[str, Any], source: str) -> NodeStatus:
             assignments=assignments,
             bypass_ids=frozenset(c["id"] for c in doc.get("containers", []) if c.get("mode") == "bypass"),
             bypass_known=True,
-            notes=[] if doc.get("reconciled", True) else ["the proxy has not reconciled with the runtime yet"],
+            notes=([] if doc.get("reconciled", True) else ["the proxy has not reconciled with the runtime yet"])
+            + drift_notes(doc.get("kubeletDrift")),
             pod_modes={str(p["pod"] or p["uid"]): str(p["mode"]) for p in doc.get("podModes", [])
                        if p.get("changed")},
             resizes=[dict(r) for r in doc.get("resizes", []) if isinstance(r, Mapping)],

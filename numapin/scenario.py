@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -231,8 +231,7 @@ def parse_scenario(doc: Any, base: Path | None = None) -> Scenario:
             raise ScenarioError(f"pods[{i}]: {e}") from None
         if not info.uid:
             # scenarios may leave uid out: the pod's namespace/name stands in for it
-            info = PodInfo(info.ref, info.namespace, info.name, info.qos_class, info.cpu_manager, info.bypass,
-                           info.containers)
+            info = replace(info, uid=info.ref)
         if not info.name:
             raise ScenarioError(f"pods[{i}].metadata.name is required")
         if info.uid in uids:

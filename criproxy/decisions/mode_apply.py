@@ -153,6 +153,13 @@ class ModeApplier:
                 if not change.admitted:
                     self.on_refusal(change.reason or "Refused")
                     return ModeAnswer("refused", change.message, change.reason, change.to_dict())
+                drift = self.pinning.refuse_exclusive() if any(
+                    m.new_cpus is not None and m.old_cpus is None for m in change.moves) else None
+                if drift is not None:  # kubelet writes cpusets too: no container gets new exclusive CPUs
+                    self.allocator.state = before
+                    self.on_refusal("KubeletDrift")
+                    return ModeAnswer("refused", f"pod {ref}: mode {target} refused: no new exclusive CPUs while "
+                                                 f"{drift}", "KubeletDrift")
                 try:
                     seconds = await self._apply(change)
                 except _NarrowingFailed as e:
@@ -345,8 +352,9 @@ class ModeApplier:
     async def run(self) -> None:
         """Try refused requests again after every change of the allocation and every ``retry_seconds``, for ever."""
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.retry_seconds)
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: see Converger.run
+                async with asyncio.timeout(self.retry_seconds):
+                    await self._kick.wait()
             self._kick.clear()
             for uid, req in list(self.pending.items()):
                 if self.pending.get(uid) is req:

@@ -25,6 +25,7 @@ from allocator.errors import AllocatorError, PodSpecError
 from allocator.intent import INTENT_ANNOTATION
 from allocator.node import NodeAllocator, NodeConfig, PodDecision
 from allocator.pod import PodInfo
+from allocator.state import CPUState
 from criproxy.decisions.bypass import BypassRule
 from criproxy.decisions.cri_intent import (
     PodIdentity,
@@ -37,6 +38,7 @@ from criproxy.decisions.cri_intent import (
 from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance
 from criproxy.decisions.registry import CriPod, Registry, Tracked, TrackedMode
 from criproxy.decisions.resized_pod import with_cri_size
+from criproxy.node.cdi import DEFAULT_SPEC_DIRS, cdi_numa_nodes
 from criproxy.node.cfs import QUOTA_PERIOD
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.devices import devices_numa_nodes
@@ -67,6 +69,7 @@ _GATE_NO_DEADLINE = 60.0
 class PinningOptions:
     lift_cfs_quota: bool = True          # pinned containers run without a CFS quota (kubelet >= 1.32)
     sysfs: str = "/sys"                  # for device NUMA nodes
+    cdi_spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS  # where CDI devices are resolved to device nodes
     self_pod: tuple[str, str] | None = None   # (namespace, name) of the proxy's own pod: passed through
     self_pod_uid: str | None = None
     bypass: BypassPolicy = field(default_factory=BypassPolicy)  # who may bypass numapin (allocator.bypass)
@@ -104,7 +107,9 @@ class Pinning:
                  on_admitted: Callable[[TrackedMode], None] | None = None,
                  on_rejected: Callable[[str], None] | None = None,
                  on_bypass_ignored: Callable[[str], None] | None = None,
-                 on_narrow: Callable[[float], None] | None = None) -> None:
+                 on_narrow: Callable[[float], None] | None = None,
+                 on_cdi_problem: Callable[[str], None] | None = None,
+                 refuse_exclusive: Callable[[], str | None] | None = None) -> None:
         self.allocator = allocator
         self.store = store
         self.pusher = pusher
@@ -132,6 +137,9 @@ class Pinning:
         self.kubelet_cfs: dict[str, tuple[int, int]] = {}
         # a bypass annotation the proxy ignored (outside --bypass-namespaces), with the pod's namespace
         self.on_bypass_ignored = on_bypass_ignored or (lambda namespace: None)
+        self.on_cdi_problem = on_cdi_problem or (lambda reason: None)  # a CDI device gave no hint, with why
+        # why no container may get new exclusive CPUs now (kubelet's drift: two writers of cpusets), or None
+        self.refuse_exclusive = refuse_exclusive or (lambda: None)
         self.config = config
         self.policy = config.topology_manager_policy
         self.scope = config.topology_manager_scope
@@ -352,7 +360,20 @@ class Pinning:
 
     async def _devices(self, req: cri_pb2.CreateContainerRequest) -> dict[str, frozenset[int]]:
         paths = [d.host_path for d in req.config.devices]
-        return await asyncio.to_thread(devices_numa_nodes, paths, self.options.sysfs) if paths else {}
+        cdi = [d.name for d in req.config.CDI_devices]
+        if not paths and not cdi:
+            return {}
+        return await asyncio.to_thread(self._device_nodes, paths, cdi, req.config.metadata.name)
+
+    def _device_nodes(self, paths: list[str], cdi: list[str], name: str) -> dict[str, frozenset[int]]:
+        """The NUMA nodes of a container's devices: CRI's ``devices`` and its CDI devices' device nodes. A CDI
+        device that does not resolve gives no hint, a log line and a count; never a failed create."""
+        nodes = devices_numa_nodes(paths, self.options.sysfs) if paths else {}
+        from_cdi, problems = cdi_numa_nodes(cdi, self.options.sysfs, self.options.cdi_spec_dirs)
+        for p in problems:
+            log.warning("container %s: %s (no device hint from it)", name, p.detail)
+            self.on_cdi_problem(p.reason)
+        return {**nodes, **from_cdi}
 
     async def _decide(self, pod: PodInfo, ident: PodIdentity, name: str, devices: Mapping[str, frozenset[int]],
                       reallocate: tuple[str, ...], sandbox_id: str) -> tuple[Placement, list[_Flight]]:
@@ -375,6 +396,7 @@ class Pinning:
         if not any(c.name == name for c in decision.containers):
             raise Rejection(grpc.StatusCode.INTERNAL,
                             f"numapin: pod {ident.ref}: the allocator made no decision for container {name}")
+        self._refuse_new_exclusive(before, ident, name)
         # what the state says wins: a container holding CPUs runs on them (kubelet keeps an existing
         # assignment even if the container's request changed), anything else on the shared pool
         own = self.allocator.container_cpus(ident.uid, name)
@@ -395,6 +417,20 @@ class Pinning:
             lost = pool_before - self.allocator.shared_pool()
             flights = [f for f in self._flights if not f.cpus.isdisjoint(lost)]
         return placement, flights
+
+    def _refuse_new_exclusive(self, before: CPUState, ident: PodIdentity, name: str) -> None:
+        """Undo the admission and raise Rejection when it gave CPUs of their own to containers that had none while
+        new exclusive admissions are refused (a re-created container keeping its CPUs is no new admission)."""
+        after = self.allocator.state.assignments
+        if all(before.get(uid, c) is not None for uid, cs in after.items() for c in cs):
+            return
+        reason = self.refuse_exclusive()
+        if reason is None:
+            return
+        self.allocator.state = before
+        self.on_rejected("KubeletDrift")
+        raise Rejection(grpc.StatusCode.FAILED_PRECONDITION,
+                        f"numapin: pod {ident.ref} container {name}: no new exclusive CPUs while {reason}")
 
     def _admitted_before(self, uid: str, sandbox_id: str) -> bool:
         """Whether the runtime already created a container of this sandbox (kubelet admitted the pod before its

@@ -242,8 +242,11 @@ class Converger:
     async def run(self) -> None:
         """Passes every ``period`` seconds and after every kick, for ever (errors are logged, never fatal)."""
         while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.period)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that arrives as the kick
+            # is set (it returns the result), and stop() then waited for this loop for ever
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.period):
+                    await self._kick.wait()
             trigger = "after a pool change" if self._kick.is_set() else "periodic"
             self._kick.clear()
             try:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from criproxy.node.kubelet_drift import CPU_STATIC, ENDPOINT, MEMORY_STATIC, DriftReport
+
 __all__ = ["ProxyMetrics"]
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -60,6 +62,14 @@ class ProxyMetrics:
         self.resize_seconds = Histogram("numapin_criproxy_resize_seconds",
                                         "From a resize call's arrival to the kernel showing the new cpusets (or the "
                                         "refusal)", buckets=_LATENCY_BUCKETS, registry=r)
+        self.cdi_problems = Counter("numapin_criproxy_cdi_unresolved",
+                                    "CDI devices of created containers that gave no NUMA hint (malformed name, in "
+                                    "no readable spec, unreadable or invalid spec), by reason", ["reason"],
+                                    registry=r)
+        self.kubelet_drift = Gauge("numapin_criproxy_kubelet_drift",
+                                   "kubelet's configuration drifted from what numapin needs (1), by kind: "
+                                   "cpu-manager-static, memory-manager-static (new exclusive admissions are refused), "
+                                   "runtime-endpoint (kubelet's calls bypass the proxy)", ["kind"], registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
 
@@ -105,6 +115,13 @@ class ProxyMetrics:
     def observe_resize(self, result: str, seconds: float) -> None:
         self.resizes.labels(result).inc()
         self.resize_seconds.observe(seconds)
+    def observe_cdi_problem(self, reason: str) -> None:
+        self.cdi_problems.labels(reason).inc()
+
+    def set_kubelet_drift(self, report: DriftReport) -> None:
+        kinds = {p.kind for p in report.problems}
+        for kind in (CPU_STATIC, MEMORY_STATIC, ENDPOINT):
+            self.kubelet_drift.labels(kind).set(1 if kind in kinds else 0)
 
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():

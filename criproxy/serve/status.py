@@ -15,6 +15,7 @@ from criproxy.config import ProxyConfig
 from criproxy.decisions.mode_apply import ModeApplier
 from criproxy.decisions.registry import Registry
 from criproxy.decisions.resize import Resizer
+from criproxy.node.kubelet_watch import KubeletWatch
 
 __all__ = ["STATUS_VERSION", "ProxyView", "status_document"]
 
@@ -38,6 +39,8 @@ class ProxyView(Protocol):
     def modes(self) -> ModeApplier: ...
     @property
     def resizer(self) -> Resizer: ...
+    @property
+    def kubelet(self) -> KubeletWatch: ...
 
 
 def status_document(proxy: ProxyView) -> dict[str, Any]:
@@ -80,5 +83,7 @@ def status_document(proxy: ProxyView) -> dict[str, Any]:
         "podModes": proxy.modes.modes(),
         # kubelet's in-place resizes, newest last (see criproxy.decisions.resize)
         "resizes": proxy.resizer.recent(),
+        # what the proxy sees of kubelet's configuration (criproxy.node.kubelet_drift)
+        "kubeletDrift": {"checked": proxy.kubelet.checked, **proxy.kubelet.report.to_dict()},
     }
 

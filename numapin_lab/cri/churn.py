@@ -274,6 +274,9 @@ class Churn:
         self.kubelet = CRIClient(proxy.socket, timeout=CALL_DEADLINE * cfg.time_scale)
         self.truth = KernelTruth(lab.socket)
         self.pods: dict[str, PodRun] = {}
+        # every pod cgroup a sandbox was asked for: runc may have made it even when the call failed (containerd
+        # killed mid-call), and kubelet removes the cgroups of pods that are gone; so does the churn at its end
+        self.pod_cgroups: set[str] = set()
         self.index = 0
         self.op = 0
         self.fault_epoch = 0            # bumped by every kill: a call that spans one may time out
@@ -354,6 +357,7 @@ class Churn:
                                        annotations=plan.annotations())
         run = PodRun(plan, cfg)
         self.pods[plan.uid] = run
+        self.pod_cgroups.add(cfg.linux.cgroup_parent)
         ok, sid = await self.call("RunPodSandbox", self.kubelet.run_pod_sandbox(cfg), 60.0)
         if not ok or not sid:
             return
@@ -796,6 +800,7 @@ class Churn:
         cfg = CRIClient.sandbox_config(whole.name, whole.uid, namespace="churn", qos="guaranteed")
         run = PodRun(whole, cfg)
         self.pods[whole.uid] = run
+        self.pod_cgroups.add(cfg.linux.cgroup_parent)
         ok, sid = await self.call("RunPodSandbox", self.kubelet.run_pod_sandbox(cfg), 60.0)
         if not ok or not sid:
             self.violation("c", "the pod asking for every CPU got no sandbox")
@@ -846,8 +851,9 @@ async def run_churn(cfg: ChurnConfig, lab: ContainerdLab, workdir: Path) -> Chur
     proxy = ProxyProcess(workdir, lab.socket, reserved_cpus=cfg.reserved_cpus, sysfs=cfg.sysfs,
                          warm=cfg.warm_proxy, **kw)
     await asyncio.to_thread(proxy.start)
+    churn = Churn(cfg, lab, proxy, report)
     try:
-        await Churn(cfg, lab, proxy, report).run()
+        await churn.run()
     finally:
         proxy.stop()
         async with CRIClient(lab.socket) as direct:  # leave containerd empty
@@ -855,6 +861,11 @@ async def run_churn(cfg: ChurnConfig, lab: ContainerdLab, workdir: Path) -> Chur
                 for sb in await direct.list_pod_sandbox():
                     await direct.stop_pod_sandbox(sb.id)
                     await direct.remove_pod_sandbox(sb.id)
+        # and no pod of the churn's, as kubelet leaves none: a container containerd started after its sandbox was
+        # removed (a start still under way in containerd when the churn's call timed out) or a sandbox containerd
+        # lost to a kill keeps running with no record; the lab's stop() kills what runs in these cgroups (after
+        # containerd is gone) and removes them
+        lab.pod_cgroups.update(p for p in churn.pod_cgroups if p.strip("/"))
     return report
 
 

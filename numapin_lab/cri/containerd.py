@@ -8,7 +8,10 @@ and, as kubelet does for its pods, the cgroups of the pods this containerd ran (
 the parent of its containers'); ``leftovers()`` says what stayed. Nothing else is touched.
 
 Needs root and the Debian packages containerd, runc and busybox-static (``scripts/test.sh`` installs
-them); ``LabError`` says what is missing.
+them); ``LabError`` says what is missing. ``bin_dir`` runs another containerd (its ``containerd``,
+``containerd-shim-runc-v2`` and ``ctr``; ``containerd_versions`` unpacks newer Debian suites' there) with the
+system's runc; containerd 2.x gets its own configuration format (version 3: the CRI plugin split into
+``io.containerd.cri.v1.runtime`` and ``io.containerd.cri.v1.images``).
 """
 
 from __future__ import annotations
@@ -32,13 +35,15 @@ from criproxy.node.kernel import KernelRoots, cgroup_of_pid
 from . import ledger
 from .cgroups import existing_cgroup_dirs, processes_in, remove_cgroup
 
-__all__ = ["BUSYBOX_IMAGE", "PAUSE_IMAGE", "ContainerdLab", "LabError", "scratch_lab", "shim_socket"]
+__all__ = ["BUSYBOX_IMAGE", "PAUSE_IMAGE", "ContainerdLab", "LabError", "containerd_version", "scratch_lab",
+           "shim_socket", "version_of"]
 
 BUSYBOX_IMAGE = "localhost/busybox:latest"
 PAUSE_IMAGE = "localhost/pause:latest"
 MARKER = ".numapin-containerd-lab"
 START_SECONDS = 60  # for containerd to answer after it was started (seconds on a loaded machine or under emulation)
-BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr", "runc", "busybox")
+CONTAINERD_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")  # from bin_dir when given
+SYSTEM_BINARIES = ("runc", "busybox")
 NAMESPACE = "k8s.io"
 SHIM_SOCKETS = Path("/run/containerd/s")  # where containerd-shim-runc-v2 puts its socket, whatever the lab's dir
 
@@ -128,11 +133,35 @@ def build_image_archive(out: Path, busybox: Path) -> None:
     out.write_bytes(_tar_bytes(archive))
 
 
-class ContainerdLab:
-    """``ContainerdLab(directory).start()`` … ``.stop()``; ``.socket`` is the CRI endpoint."""
+def containerd_version(bin_dir: Path | None = None) -> str:
+    """``containerd --version``'s version (``1.6.20~ds1``, ``2.1.9+unknown``) of the one in ``bin_dir`` (or PATH)."""
+    exe = str(bin_dir / "containerd") if bin_dir is not None else (shutil.which("containerd") or "containerd")
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise LabError(f"{exe} --version failed: {e}") from None
+    return version_of(out)
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+
+def version_of(text: str) -> str:
+    """The version in ``containerd --version``'s line (its third field, without a leading ``v``)."""
+    fields = text.split()
+    if len(fields) < 3 or fields[0] != "containerd":
+        raise LabError(f"unexpected `containerd --version` output: {text.strip()!r}")
+    return fields[2].lstrip("v")
+
+
+class ContainerdLab:
+    """``ContainerdLab(directory).start()`` … ``.stop()``; ``.socket`` is the CRI endpoint. ``bin_dir``: where
+    this lab's containerd, shim and ctr are (None: the system's, from PATH)."""
+
+    def __init__(self, directory: str | os.PathLike[str], bin_dir: str | os.PathLike[str] | None = None) -> None:
         self.dir = Path(directory).resolve()
+        self.bin_dir = Path(bin_dir).resolve() if bin_dir is not None else None
+        self.env = dict(os.environ)
+        if self.bin_dir is not None:  # containerd finds its shim in PATH
+            self.env["PATH"] = f"{self.bin_dir}:{self.env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        self.version = ""  # containerd --version's, read at start
         self.socket = str(self.dir / "containerd.sock")
         self.config = self.dir / "config.toml"
         self.log = self.dir / "containerd.log"
@@ -140,29 +169,99 @@ class ContainerdLab:
         self.pod_cgroups: set[str] = set()  # the pods' cgroups this containerd ran (found at stop, removed by it)
 
     # -- set-up ---------------------------------------------------------------------------------------
+    def exe(self, name: str) -> str:
+        """The path of one of containerd's programs (``containerd``, ``ctr``) this lab runs."""
+        return str(self.bin_dir / name) if self.bin_dir is not None else name
+
     @staticmethod
-    def check_prerequisites() -> None:
+    def check_prerequisites(bin_dir: Path | None = None) -> None:
         if os.geteuid() != 0:
             raise LabError("the containerd lab needs root")
-        missing = [b for b in BINARIES if shutil.which(b) is None]
+        missing = [b for b in SYSTEM_BINARIES if shutil.which(b) is None]
+        if bin_dir is None:
+            missing += [b for b in CONTAINERD_BINARIES if shutil.which(b) is None]
+        else:
+            missing += [str(bin_dir / b) for b in CONTAINERD_BINARIES if not (bin_dir / b).exists()]
         if missing:
             raise LabError(f"missing {', '.join(missing)}: apt-get install containerd runc busybox-static")
         _busybox()
 
+    @property
+    def major(self) -> int:
+        """containerd's major version (1 or 2), read at start."""
+        try:
+            return int(self.version.split(".")[0])
+        except ValueError:
+            raise LabError(f"containerd's version {self.version!r} has no major number") from None
+
     def _write_config(self) -> None:
-        d = self.dir
-        for sub in ("root", "state", "opt", "cni/bin", "cni/net.d"):
-            (d / sub).mkdir(parents=True, exist_ok=True)
-        disabled = ", ".join(f'"{p}"' for p in (
+        self.config.write_text(self._config_v3() if self.major >= 2 else self._config_v2())
+
+    def _disabled(self) -> str:
+        return ", ".join(f'"{p}"' for p in (
             "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
             "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
             "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"))
+
+    def _config_v3(self) -> str:
+        """containerd 2.x's format: the same settings as ``_config_v2``, in the split CRI plugins; CDI looks only in
+        the lab's own directory."""
+        d = self.dir
+        for sub in ("root", "state", "opt", "cni/bin", "cni/net.d", "cdi"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        rt, img = "plugins.'io.containerd.cri.v1.runtime'", "plugins.'io.containerd.cri.v1.images'"
+        return f"""# numapin containerd lab (containerd 2.x)
+version = 3
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = [{self._disabled()}]
+
+[grpc]
+  address = "{self.socket}"
+
+[metrics]
+  address = ""
+
+[plugins]
+  [{img}]
+    snapshotter = "overlayfs"
+    [{img}.pinned_images]
+      sandbox = "{PAUSE_IMAGE}"
+  [{rt}]
+    disable_apparmor = true
+    restrict_oom_score_adj = true
+    tolerate_missing_hugetlb_controller = true
+    disable_hugetlb_controller = true
+    netns_mounts_under_state_dir = true
+    cdi_spec_dirs = ["{d}/cdi"]
+    [{rt}.cni]
+      bin_dirs = ["{d}/cni/bin"]
+      conf_dir = "{d}/cni/net.d"
+    [{rt}.containerd]
+      default_runtime_name = "runc"
+      [{rt}.containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [{rt}.containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          Root = "{d}/state/runc"
+  [plugins.'io.containerd.grpc.v1.cri']
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+  [plugins.'io.containerd.internal.v1.opt']
+    path = "{d}/opt"
+"""
+
+    def _config_v2(self) -> str:
+        """containerd 1.6's and 1.7's format."""
+        d = self.dir
+        for sub in ("root", "state", "opt", "cni/bin", "cni/net.d"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
         cri = 'plugins."io.containerd.grpc.v1.cri"'
-        self.config.write_text(f"""# numapin containerd lab
+        return f"""# numapin containerd lab
 version = 2
 root = "{d}/root"
 state = "{d}/state"
-disabled_plugins = [{disabled}]
+disabled_plugins = [{self._disabled()}]
 
 [grpc]
   address = "{self.socket}"
@@ -193,19 +292,20 @@ disabled_plugins = [{disabled}]
           Root = "{d}/state/runc"
   [plugins."io.containerd.internal.v1.opt"]
     path = "{d}/opt"
-""")
+"""
 
     def _ctr(self, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ctr", "--address", self.socket, *args], capture_output=True, text=True,
-                              check=check, timeout=timeout)
+        return subprocess.run([self.exe("ctr"), "--address", self.socket, *args], capture_output=True, text=True,
+                              check=check, timeout=timeout, env=self.env)
 
     def start(self) -> ContainerdLab:
-        self.check_prerequisites()
+        self.check_prerequisites(self.bin_dir)
         if self.dir.exists() and any(self.dir.iterdir()) and not (self.dir / MARKER).exists():
             raise LabError(f"{self.dir} is not empty and not a containerd lab directory")
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / MARKER).touch()
         ledger.note("lab", str(self.dir))
+        self.version = containerd_version(self.bin_dir)
         self._write_config()
         image = self.dir / "images.tar"
         if not image.exists():
@@ -223,8 +323,9 @@ disabled_plugins = [{disabled}]
             os.unlink(self.socket)
         log = open(self.log, "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.proc = subprocess.Popen(["containerd", "--config", str(self.config)], stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=log, start_new_session=True)
+            self.proc = subprocess.Popen([self.exe("containerd"), "--config", str(self.config)],
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                         env=self.env)
         finally:
             log.close()
         deadline = time.monotonic() + START_SECONDS
@@ -417,12 +518,12 @@ def _pod_cgroup(sandbox_cgroup: str, sandbox_id: str) -> str | None:
 
 
 @contextlib.contextmanager
-def scratch_lab(prefix: str) -> Iterator[ContainerdLab]:
+def scratch_lab(prefix: str, bin_dir: Path | None = None) -> Iterator[ContainerdLab]:
     """A started lab in a new directory ``/tmp/<prefix>*`` (short: unix socket paths), stopped and the directory
-    removed afterwards."""
+    removed afterwards; ``bin_dir`` as for ``ContainerdLab``."""
     d = ledger.scratch_dir(prefix)
     try:
-        with ContainerdLab(d / "ctrd") as lab:
+        with ContainerdLab(d / "ctrd", bin_dir) as lab:
             yield lab
     finally:
         shutil.rmtree(d, ignore_errors=True)

@@ -10,6 +10,7 @@ from criproxy.relay.grpc_relay import RelayHandler, Upstream
 from criproxy.relay.relays import RELAYS, start_relay
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.containerd import ContainerdLab, scratch_lab
+from numapin_lab.cri.containerd_versions import CONTAINERDS, containerd_bin_dir
 from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 
@@ -22,11 +23,33 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test on a real containerd runs on containerd 1.6 (the system's); those marked ``containerd_matrix``
+    (the CI form: a representative set) also on 1.7 and 2.x, unpacked from newer Debian suites."""
+    if "containerd_name" in metafunc.fixturenames:
+        names = list(CONTAINERDS) if metafunc.definition.get_closest_marker("containerd_matrix") else ["1.6"]
+        metafunc.parametrize("containerd_name", names, indirect=True, scope="session",
+                             ids=[f"containerd{n}" for n in names])
+
+
 @pytest.fixture(scope="session")
-def shared_lab() -> Iterator[ContainerdLab]:
-    """One private containerd for the modules on a real containerd that leave it empty (each module's ``lab``
-    fixture empties it when the module ends): one start and stop instead of one per module."""
-    with scratch_lab("npx-lab-") as lab:
+def containerd_name(request: pytest.FixtureRequest) -> str:
+    """Which containerd (a key of ``CONTAINERDS``), set by ``pytest_generate_tests``."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def containerd_bin(containerd_name: str) -> Path | None:
+    """The directory of that containerd's programs (None: the system's); fetched into the cache when missing, and
+    a fetch that fails fails the test."""
+    return containerd_bin_dir(containerd_name)
+
+
+@pytest.fixture(scope="session")
+def shared_lab(containerd_bin: Path | None) -> Iterator[ContainerdLab]:
+    """One private containerd (of each version) for the modules on a real containerd that leave it empty (each
+    module's ``lab`` fixture empties it when the module ends): one start and stop instead of one per module."""
+    with scratch_lab("npx-lab-", containerd_bin) as lab:
         yield lab
 
 

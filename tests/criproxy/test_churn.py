@@ -16,7 +16,7 @@ from numapin_lab.cri.churn import ChurnConfig, run_churn
 from numapin_lab.cri.containerd import ContainerdLab
 from numapin_lab.cri.ledger import scratch_dir
 
-pytestmark = pytest.mark.containerd
+pytestmark = [pytest.mark.containerd, pytest.mark.containerd_matrix]
 
 SEED = 20261123
 OPS = 60
@@ -29,8 +29,8 @@ def work() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-async def test_seeded_churn_keeps_every_invariant_in_the_kernel(work: Path) -> None:
-    lab = ContainerdLab(work / "ctrd")
+async def test_seeded_churn_keeps_every_invariant_in_the_kernel(work: Path, containerd_bin: Path | None) -> None:
+    lab = ContainerdLab(work / "ctrd", containerd_bin)
     lab.start()
     try:
         report = await run_churn(ChurnConfig(seed=SEED, ops=OPS, reserved_cpus="0"), lab, work / "proxy")

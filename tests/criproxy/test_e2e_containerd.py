@@ -29,7 +29,7 @@ from numapin_lab.cri.containerd import ContainerdLab
 from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.proxy_process import ProxyProcess
 
-pytestmark = pytest.mark.containerd
+pytestmark = [pytest.mark.containerd, pytest.mark.containerd_matrix]  # every test also on containerd 1.7 and 2.x
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -233,11 +233,11 @@ async def test_containerd_restarted_under_the_proxy(
     assert cpus_of(web_pid) == (SHARED, SHARED)
 
 
-def test_lab_cleanup_leaves_nothing_behind() -> None:
+def test_lab_cleanup_leaves_nothing_behind(containerd_bin: Path | None) -> None:
     """stop() with pods still running (and one whose shim was killed under it): no process, mount, socket, shim
     socket or pod cgroup stays; a pod removed through the client goes with its cgroup, as kubelet removes it."""
     d = scratch_dir("npx-lab2-")
-    lab = ContainerdLab(d / "c").start()
+    lab = ContainerdLab(d / "c", containerd_bin).start()
     pods: dict[str, str] = {}
     try:
         async def run() -> None:

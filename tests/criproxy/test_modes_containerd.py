@@ -27,7 +27,7 @@ from .test_e2e_containerd import EXCL, ROOT, SHARED, ProxyProcess, cfs_quota, cp
 
 lab, proxy, kubelet, machine_cpus = e2e.lab, e2e.proxy, e2e.kubelet, e2e.machine_cpus  # the same fixtures
 
-pytestmark = pytest.mark.containerd
+pytestmark = [pytest.mark.containerd, pytest.mark.containerd_matrix]  # every test also on containerd 1.7 and 2.x
 
 MODE = "qos.gocrane.io/cpu-manager"
 

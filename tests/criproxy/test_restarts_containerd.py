@@ -47,6 +47,7 @@ def sandbox(k: CRIClient, name: str) -> pb.PodSandboxConfig:
     return k.sandbox_config(name, f"e2e-{name}-{os.getpid()}-{time.monotonic_ns()}")
 
 
+@pytest.mark.containerd_matrix
 async def test_crashed_app_container_keeps_its_cpu_and_gets_it_back_when_recreated(
         kubelet: CRIClient, proxy: ProxyProcess) -> None:
     cfg = sandbox(kubelet, "pair")

@@ -20,6 +20,7 @@ from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, encode_intent
 from allocator.pod import CPU_MANAGER_ANNOTATION, CPU_MANAGER_VALUES, PodInfo
 from webhook.admission.jsonpatch_diff import diff
+from webhook.admission.pod_level import pod_level_warnings
 from webhook.admission.review import AdmissionRequest, Verdict
 
 __all__ = ["is_pod_request", "mutate_pod", "mutate_review"]
@@ -48,12 +49,14 @@ def mutate_pod(pod: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     mutated: dict[str, Any] = dict(pod)
     mutated["metadata"] = meta
     try:
-        intent = encode_intent(PodInfo.from_pod(_with_annotations(mutated, meta, annotations)))
+        info = PodInfo.from_pod(_with_annotations(mutated, meta, annotations))
+        intent = encode_intent(info)
     except PodSpecError as e:
         annotations.pop(INTENT_ANNOTATION, None)
         warnings.append(f"numapin: CPU intent not recorded: {e}")
     else:
         annotations[INTENT_ANNOTATION] = intent
+        warnings.extend(pod_level_warnings(info))
 
     if not annotations and not isinstance(ann_in, Mapping):
         return dict(pod), warnings  # nothing to record: the pod stays as it was

@@ -2,10 +2,10 @@
 
 A pod of several megabytes is mostly what numapin never looks at (environment variables, commands, volumes,
 managed fields); its decisions read the pod's identity and annotations, its containers' names, resources and restart
-policies, ``nodeName``, ``nodeSelector`` and ``status.qosClass``, and of a Binding its metadata and target. Every
-review is cut down to those fields right after parsing (in the parser process for a large body, see
-``request_body``), so a large body costs the event loop only what the decisions read, and every decision sees the
-same shape of document whatever the body's size.
+policies, ``nodeName``, ``nodeSelector``, its pod-level ``resources`` and ``status.qosClass``, and of a Binding
+its metadata and target. Every review is cut down to those fields right after parsing (in the parser process for a
+large body, see ``request_body``), so a large body costs the event loop only what the decisions read, and every
+decision sees the same shape of document whatever the body's size.
 
 Fields are kept by name whatever their type (a ``containers`` that is not a list stays as it is), so a malformed
 pod is refused with the same message as before the cut. A decision that starts reading another field must add it
@@ -20,7 +20,7 @@ __all__ = ["slim_review"]
 
 _REQUEST_DROP = ("object", "oldObject", "userInfo", "options")
 _METADATA = ("name", "namespace", "generateName", "uid", "annotations", "labels")
-_SPEC = ("nodeName", "nodeSelector", "serviceAccountName", "serviceAccount")
+_SPEC = ("nodeName", "nodeSelector", "serviceAccountName", "serviceAccount", "resources")  # resources: pod-level
 _CONTAINER = ("name", "resources", "restartPolicy")
 
 

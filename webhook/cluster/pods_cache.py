@@ -21,7 +21,7 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,7 @@ def pod_model(pod: Mapping[str, Any], *, namespace: str = "") -> PodInfo:
         info = decode_intent(text, uid=str(meta.get("uid") or ""), namespace=str(meta.get("namespace") or namespace),
                              name=str(meta.get("name") or ""), annotations=ann)
     if not info.namespace and namespace:
-        info = PodInfo(uid=info.uid, namespace=namespace, name=info.name, qos_class=info.qos_class,
-                       cpu_manager=info.cpu_manager, bypass=info.bypass, containers=info.containers)
+        info = replace(info, namespace=namespace)
     return info
 
 
