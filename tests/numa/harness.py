@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from numapin_lab.numa_vm import GUEST_STALLED, Heartbeat, VMSpec, run_in_vm
+from numapin_lab.vm_postmortem import DUMP_DONE, DUMP_REQUEST, KALLSYMS, collect
+from tests.numa import guest_paths
 from tests.numa.guest_results import RESULTS
+from tests.numa.guest_script import HEARTBEAT, guest_command
 from tests.numa.shapes import IN_VM_ENV, SHARED_ENV
 
 __all__ = ["CaseResult", "GuestRun", "run_pytest_in_vm"]
@@ -39,7 +43,7 @@ GUEST_PYTEST = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-o", "ad
 # frozen (seen once: an emulated kernel spinning on all its vCPUs for 20 min with the host idle): it is stopped and
 # booted again, once; a hang of numapin's own code keeps the heartbeat going and still fails at the time limit
 STALL_SECONDS = 240.0
-HEARTBEAT = "heartbeat"
+RE_BOOTS = 1  # a frozen guest is booted again this many times
 
 
 @dataclass(frozen=True)
@@ -142,28 +146,20 @@ def warm_bytecode(selection: Sequence[str]) -> None:
 def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
                      env: Mapping[str, str] | None = None, test_timeout: int = 600) -> GuestRun:
     """Boot ``spec``, run ``python -m pytest SELECTION`` in it (this source tree and virtualenv, seen at the same
-    paths in the guest, with ``$NUMAPIN_IN_VM=1`` and a tmpfs on /tmp), return each test's outcome. ``workdir``
-    (a host directory, not under /tmp) is shared with the guest and receives ``results.jsonl`` (each test's
-    outcome as it happens) and ``vm.log``."""
+    paths in the guest wherever they are, with ``$NUMAPIN_IN_VM=1`` and a tmpfs on /tmp: tests.numa.guest_script),
+    return each test's outcome. ``workdir`` (a host directory) is shared with the guest and receives
+    ``results.jsonl`` (each test's outcome as it happens) and ``vm.log``. A path the guest cannot see raises
+    guest_paths.GuestPathError (its message names the path and why) before any boot. A guest whose heartbeat
+    stops is examined (numapin_lab.vm_postmortem, into ``stalled-N/post-mortem``), stopped and booted again, up
+    to RE_BOOTS times."""
     workdir.mkdir(parents=True, exist_ok=True)
+    keep = guest_paths.plan(guest_paths.needed_paths(ROOT), [*map(Path, spec.shares), workdir])
     results = workdir / RESULTS
     results.unlink(missing_ok=True)
-    if workdir.resolve().is_relative_to("/tmp"):
-        raise ValueError(f"{workdir}: the guest mounts a tmpfs on /tmp, so the shared directory must be elsewhere")
     pytest_argv = [sys.executable, "-m", "pytest", *GUEST_PYTEST, "-p", "tests.numa.guest_results", "-q", "-rfE",
                    f"--timeout={test_timeout}", *selection]
     warm_bytecode(selection)
-    # /tmp in the guest is the overlay root, where containerd's overlayfs snapshots cannot live: a tmpfs there
-    # lets tests that keep their containerd under /tmp (the host's end-to-end tests) run unchanged
-    # the guest's own clock around the run (guest-start, guest-end, its clocksource): GuestRun.guest_seconds
-    command = ["/bin/sh", "-c", 'mount -t tmpfs -o mode=1777 numapin-tmp /tmp || exit 125; w=$NUMAPIN_VM_SHARED; '
-               'cat /sys/devices/system/clocksource/clocksource0/current_clocksource > "$w/guest-clocksource"; '
-               # the heartbeat, with what runs, for the host's stall check and for a frozen boot's post-mortem
-               f'( i=0; while :; do i=$((i+1)); echo $i > "$w/{HEARTBEAT}"; '
-               'ps -eo pid,stat,pcpu,etime,args --sort=-pcpu 2>/dev/null | head -15 > "$w/ps.txt"; sleep 10; '
-               'done ) & hb=$!; '
-               'date +%s.%N > "$w/guest-start"; "$@"; rc=$?; date +%s.%N > "$w/guest-end"; kill $hb; exit $rc',
-               "sh", *pytest_argv]
+    command = guest_command(keep, pytest_argv)
     spec = replace(spec, shares=(*spec.shares, str(workdir)),
                    env={**spec.env, IN_VM_ENV: "1", SHARED_ENV: str(workdir), "PYTHONUNBUFFERED": "1",
                         **(env or {})})
@@ -171,25 +167,37 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
     stalls: list[str] = []
     seconds = cpu = 0.0
     boots = 0
-    while True:
-        for name in ("guest-start", "guest-end", "guest-clocksource", HEARTBEAT, "ps.txt", RESULTS, "churn.json"):
-            (workdir / name).unlink(missing_ok=True)
-        for value in (env or {}).values():  # files the guest appends to (the operation log): fresh per boot
-            if value.startswith(str(workdir) + os.sep):
-                Path(value).unlink(missing_ok=True)
-        with open(log, "wb") as out:
-            result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
-                               stalled=Heartbeat(workdir / HEARTBEAT, STALL_SECONDS))
-        seconds, cpu, boots = seconds + result.seconds, cpu + result.cpu_seconds, boots + result.boots
-        if result.returncode != GUEST_STALLED or stalls:
-            break
-        kept = workdir / f"stalled-{len(stalls) + 1}"
-        kept.mkdir(exist_ok=True)
-        for path in workdir.iterdir():
-            if path.is_file():
-                path.replace(kept / path.name)
-        running = next((c.nodeid for c in parse_results(kept / RESULTS) if c.outcome == "unfinished"), "?")
-        stalls.append(f"{result.stall} during {running} ({result.seconds:.0f} s; kept in {kept})")
+    runs_dir = Path(tempfile.mkdtemp(prefix="numapin-vm-qemu-", dir="/var/tmp"))  # numa-vm.sh's, for post-mortems
+    try:
+        while True:
+            for name in ("guest-start", "guest-end", "guest-clocksource", HEARTBEAT, "ps.txt", RESULTS, "churn.json",
+                         KALLSYMS, DUMP_REQUEST, DUMP_DONE):
+                (workdir / name).unlink(missing_ok=True)
+            for value in (env or {}).values():  # files the guest appends to (the operation log): fresh per boot
+                if value.startswith(str(workdir) + os.sep):
+                    Path(value).unlink(missing_ok=True)
+            kept = workdir / f"stalled-{len(stalls) + 1}"
+
+            def post_mortem(why: str, kept: Path = kept) -> str:
+                return "; " + collect(runs_dir, workdir, kept / "post-mortem").summary()
+
+            with open(log, "wb") as out:
+                result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                                   stalled=Heartbeat(workdir / HEARTBEAT, STALL_SECONDS), on_stall=post_mortem,
+                                   runs_dir=runs_dir)
+            seconds, cpu, boots = seconds + result.seconds, cpu + result.cpu_seconds, boots + result.boots
+            if result.returncode != GUEST_STALLED:
+                break
+            kept.mkdir(exist_ok=True)
+            for path in workdir.iterdir():
+                if path.is_file():
+                    path.replace(kept / path.name)
+            running = next((c.nodeid for c in parse_results(kept / RESULTS) if c.outcome == "unfinished"), "?")
+            stalls.append(f"{result.stall} during {running} ({result.seconds:.0f} s; kept in {kept})")
+            if len(stalls) > RE_BOOTS:
+                break
+    finally:
+        shutil.rmtree(runs_dir, ignore_errors=True)
     try:
         churn = json.loads((workdir / "churn.json").read_text())
     except (OSError, ValueError):
