@@ -26,13 +26,13 @@ from collections.abc import Sequence
 
 from numapin_lab.vm_postmortem import DUMP_DONE, DUMP_REQUEST, GUEST_DUMP, KALLSYMS
 
-__all__ = ["GUEST_SETUP_FAILED", "HEARTBEAT", "guest_command"]
+__all__ = ["GUEST_SETUP_FAILED", "HEARTBEAT", "guest_command", "tmp_command"]
 
 HEARTBEAT = "heartbeat"
 GUEST_SETUP_FAILED = 3  # the guest could not be prepared (a path not visible, a mount refused): its message says
 
-SCRIPT = r"""
-w=$NUMAPIN_VM_SHARED
+# step 1: a tmpfs on /tmp with the kept paths bound back (arguments: K, the K paths; the rest is left in "$@")
+TMP_PART = r"""
 fail() { echo "numapin-vm: $*" >&2; exit __SETUP__; }
 t=/run/numapin-tmp
 mkdir -p $t && mount -t tmpfs -o mode=1777 numapin-tmp $t || fail "cannot mount a tmpfs for /tmp"
@@ -44,6 +44,10 @@ while [ "$k" -gt 0 ]; do
 done
 mount --move $t /tmp || fail "cannot move the tmpfs onto /tmp"
 cd -- "$PWD" 2>/dev/null || fail "$PWD: the working directory is not visible in the guest"
+"""
+
+SCRIPT = TMP_PART + r"""
+w=$NUMAPIN_VM_SHARED
 [ -x "$1" ] || fail "$1: the host's interpreter is not visible in the guest"
 cat /sys/devices/system/clocksource/clocksource0/current_clocksource > "$w/guest-clocksource"
 echo 7 > /proc/sys/kernel/printk
@@ -80,7 +84,15 @@ exit $rc
 
 def guest_command(keep: Sequence[str], command: Sequence[str]) -> list[str]:
     """argv for numa-vm.sh: the script above, with ``keep`` (paths under /tmp to keep visible) and ``command``."""
-    script = (SCRIPT.replace("__SETUP__", str(GUEST_SETUP_FAILED)).replace("__KALLSYMS__", KALLSYMS)
-              .replace("__HEARTBEAT__", HEARTBEAT).replace("__REQUEST__", DUMP_REQUEST)
-              .replace("__DUMP__", GUEST_DUMP).replace("__DONE__", DUMP_DONE))
-    return ["/bin/sh", "-c", script, "numapin-guest", str(len(keep)), *keep, *command]
+    return ["/bin/sh", "-c", _fill(SCRIPT), "numapin-guest", str(len(keep)), *keep, *command]
+
+
+def tmp_command(keep: Sequence[str], command: Sequence[str]) -> list[str]:
+    """Step 1 alone, then ``command``: for checking it in a private mount namespace without a VM."""
+    return ["/bin/sh", "-c", _fill(TMP_PART) + 'exec "$@"\n', "numapin-guest", str(len(keep)), *keep, *command]
+
+
+def _fill(script: str) -> str:
+    return (script.replace("__SETUP__", str(GUEST_SETUP_FAILED)).replace("__KALLSYMS__", KALLSYMS)
+            .replace("__HEARTBEAT__", HEARTBEAT).replace("__REQUEST__", DUMP_REQUEST)
+            .replace("__DUMP__", GUEST_DUMP).replace("__DONE__", DUMP_DONE))
