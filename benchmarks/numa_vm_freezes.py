@@ -34,7 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shape = SHAPES[args.shape]
     modes = args.modes.split(",")
-    totals = {m: {"runs": 0, "boots": 0, "freezes": 0, "green": 0, "seconds": 0.0, "cpu": 0.0} for m in modes}
+    totals = {m: {"runs": 0, "boots": 0, "boot_hangs": 0, "freezes": 0, "green": 0, "seconds": 0.0, "cpu": 0.0}
+              for m in modes}
     for i in range(args.runs):
         for mode in modes:
             os.environ["NUMA_VM_TCG_THREAD"] = mode
@@ -49,13 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             t["runs"] += 1
             t["boots"] += run.boots
             t["freezes"] += len(run.stalls)
+            t["boot_hangs"] += run.boot_hangs
             t["green"] += green
             t["seconds"] += run.seconds
             t["cpu"] += run.cpu_seconds
             print(json.dumps({"run": i + 1, "mode": mode, "start": time.strftime("%H:%M:%S", time.gmtime(t0)),
                               "seconds": round(run.seconds), "cpu": round(run.cpu_seconds),
                               "guest_seconds": round(run.guest_seconds or 0), "returncode": run.returncode,
-                              "boots": run.boots, "freezes": len(run.stalls), "stalls": run.stalls,
+                              "boots": run.boots, "boot_hangs": run.boot_hangs, "freezes": len(run.stalls),
+                              "watchdog": run.watchdog, "stalls": run.stalls,
                               "passed": passed, "cases": len(run.cases),
                               "not_passed": [f"{c.nodeid} {c.outcome}" for c in run.cases if c.outcome != "passed"],
                               "load": os.getloadavg()[0], "dir": str(work)}), flush=True)

@@ -62,7 +62,7 @@ class CaseResult:
 @dataclass(frozen=True)
 class GuestRun:
     returncode: int      # the guest pytest's (0 all passed, 1 some failed), numa-vm.sh's 124/125/130, or 126 (stalled)
-    boots: int
+    boots: int           # QEMU boots, all of them: the watchdogs' re-boots included
     seconds: float
     cases: tuple[CaseResult, ...]
     log: Path            # the guest's pytest output and numa-vm.sh's messages
@@ -70,6 +70,22 @@ class GuestRun:
     cpu_seconds: float = 0.0             # QEMU's CPU time: the work, whatever the host's load
     stalls: tuple[str, ...] = ()         # boots stopped as frozen before this one (what was running, where kept)
     churn: Mapping[str, Any] | None = None  # the guest's churn report (churn.json), read before the directory goes
+    boot_hangs: int = 0  # boots numa-vm.sh stopped for not reaching the command in time, and booted again
+    vm_failures: int = 0  # VMs that ended without the guest's exit code (numa-vm.sh's 125), run again
+
+    @property
+    def watchdog(self) -> str:
+        """What the watchdogs saw: every boot, and why each one but the last was followed by another."""
+        parts = []
+        if self.boot_hangs:
+            parts.append(f"{self.boot_hangs} hung while booting (booted again by numa-vm.sh)")
+        if self.vm_failures:
+            parts.append(f"{self.vm_failures} VM failure(s) (run again)")
+        if self.stalls:
+            gave_up = self.returncode == GUEST_STALLED
+            parts.append(f"{len(self.stalls)} froze after booting (heartbeat watchdog: "
+                         f"{len(self.stalls) - gave_up} booted again{', then gave up' if gave_up else ''})")
+        return f"{self.boots} boot(s)" + (": " + "; ".join(parts) if parts else "")
 
     @property
     def boot_seconds(self) -> float | None:
@@ -86,7 +102,7 @@ class GuestRun:
 
     @property
     def stall_note(self) -> str:
-        return "".join(f" WARNING: a boot froze and was booted again: {s}" for s in self.stalls)
+        return "".join(f" WARNING: boot froze: {s}" for s in self.stalls)
 
     def of(self, check: str) -> list[CaseResult]:
         return [c for c in self.cases if c.check == check]
@@ -166,7 +182,7 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
     log = workdir / "vm.log"
     stalls: list[str] = []
     seconds = cpu = 0.0
-    boots = 0
+    boots = hangs = failures = 0
     runs_dir = Path(tempfile.mkdtemp(prefix="numapin-vm-qemu-", dir="/var/tmp"))  # numa-vm.sh's, for post-mortems
     try:
         while True:
@@ -186,6 +202,11 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
                                    stalled=Heartbeat(workdir / HEARTBEAT, STALL_SECONDS), on_stall=post_mortem,
                                    runs_dir=runs_dir)
             seconds, cpu, boots = seconds + result.seconds, cpu + result.cpu_seconds, boots + result.boots
+            failures += result.boots - 1
+            for hung in sorted(runs_dir.glob("boot-hang-*.console.log")):  # numa-vm.sh's own re-boots
+                (workdir / "boot-hangs").mkdir(exist_ok=True)
+                hung.replace(workdir / "boot-hangs" / f"{hangs + 1}.console.log")
+                hangs += 1
             if result.returncode != GUEST_STALLED:
                 break
             kept.mkdir(exist_ok=True)
@@ -202,8 +223,8 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
         churn = json.loads((workdir / "churn.json").read_text())
     except (OSError, ValueError):
         churn = None
-    return GuestRun(result.returncode, boots, seconds, parse_results(results), log, guest_seconds(workdir), cpu,
-                    tuple(stalls), churn)
+    return GuestRun(result.returncode, boots + hangs, seconds, parse_results(results), log, guest_seconds(workdir),
+                    cpu, tuple(stalls), churn, hangs, failures)
 
 
 def guest_seconds(workdir: Path) -> float | None:
@@ -224,13 +245,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("selection", nargs="+", help="pytest arguments (files, node ids, -k ...)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="numapin-vm-run-", dir="/var/tmp"))
-    run = run_pytest_in_vm(VMSpec(topology=args.topology, cgroup=args.cgroup, timeout=args.timeout),
-                           args.selection, work, test_timeout=args.timeout)
+    try:
+        run = run_pytest_in_vm(VMSpec(topology=args.topology, cgroup=args.cgroup, timeout=args.timeout),
+                               args.selection, work, test_timeout=args.timeout)
+    except guest_paths.GuestPathError as e:
+        print(f"numapin: {e}", file=sys.stderr)
+        return 2
     for c in run.cases:
         print(f"{c.outcome:7} {c.seconds:7.1f} s  {c.nodeid}")
         if c.outcome not in ("passed", "skipped"):
             print("        " + c.message.replace("\n", "\n        ")[:4000])
-    print(f"guest pytest exit {run.returncode}, {run.boots} boot(s), {run.seconds:.0f} s "
+    print(f"guest pytest exit {run.returncode}, {run.watchdog}, {run.seconds:.0f} s "
           f"({run.guest_seconds or 0:.0f} s of tests by the guest's clock, {run.cpu_seconds:.0f} s of CPU)"
           f"{run.clock_note}{run.stall_note}; log {run.log}")
     return 0 if run.returncode == 0 and run.cases else 1
