@@ -11,7 +11,7 @@ Three sources, gentlest first, each written to a file of the ``into`` directory:
    (RIP), with the guest kernel's symbol when the guest wrote its ``/proc/kallsyms`` text symbols at start.
 3. The guest kernel's own word (``console.log``): an NMI injected into every vCPU; the guest command set
    ``kernel.unknown_nmi_panic`` and ``kernel.panic_print`` at start, so the kernel panics with every CPU's
-   backtrace and every task's state on its serial console (a file of numa-vm.sh's run directory, hard-linked
+   backtrace on its serial console (a file of numa-vm.sh's run directory, hard-linked
    here first: numa-vm.sh removes its run directory when QEMU exits).
 
 Best effort throughout: whatever cannot be had is said in ``summary.txt`` rather than raised.

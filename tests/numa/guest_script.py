@@ -8,7 +8,9 @@ In order:
    the host's interpreter is there (exit GUEST_SETUP_FAILED with the path otherwise).
 2. The kernel told to talk when frozen: console log level 7 (the serial console is a host file, read even when
    nothing in the guest runs), every CPU's backtrace on a soft lockup, and a panic with every CPU's backtrace
-   and every task (``panic_print``) on an NMI from the host (numapin_lab.vm_postmortem injects one); the kernel's
+   (``panic_print`` 0x40; not every task's state as well: on a frozen 2s4n guest that overflowed the kernel's log
+   buffer through the slow serial console and lost the backtraces) on an NMI from the host
+   (numapin_lab.vm_postmortem injects one); the kernel's
    text symbols written to the shared directory (in the background, at the lowest priority).
 3. A heartbeat rewritten every 10 s (the counter first, then what runs, bounded in time: ``ps`` reads
    ``/proc/<pid>/cmdline`` and can block on a stuck process), for the host's stall check.
@@ -54,7 +56,7 @@ echo 7 > /proc/sys/kernel/printk
 echo 1 > /proc/sys/kernel/sysrq
 echo 1 > /proc/sys/kernel/softlockup_all_cpu_backtrace 2>/dev/null
 echo 1 > /proc/sys/kernel/unknown_nmi_panic 2>/dev/null
-echo 65 > /proc/sys/kernel/panic_print 2>/dev/null
+echo 64 > /proc/sys/kernel/panic_print 2>/dev/null
 ( nice -n 19 grep ' [tTwW] ' /proc/kallsyms > "$w/__KALLSYMS__.tmp"; mv -f "$w/__KALLSYMS__.tmp" "$w/__KALLSYMS__" ) &
 ( i=0; while :; do
     i=$((i + 1)); echo $i > "$w/__HEARTBEAT__"
