@@ -72,11 +72,11 @@ class Boots:
 @pytest.fixture(scope="session")
 def boots(pytestconfig: pytest.Config) -> Iterator[Boots]:
     """The boots' shared directories live in /var/tmp (the guest has its own tmpfs /tmp); kept when a boot had a
-    failure (the failures name their logs there)."""
+    failure (the failures name their logs there) or a guest froze (the summary names its post-mortem there)."""
     b = Boots(Path(tempfile.mkdtemp(prefix="numapin-vm-", dir="/var/tmp")))
     pytestconfig.stash[BOOTS] = b.runs
     yield b
-    if all(r.returncode == 0 for r in b.runs.values()):
+    if all(r.returncode == 0 and not r.stalls for r in b.runs.values()):
         shutil.rmtree(b.base, ignore_errors=True)
 
 
