@@ -170,11 +170,15 @@ class Heartbeat:
 
 def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int | None = None,
               stderr: IO[bytes] | int | None = None, attempts: int = 2, cwd: str | None = None,
-              stalled: Callable[[], str | None] | None = None) -> VMResult:
+              stalled: Callable[[], str | None] | None = None,
+              on_stall: Callable[[str], str] | None = None, runs_dir: Path | None = None) -> VMResult:
     """Run ``command`` in a VM of ``spec`` (in ``cwd``, the same path in the guest), its output to ``stdout`` /
     ``stderr`` (default: ours). A VM failure (125) is retried up to ``attempts`` runs in all. ``stalled`` (e.g. a
     ``Heartbeat``) is asked every few seconds; when it gives a reason the VM is stopped and the result is
-    GUEST_STALLED with that reason (not retried here: the caller decides). Ctrl-C stops the VM (numa-vm.sh kills
+    GUEST_STALLED with that reason (not retried here: the caller decides); ``on_stall`` (e.g. a post-mortem,
+    numapin_lab.vm_postmortem) is called with it first, the VM still running, and what it returns is added to the
+    reason. ``runs_dir`` is numa-vm.sh's ``$NUMA_VM_RUNS`` (its run directory, with QEMU's monitor socket and
+    the guest's console, goes there). Ctrl-C stops the VM (numa-vm.sh kills
     QEMU) before the KeyboardInterrupt goes on; if this process dies, numa-vm.sh gets SIGTERM and stops the VM
     too."""
     argv = spec.argv(find_numa_vm(), command)
@@ -183,10 +187,11 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
     rc = VM_FAILURE
     boots = 0
     stall = ""
+    env = None if runs_dir is None else {**os.environ, "NUMA_VM_RUNS": str(runs_dir)}
     for _ in range(max(1, attempts)):
         boots += 1
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+                                env=env, start_new_session=True, preexec_fn=_die_with_parent)
         try:
             while True:
                 try:
@@ -196,6 +201,8 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
                     why = stalled() if stalled is not None else None
                     if why:
                         stall = why
+                        if on_stall is not None:
+                            stall += on_stall(why)
                         _stop(proc)
                         rc = GUEST_STALLED
                         break

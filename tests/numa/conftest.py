@@ -27,7 +27,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         passed = sum(c.outcome == "passed" for c in run.cases)
         tests = f"{run.guest_seconds:.0f} s" if run.guest_seconds is not None else "?"
         boot = f"{run.boot_seconds:.0f} s" if run.boot_seconds is not None else "?"
-        terminalreporter.write_line(f"{name}: {run.seconds:.0f} s on the host, {run.boots} boot(s): boot and shutdown "
+        terminalreporter.write_line(f"{name}: {run.seconds:.0f} s on the host, {run.watchdog}; boot and shutdown "
                                     f"{boot}, guest tests {tests}; QEMU's CPU {run.cpu_seconds:.0f} s; "
                                     f"{passed}/{len(run.cases)} passed{run.clock_note}{run.stall_note}")
         if run.churn is not None:  # read at the end of the boot: a passing run's directory is gone by now

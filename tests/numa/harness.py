@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from numapin_lab.numa_vm import GUEST_STALLED, Heartbeat, VMSpec, run_in_vm
+from numapin_lab.vm_postmortem import DUMP_DONE, DUMP_REQUEST, KALLSYMS, collect
+from tests.numa import guest_paths
 from tests.numa.guest_results import RESULTS
+from tests.numa.guest_script import HEARTBEAT, guest_command
 from tests.numa.shapes import IN_VM_ENV, SHARED_ENV
 
 __all__ = ["CaseResult", "GuestRun", "run_pytest_in_vm"]
@@ -39,7 +43,7 @@ GUEST_PYTEST = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-o", "ad
 # frozen (seen once: an emulated kernel spinning on all its vCPUs for 20 min with the host idle): it is stopped and
 # booted again, once; a hang of numapin's own code keeps the heartbeat going and still fails at the time limit
 STALL_SECONDS = 240.0
-HEARTBEAT = "heartbeat"
+RE_BOOTS = 1  # a frozen guest is booted again this many times
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ class CaseResult:
 @dataclass(frozen=True)
 class GuestRun:
     returncode: int      # the guest pytest's (0 all passed, 1 some failed), numa-vm.sh's 124/125/130, or 126 (stalled)
-    boots: int
+    boots: int           # QEMU boots, all of them: the watchdogs' re-boots included
     seconds: float
     cases: tuple[CaseResult, ...]
     log: Path            # the guest's pytest output and numa-vm.sh's messages
@@ -66,6 +70,22 @@ class GuestRun:
     cpu_seconds: float = 0.0             # QEMU's CPU time: the work, whatever the host's load
     stalls: tuple[str, ...] = ()         # boots stopped as frozen before this one (what was running, where kept)
     churn: Mapping[str, Any] | None = None  # the guest's churn report (churn.json), read before the directory goes
+    boot_hangs: int = 0  # boots numa-vm.sh stopped for not reaching the command in time, and booted again
+    vm_failures: int = 0  # VMs that ended without the guest's exit code (numa-vm.sh's 125), run again
+
+    @property
+    def watchdog(self) -> str:
+        """What the watchdogs saw: every boot, and why each one but the last was followed by another."""
+        parts = []
+        if self.boot_hangs:
+            parts.append(f"{self.boot_hangs} hung while booting (booted again by numa-vm.sh)")
+        if self.vm_failures:
+            parts.append(f"{self.vm_failures} VM failure(s) (run again)")
+        if self.stalls:
+            gave_up = self.returncode == GUEST_STALLED
+            parts.append(f"{len(self.stalls)} froze after booting (heartbeat watchdog: "
+                         f"{len(self.stalls) - gave_up} booted again{', then gave up' if gave_up else ''})")
+        return f"{self.boots} boot(s)" + (": " + "; ".join(parts) if parts else "")
 
     @property
     def boot_seconds(self) -> float | None:
@@ -82,7 +102,7 @@ class GuestRun:
 
     @property
     def stall_note(self) -> str:
-        return "".join(f" WARNING: a boot froze and was booted again: {s}" for s in self.stalls)
+        return "".join(f" WARNING: boot froze: {s}" for s in self.stalls)
 
     def of(self, check: str) -> list[CaseResult]:
         return [c for c in self.cases if c.check == check]
@@ -142,60 +162,69 @@ def warm_bytecode(selection: Sequence[str]) -> None:
 def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
                      env: Mapping[str, str] | None = None, test_timeout: int = 600) -> GuestRun:
     """Boot ``spec``, run ``python -m pytest SELECTION`` in it (this source tree and virtualenv, seen at the same
-    paths in the guest, with ``$NUMAPIN_IN_VM=1`` and a tmpfs on /tmp), return each test's outcome. ``workdir``
-    (a host directory, not under /tmp) is shared with the guest and receives ``results.jsonl`` (each test's
-    outcome as it happens) and ``vm.log``."""
+    paths in the guest wherever they are, with ``$NUMAPIN_IN_VM=1`` and a tmpfs on /tmp: tests.numa.guest_script),
+    return each test's outcome. ``workdir`` (a host directory) is shared with the guest and receives
+    ``results.jsonl`` (each test's outcome as it happens) and ``vm.log``. A path the guest cannot see raises
+    guest_paths.GuestPathError (its message names the path and why) before any boot. A guest whose heartbeat
+    stops is examined (numapin_lab.vm_postmortem, into ``stalled-N/post-mortem``), stopped and booted again, up
+    to RE_BOOTS times."""
     workdir.mkdir(parents=True, exist_ok=True)
+    keep = guest_paths.plan(guest_paths.needed_paths(ROOT), [*map(Path, spec.shares), workdir])
     results = workdir / RESULTS
     results.unlink(missing_ok=True)
-    if workdir.resolve().is_relative_to("/tmp"):
-        raise ValueError(f"{workdir}: the guest mounts a tmpfs on /tmp, so the shared directory must be elsewhere")
     pytest_argv = [sys.executable, "-m", "pytest", *GUEST_PYTEST, "-p", "tests.numa.guest_results", "-q", "-rfE",
                    f"--timeout={test_timeout}", *selection]
     warm_bytecode(selection)
-    # /tmp in the guest is the overlay root, where containerd's overlayfs snapshots cannot live: a tmpfs there
-    # lets tests that keep their containerd under /tmp (the host's end-to-end tests) run unchanged
-    # the guest's own clock around the run (guest-start, guest-end, its clocksource): GuestRun.guest_seconds
-    command = ["/bin/sh", "-c", 'mount -t tmpfs -o mode=1777 numapin-tmp /tmp || exit 125; w=$NUMAPIN_VM_SHARED; '
-               'cat /sys/devices/system/clocksource/clocksource0/current_clocksource > "$w/guest-clocksource"; '
-               # the heartbeat, with what runs, for the host's stall check and for a frozen boot's post-mortem
-               f'( i=0; while :; do i=$((i+1)); echo $i > "$w/{HEARTBEAT}"; '
-               'ps -eo pid,stat,pcpu,etime,args --sort=-pcpu 2>/dev/null | head -15 > "$w/ps.txt"; sleep 10; '
-               'done ) & hb=$!; '
-               'date +%s.%N > "$w/guest-start"; "$@"; rc=$?; date +%s.%N > "$w/guest-end"; kill $hb; exit $rc',
-               "sh", *pytest_argv]
+    command = guest_command(keep, pytest_argv)
     spec = replace(spec, shares=(*spec.shares, str(workdir)),
                    env={**spec.env, IN_VM_ENV: "1", SHARED_ENV: str(workdir), "PYTHONUNBUFFERED": "1",
                         **(env or {})})
     log = workdir / "vm.log"
     stalls: list[str] = []
     seconds = cpu = 0.0
-    boots = 0
-    while True:
-        for name in ("guest-start", "guest-end", "guest-clocksource", HEARTBEAT, "ps.txt", RESULTS, "churn.json"):
-            (workdir / name).unlink(missing_ok=True)
-        for value in (env or {}).values():  # files the guest appends to (the operation log): fresh per boot
-            if value.startswith(str(workdir) + os.sep):
-                Path(value).unlink(missing_ok=True)
-        with open(log, "wb") as out:
-            result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
-                               stalled=Heartbeat(workdir / HEARTBEAT, STALL_SECONDS))
-        seconds, cpu, boots = seconds + result.seconds, cpu + result.cpu_seconds, boots + result.boots
-        if result.returncode != GUEST_STALLED or stalls:
-            break
-        kept = workdir / f"stalled-{len(stalls) + 1}"
-        kept.mkdir(exist_ok=True)
-        for path in workdir.iterdir():
-            if path.is_file():
-                path.replace(kept / path.name)
-        running = next((c.nodeid for c in parse_results(kept / RESULTS) if c.outcome == "unfinished"), "?")
-        stalls.append(f"{result.stall} during {running} ({result.seconds:.0f} s; kept in {kept})")
+    boots = hangs = failures = 0
+    runs_dir = Path(tempfile.mkdtemp(prefix="numapin-vm-qemu-", dir="/var/tmp"))  # numa-vm.sh's, for post-mortems
+    try:
+        while True:
+            for name in ("guest-start", "guest-end", "guest-clocksource", HEARTBEAT, "ps.txt", RESULTS, "churn.json",
+                         KALLSYMS, DUMP_REQUEST, DUMP_DONE):
+                (workdir / name).unlink(missing_ok=True)
+            for value in (env or {}).values():  # files the guest appends to (the operation log): fresh per boot
+                if value.startswith(str(workdir) + os.sep):
+                    Path(value).unlink(missing_ok=True)
+            kept = workdir / f"stalled-{len(stalls) + 1}"
+
+            def post_mortem(why: str, kept: Path = kept) -> str:
+                return "; " + collect(runs_dir, workdir, kept / "post-mortem").summary()
+
+            with open(log, "wb") as out:
+                result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                                   stalled=Heartbeat(workdir / HEARTBEAT, STALL_SECONDS), on_stall=post_mortem,
+                                   runs_dir=runs_dir)
+            seconds, cpu, boots = seconds + result.seconds, cpu + result.cpu_seconds, boots + result.boots
+            failures += result.boots - 1
+            for hung in sorted(runs_dir.glob("boot-hang-*.console.log")):  # numa-vm.sh's own re-boots
+                (workdir / "boot-hangs").mkdir(exist_ok=True)
+                hung.replace(workdir / "boot-hangs" / f"{hangs + 1}.console.log")
+                hangs += 1
+            if result.returncode != GUEST_STALLED:
+                break
+            kept.mkdir(exist_ok=True)
+            for path in workdir.iterdir():
+                if path.is_file():
+                    path.replace(kept / path.name)
+            running = next((c.nodeid for c in parse_results(kept / RESULTS) if c.outcome == "unfinished"), "?")
+            stalls.append(f"{result.stall} during {running} ({result.seconds:.0f} s; kept in {kept})")
+            if len(stalls) > RE_BOOTS:
+                break
+    finally:
+        shutil.rmtree(runs_dir, ignore_errors=True)
     try:
         churn = json.loads((workdir / "churn.json").read_text())
     except (OSError, ValueError):
         churn = None
-    return GuestRun(result.returncode, boots, seconds, parse_results(results), log, guest_seconds(workdir), cpu,
-                    tuple(stalls), churn)
+    return GuestRun(result.returncode, boots + hangs, seconds, parse_results(results), log, guest_seconds(workdir),
+                    cpu, tuple(stalls), churn, hangs, failures)
 
 
 def guest_seconds(workdir: Path) -> float | None:
@@ -216,13 +245,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("selection", nargs="+", help="pytest arguments (files, node ids, -k ...)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="numapin-vm-run-", dir="/var/tmp"))
-    run = run_pytest_in_vm(VMSpec(topology=args.topology, cgroup=args.cgroup, timeout=args.timeout),
-                           args.selection, work, test_timeout=args.timeout)
+    try:
+        run = run_pytest_in_vm(VMSpec(topology=args.topology, cgroup=args.cgroup, timeout=args.timeout),
+                               args.selection, work, test_timeout=args.timeout)
+    except guest_paths.GuestPathError as e:
+        print(f"numapin: {e}", file=sys.stderr)
+        return 2
     for c in run.cases:
         print(f"{c.outcome:7} {c.seconds:7.1f} s  {c.nodeid}")
         if c.outcome not in ("passed", "skipped"):
             print("        " + c.message.replace("\n", "\n        ")[:4000])
-    print(f"guest pytest exit {run.returncode}, {run.boots} boot(s), {run.seconds:.0f} s "
+    print(f"guest pytest exit {run.returncode}, {run.watchdog}, {run.seconds:.0f} s "
           f"({run.guest_seconds or 0:.0f} s of tests by the guest's clock, {run.cpu_seconds:.0f} s of CPU)"
           f"{run.clock_note}{run.stall_note}; log {run.log}")
     return 0 if run.returncode == 0 and run.cases else 1

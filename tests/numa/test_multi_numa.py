@@ -20,6 +20,8 @@ import pytest
 from numapin_lab.numa_vm import GUEST_STALLED, VM_FAILURE, VM_TIMEOUT, VMSpec, pci_device_args
 from tests.numa.conftest import BOOTS
 from tests.numa.guest.node import OPLOG_ENV
+from tests.numa.guest_paths import GuestPathError
+from tests.numa.guest_script import GUEST_SETUP_FAILED
 from tests.numa.harness import GuestRun, run_pytest_in_vm
 from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape
 
@@ -70,11 +72,11 @@ class Boots:
 @pytest.fixture(scope="session")
 def boots(pytestconfig: pytest.Config) -> Iterator[Boots]:
     """The boots' shared directories live in /var/tmp (the guest has its own tmpfs /tmp); kept when a boot had a
-    failure (the failures name their logs there)."""
+    failure (the failures name their logs there) or a guest froze (the summary names its post-mortem there)."""
     b = Boots(Path(tempfile.mkdtemp(prefix="numapin-vm-", dir="/var/tmp")))
     pytestconfig.stash[BOOTS] = b.runs
     yield b
-    if all(r.returncode == 0 for r in b.runs.values()):
+    if all(r.returncode == 0 and not r.stalls for r in b.runs.values()):
         shutil.rmtree(b.base, ignore_errors=True)
 
 
@@ -87,8 +89,9 @@ def vm_trouble(shape: Shape, run: GuestRun) -> str:
         return ""
     what = {VM_FAILURE: "the VM failed", VM_TIMEOUT: f"the VM reached its {shape.timeout} s limit",
             GUEST_STALLED: "the guest froze again after a re-boot",
+            GUEST_SETUP_FAILED: "the guest could not be set up (its message is in the log)",
             130: "the VM was interrupted"}.get(run.returncode, f"the guest's pytest exited {run.returncode}")
-    return f"{what} ({run.boots} boot(s), {run.seconds:.0f} s){run.clock_note}{run.stall_note}"
+    return f"{what} ({run.watchdog}, {run.seconds:.0f} s){run.clock_note}{run.stall_note}"
 
 
 # a boot may be run twice (a failed VM is booted again): the check that triggers it waits for both
@@ -97,7 +100,10 @@ def vm_trouble(shape: Shape, run: GuestRun) -> str:
 def test_in_vm(boots: Boots, shape: str, check: str, record_property: pytest.RecordProperty) -> None:
     """A check passes when it passed in the guest, even if the VM stopped later (e.g. at its time limit during
     another check); otherwise it fails with the guest's message, or with what happened to the VM."""
-    run = boots.get(shape)
+    try:
+        run = boots.get(shape)
+    except GuestPathError as e:  # before any boot: the guest could not see this checkout
+        pytest.fail(f"{shape}: {e}", pytrace=False)
     record_property("vm_seconds", round(run.seconds, 1))
     cases = run.of(check)
     bad = [c for c in cases if c.outcome != "passed"]

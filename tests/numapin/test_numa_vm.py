@@ -108,3 +108,26 @@ def test_a_frozen_guest_is_stopped_and_said_so(tmp_path: Path, monkeypatch: pyte
                        stderr=subprocess.DEVNULL, stalled=Heartbeat(tmp_path / "heartbeat", limit=1.0))
     assert (tmp_path / "started").exists()
     assert result.returncode == GUEST_STALLED and result.boots == 1 and "heartbeat" in result.stall
+
+
+def test_a_frozen_guest_is_examined_before_it_is_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``on_stall`` runs while numa-vm.sh (a stand-in here) still runs, with numa-vm.sh's $NUMA_VM_RUNS set to
+    ``runs_dir``; what it returns is added to the reason."""
+    vm = tmp_path / "numa-vm.sh"
+    vm.write_text(f'#!/bin/sh\necho "$NUMA_VM_RUNS" > {tmp_path}/runs; echo $$ > {tmp_path}/pid\n'
+                  f"echo 1 > {tmp_path}/heartbeat\nexec sleep 600\n")
+    vm.chmod(0o755)
+    monkeypatch.setenv(NUMA_VM_ENV, str(vm))
+    seen: list[tuple[str, bool]] = []
+
+    def examine(why: str) -> str:
+        alive = Path(f"/proc/{(tmp_path / 'pid').read_text().strip()}").exists()
+        seen.append((why, alive))
+        return "; examined"
+
+    result = run_in_vm(VMSpec(topology="2s4n", timeout=600), ["true"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, stalled=Heartbeat(tmp_path / "heartbeat", limit=1.0),
+                       on_stall=examine, runs_dir=tmp_path / "qemu-runs")
+    assert (tmp_path / "runs").read_text().strip() == str(tmp_path / "qemu-runs")
+    assert len(seen) == 1 and "heartbeat" in seen[0][0] and seen[0][1]
+    assert result.returncode == GUEST_STALLED and result.stall.endswith("; examined")
