@@ -24,6 +24,7 @@ import grpc.aio
 
 from allocator.cpuset import CPUSet
 from allocator.quantity import cpu_milli
+from criproxy.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares
 from numapin.proc_cpus import cgroup_file, process_cpus
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab
@@ -33,7 +34,7 @@ from numapin_lab.demo.stack import ManagedProcess
 from tests.numa.guest.warm_proxy import WarmProxy
 from webhook.admission.mutate import mutate_pod
 
-__all__ = ["OPLOG_ENV", "WORK", "GuestNode", "Kernel", "NodeConfig", "Refusal"]
+__all__ = ["OPLOG_ENV", "WORK", "GuestNode", "Kernel", "NodeConfig", "Refusal", "kubelet_resize"]
 
 WORK = Path("/run/numapin-vm")
 CGROUP_ROOT = "numapin-vm"
@@ -80,6 +81,17 @@ class Refusal:
     message: str
 
 
+def kubelet_resize(cpu: str, memory_mib: int = 32) -> pb.LinuxContainerResources:
+    """What kubelet (``cpuManagerPolicy: none``) sends in ``UpdateContainerResources`` for a Guaranteed container
+    resized to ``cpu``: the whole block, CFS shares, quota and period from the new CPU, the pod's memory limit, no
+    cpuset."""
+    milli = cpu_milli(cpu)
+    memory = memory_mib * 1024 * 1024
+    return pb.LinuxContainerResources(cpu_period=QUOTA_PERIOD, cpu_quota=milli_cpu_to_quota(milli),
+                                      cpu_shares=milli_cpu_to_shares(milli), memory_limit_in_bytes=memory,
+                                      memory_swap_limit_in_bytes=memory, oom_score_adj=-997)
+
+
 def pod_spec(name: str, cpu: str, *, limit: str | None = None, mode: str | None = None) -> dict[str, Any]:
     """The pod as the API server stores it after numapin's /mutate (the CPU intent annotation stamped)."""
     pod = make_pod(name, cpu=cpu, limit=limit, mode=mode)
@@ -90,8 +102,9 @@ def pod_spec(name: str, cpu: str, *, limit: str | None = None, mode: str | None 
 
 class GuestNode:
     """``GuestNode().start()``; ``configure(NodeConfig(...))`` (re)starts the proxy on a fresh state; ``run``,
-    ``refuse``, ``delete`` pods; ``kernel``/``settled`` read the kernel; ``stop()``. One event loop and one CRI
-    channel to the proxy (as kubelet's) and one to containerd for the whole boot."""
+    ``refuse``, ``delete`` pods; ``resize``, ``refuse_resize`` them in place as kubelet does; ``kernel``/``settled``
+    read the kernel; ``stop()``. One event loop and one CRI channel to the proxy (as kubelet's) and one to containerd
+    for the whole boot."""
 
     def __init__(self, work: Path = WORK) -> None:
         self.work = work
@@ -307,12 +320,45 @@ class GuestNode:
             await asyncio.gather(*(remove(sb.id) for sb in await self.direct.list_pod_sandbox()))
         self._do("sweep", sweep)
 
+    def resize(self, name: str, cpu: str, container: str = "app") -> None:
+        """Resize a running Guaranteed container in place to ``cpu`` as kubelet does (``kubelet_resize``), through
+        the proxy; AssertionError if the call fails."""
+        got = self._do(f"resize {name} to cpu={cpu}", lambda: self._resize(name, container, cpu))
+        if got is not None:
+            raise AssertionError(f"resize of {name} to {cpu} CPU failed: {got.code}: {got.message}\n"
+                                 f"{self.proxy_log()}")
+
+    def refuse_resize(self, name: str, cpu: str, container: str = "app") -> Refusal:
+        """A resize the proxy must refuse; returns the refusal (AssertionError if it was answered OK)."""
+        got = self._do(f"refused resize {name} to cpu={cpu}", lambda: self._resize(name, container, cpu))
+        if got is None:
+            raise AssertionError(f"resize of {name} to {cpu} CPU was answered OK (the kernel shows "
+                                 f"{self.kernel(name, container)}); a refusal was expected")
+        return got
+
+    async def _resize(self, name: str, container: str, cpu: str) -> Refusal | None:
+        try:
+            await self.kubelet.update_container_resources(self.pods[name].containers[container], kubelet_resize(cpu))
+        except grpc.aio.AioRpcError as e:
+            return Refusal(e.code().name, e.details() or "")
+        return None
+
     # -- the kernel ---------------------------------------------------------------------------------------------
     def kernel(self, name: str, container: str = "app") -> Kernel:
         pid = self.pids[(name, container)]
         p = process_cpus(pid)
         mems = cgroup_file(pid, "cpuset", "cpuset.mems")
         return Kernel(pid, p.cpus, p.mems, p.cgroup_cpus, CPUSet.parse(mems) if mems else None)
+
+    def cfs_quota(self, name: str, container: str = "app") -> str | None:
+        """The container's CFS quota as its cgroup holds it (v1 ``cpu.cfs_quota_us``, v2 the first field of
+        ``cpu.max``): "-1" / "max" when unlimited."""
+        pid = self.pids[(name, container)]
+        v1 = cgroup_file(pid, "cpu", "cpu.cfs_quota_us")
+        if v1 is not None:
+            return v1
+        v2 = cgroup_file(pid, "cpu", "cpu.max")
+        return v2.split()[0] if v2 else None
 
     def settled(self, name: str, cpus: CPUSet, mems: CPUSet, container: str = "app") -> Kernel:
         """The kernel's view once it shows ``cpus``/``mems`` for the container, or after SETTLE_SECONDS (the
