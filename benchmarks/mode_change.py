@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import signal
 import statistics
@@ -30,43 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from allocator.cpuset import CPUSet  # noqa: E402
-from allocator.topology import Topology  # noqa: E402
+from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy  # noqa: E402
 from criproxy.serve.control import call_control  # noqa: E402
 from numapin_lab.cri.client import CRIClient  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
-
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-ALL = Topology.from_sysfs("/sys").all_cpus
-EXCL = CPUSet([ALL.max()])
-RESERVED = ALL - EXCL
-
-
-def allowed(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return line.split(":", 1)[1].strip()
-    raise RuntimeError(f"pid {pid}: no Cpus_allowed_list")
-
-
-async def pid_of(k: CRIClient, cid: str) -> int:
-    st = await k.container_status(cid, verbose=True)
-    return int(json.loads(st.info["info"])["pid"])
-
-
-def start_proxy(work: Path, runtime: str) -> subprocess.Popen:
-    log = open(work / "proxy.log", "ab")  # noqa: SIM115
-    p = subprocess.Popen([sys.executable, "-m", "numapin", "criproxy", "--listen", str(work / "proxy.sock"),
-                          "--runtime-endpoint", f"unix://{runtime}", "--state-dir", str(work / "state"),
-                          "--sysfs", "/sys", "--reserved-cpus", str(RESERVED), "--metrics-address", "",
-                          "--log-level", "WARNING"], cwd=ROOT, env=ENV, stdout=log, stderr=log)
-    log.close()
-    deadline = time.monotonic() + 60
-    while not (work / "control.sock").exists():  # opened once the start-up reconcile is done
-        if p.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"proxy did not start:\n{(work / 'proxy.log').read_text()[-2000:]}")
-        time.sleep(0.02)
-    return p
 
 
 async def run(shared: int, rounds: int) -> dict:
