@@ -69,6 +69,7 @@ CALL_DEADLINE = 30.0      # kubelet's default runtime request timeout is 2 min; 
 SLACK = 3.0               # a call may end this late after its deadline (scheduling on a loaded machine)
 OP_KINDS = ("create", "burst", "sync", "delete", "kill-proxy", "restart-containerd", "drift", "wait", "resize")
 OP_WEIGHTS = (30, 8, 25, 14, 8, 3, 5, 7, 10)
+assert OP_KINDS[-1] == "resize"  # ChurnConfig.resizes=False weighs it 0: the other kinds' draws stay as they were
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ class ChurnConfig:
     proxy_root: str | None = None   # another checkout's numapin to run as the proxy (e.g. to judge an old build)
     time_scale: float = 1.0         # multiplies every deadline and bound (e.g. 5 under software emulation)
     warm_proxy: bool = False        # proxy restarts pre-imported (numapin_lab.warm_start; under emulation)
+    # kubelet's in-place resizes among the operations; without them a seed gives the schedule it gave before
+    # resizes joined (resize is the last kind: a weight of 0 leaves every other kind's draw as it was)
+    resizes: bool = True
 
 
 @dataclass
@@ -744,7 +748,7 @@ class Churn:
 
     # -- the run ------------------------------------------------------------------------------------
     async def step(self) -> None:
-        kind = self.schedule.choices(OP_KINDS, OP_WEIGHTS)[0]
+        kind = self.schedule.choices(OP_KINDS, OP_WEIGHTS if self.cfg.resizes else (*OP_WEIGHTS[:-1], 0))[0]
         self.report.operations[kind] += 1
         self.trace(kind)
         if kind == "create":
