@@ -43,7 +43,6 @@ runtime connection once the interceptors still running on it are done (a decisio
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import os
 import time
@@ -56,13 +55,22 @@ import hpack
 
 from criproxy.relay import h2wire as h2
 from criproxy.relay.conn_limits import MAX_PENDING, ConnectionLimits, FrameBudget
+from criproxy.relay.frame_headers import (
+    _CACHE_LIMIT,
+    _message,
+    _metadata,
+    _OverBudget,
+    _ProtocolError,
+    _Routes,
+    _stateless_decode,
+    _status_code,
+    _Statuses,
+    _unquote,
+)
 from criproxy.relay.grpc_relay import (
-    CRI_SERVICES,
     MAX_MESSAGE,
-    UNARY_METHODS,
     Forward,
     Interceptor,
-    Metadata,
     Observer,
     Outcome,
     RelayHandler,
@@ -88,7 +96,6 @@ _CONNECT_TIMEOUT = 20.0
 DEFAULT_MAX_CONNECTIONS = 0
 _TURNED_AWAY_LINGER = 2.0   # seconds a turned-away client has to read the GOAWAY before its connection closes
 _REFUSAL_LOG_PERIOD = 10.0  # at most one log line per period about turned-away connections
-_CACHE_LIMIT = 1024
 _BACKLOG = 4096
 # the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
 _MAX_HEADER_LIST = 16 << 20
@@ -101,88 +108,6 @@ _TRANSPORT_KEYS = frozenset({b"user-agent", b"content-type", b"te", b"host", b"g
 _RST_CODES = {0x7: grpc.StatusCode.UNAVAILABLE, 0x8: grpc.StatusCode.CANCELLED,  # REFUSED_STREAM, CANCEL
               0xB: grpc.StatusCode.RESOURCE_EXHAUSTED, 0xC: grpc.StatusCode.PERMISSION_DENIED}
 
-
-class _ProtocolError(Exception):
-    """A peer broke HTTP/2 (or HPACK): the connection is closed."""
-
-
-class _OverBudget(_ProtocolError):
-    """A client would cost more memory than a connection may (conn_limits): the connection is closed."""
-
-
-class _Routes:
-    """What each ``:path`` is: its method name and interceptor (None: relayed untouched); shared by connections."""
-
-    def __init__(self, interceptors: dict[str, Interceptor]) -> None:
-        self._interceptors = interceptors
-        self._known: dict[bytes, tuple[str, Interceptor | None]] = {}
-
-    def of(self, path: bytes) -> tuple[str, Interceptor | None]:
-        route = self._known.get(path)
-        if route is None:
-            method = path.decode("utf-8", "replace")
-            service, _, name = method.lstrip("/").rpartition("/")
-            icpt = self._interceptors.get(name) if service in CRI_SERVICES and name in UNARY_METHODS else None
-            route = (method, icpt)
-            if len(self._known) < _CACHE_LIMIT:
-                self._known[path] = route
-        return route
-
-
-class _Statuses:
-    """The gRPC status of a runtime's trailer block, remembered by its bytes (stateless blocks: see module doc)."""
-
-    def __init__(self) -> None:
-        self._known: dict[bytes, grpc.StatusCode] = {}
-
-    def of(self, block: bytes) -> grpc.StatusCode:
-        code = self._known.get(block)
-        if code is None:
-            try:
-                code = _status_code(_stateless_decode(block))
-            except _ProtocolError:
-                return grpc.StatusCode.UNKNOWN
-            if len(self._known) < _CACHE_LIMIT:
-                self._known[block] = code
-        return code
-
-
-def _stateless_decode(block: bytes) -> list[tuple[bytes, bytes]]:
-    decoder = hpack.Decoder()
-    decoder.header_table_size = 0
-    decoder.max_allowed_table_size = 0
-    try:
-        return [(bytes(k), bytes(v)) for k, v in decoder.decode(block, raw=True)]
-    except hpack.HPACKError as e:
-        raise _ProtocolError(f"cannot decode the runtime's header block: {e}") from e
-
-
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
-
-
-def _status_code(headers: list[tuple[bytes, bytes]]) -> grpc.StatusCode:
-    for k, v in headers:
-        if k == b"grpc-status":
-            return _CODES.get(int(v), grpc.StatusCode.UNKNOWN) if v.isdigit() else grpc.StatusCode.UNKNOWN
-    return grpc.StatusCode.UNKNOWN
-
-
-# what gRPC keeps out of a response's initial and trailing metadata
-_STATUS_KEYS = frozenset({b"content-type", b"grpc-status", b"grpc-message", b"grpc-encoding",
-                          b"grpc-accept-encoding"})
-
-
-def _metadata(headers: list[tuple[bytes, bytes]], *, skip: frozenset[bytes] = _STATUS_KEYS) -> Metadata:
-    out: list[tuple[str, str | bytes]] = []
-    for k, v in headers:
-        if k.startswith(b":") or k in skip:
-            continue
-        key = k.decode("latin-1")
-        if key.endswith("-bin"):
-            out.append((key, base64.b64decode(v + b"=" * (-len(v) % 4))))
-        else:
-            out.append((key, v.decode("latin-1")))
-    return tuple(out)
 
 
 class _Peer:
@@ -417,15 +342,6 @@ class _StreamForward(Forward):
         trailer = _stateless_decode(self._held.trailer_block) if self._held.trailer_block else []
         return _unquote(next((v for k, v in trailer if k == b"grpc-message"), b""))
 
-
-def _unquote(message: bytes) -> str:
-    import urllib.parse
-
-    return urllib.parse.unquote(message.decode("latin-1"), errors="replace")
-
-
-def _message(payload: bytes) -> bytes:
-    return b"\x00" + len(payload).to_bytes(4, "big") + payload
 
 
 def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
