@@ -43,11 +43,10 @@ runtime connection once the interceptors still running on it are done (a decisio
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import os
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 import grpc
@@ -56,13 +55,23 @@ import hpack
 
 from criproxy.relay import h2wire as h2
 from criproxy.relay.conn_limits import MAX_PENDING, ConnectionLimits, FrameBudget
+from criproxy.relay.frame_headers import (
+    _CACHE_LIMIT,
+    _message,
+    _metadata,
+    _OverBudget,
+    _ProtocolError,
+    _Routes,
+    _stateless_decode,
+    _status_code,
+    _Statuses,
+    _unquote,
+)
+from criproxy.relay.frame_peer import _frames, _Peer
 from criproxy.relay.grpc_relay import (
-    CRI_SERVICES,
     MAX_MESSAGE,
-    UNARY_METHODS,
     Forward,
     Interceptor,
-    Metadata,
     Observer,
     Outcome,
     RelayHandler,
@@ -80,15 +89,12 @@ _FRAME = h2.FRAME_HEADER.unpack_from
 _DATA, _HEADERS, _RST, _SETTINGS, _PING, _GOAWAY, _WU, _CONT = (h2.DATA, h2.HEADERS, h2.RST_STREAM, h2.SETTINGS,
                                                                h2.PING, h2.GOAWAY, h2.WINDOW_UPDATE, h2.CONTINUATION)
 _END_STREAM, _END_HEADERS, _PADDED = h2.END_STREAM, h2.END_HEADERS, h2.PADDED
-_DEFAULT_WINDOW = 65_535
-_DEFAULT_FRAME = 16_384
 _CONNECT_TIMEOUT = 20.0
 # kubelet connections served at once (each costs two descriptors: it and its runtime connection); kubelet opens two.
 # 0: as many as the process's descriptors allow (conn_limits.descriptor_cap)
 DEFAULT_MAX_CONNECTIONS = 0
 _TURNED_AWAY_LINGER = 2.0   # seconds a turned-away client has to read the GOAWAY before its connection closes
 _REFUSAL_LOG_PERIOD = 10.0  # at most one log line per period about turned-away connections
-_CACHE_LIMIT = 1024
 _BACKLOG = 4096
 # the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
 _MAX_HEADER_LIST = 16 << 20
@@ -101,184 +107,6 @@ _TRANSPORT_KEYS = frozenset({b"user-agent", b"content-type", b"te", b"host", b"g
 _RST_CODES = {0x7: grpc.StatusCode.UNAVAILABLE, 0x8: grpc.StatusCode.CANCELLED,  # REFUSED_STREAM, CANCEL
               0xB: grpc.StatusCode.RESOURCE_EXHAUSTED, 0xC: grpc.StatusCode.PERMISSION_DENIED}
 
-
-class _ProtocolError(Exception):
-    """A peer broke HTTP/2 (or HPACK): the connection is closed."""
-
-
-class _OverBudget(_ProtocolError):
-    """A client would cost more memory than a connection may (conn_limits): the connection is closed."""
-
-
-class _Routes:
-    """What each ``:path`` is: its method name and interceptor (None: relayed untouched); shared by connections."""
-
-    def __init__(self, interceptors: dict[str, Interceptor]) -> None:
-        self._interceptors = interceptors
-        self._known: dict[bytes, tuple[str, Interceptor | None]] = {}
-
-    def of(self, path: bytes) -> tuple[str, Interceptor | None]:
-        route = self._known.get(path)
-        if route is None:
-            method = path.decode("utf-8", "replace")
-            service, _, name = method.lstrip("/").rpartition("/")
-            icpt = self._interceptors.get(name) if service in CRI_SERVICES and name in UNARY_METHODS else None
-            route = (method, icpt)
-            if len(self._known) < _CACHE_LIMIT:
-                self._known[path] = route
-        return route
-
-
-class _Statuses:
-    """The gRPC status of a runtime's trailer block, remembered by its bytes (stateless blocks: see module doc)."""
-
-    def __init__(self) -> None:
-        self._known: dict[bytes, grpc.StatusCode] = {}
-
-    def of(self, block: bytes) -> grpc.StatusCode:
-        code = self._known.get(block)
-        if code is None:
-            try:
-                code = _status_code(_stateless_decode(block))
-            except _ProtocolError:
-                return grpc.StatusCode.UNKNOWN
-            if len(self._known) < _CACHE_LIMIT:
-                self._known[block] = code
-        return code
-
-
-def _stateless_decode(block: bytes) -> list[tuple[bytes, bytes]]:
-    decoder = hpack.Decoder()
-    decoder.header_table_size = 0
-    decoder.max_allowed_table_size = 0
-    try:
-        return [(bytes(k), bytes(v)) for k, v in decoder.decode(block, raw=True)]
-    except hpack.HPACKError as e:
-        raise _ProtocolError(f"cannot decode the runtime's header block: {e}") from e
-
-
-_CODES = {c.value[0]: c for c in grpc.StatusCode}
-
-
-def _status_code(headers: list[tuple[bytes, bytes]]) -> grpc.StatusCode:
-    for k, v in headers:
-        if k == b"grpc-status":
-            return _CODES.get(int(v), grpc.StatusCode.UNKNOWN) if v.isdigit() else grpc.StatusCode.UNKNOWN
-    return grpc.StatusCode.UNKNOWN
-
-
-# what gRPC keeps out of a response's initial and trailing metadata
-_STATUS_KEYS = frozenset({b"content-type", b"grpc-status", b"grpc-message", b"grpc-encoding",
-                          b"grpc-accept-encoding"})
-
-
-def _metadata(headers: list[tuple[bytes, bytes]], *, skip: frozenset[bytes] = _STATUS_KEYS) -> Metadata:
-    out: list[tuple[str, str | bytes]] = []
-    for k, v in headers:
-        if k.startswith(b":") or k in skip:
-            continue
-        key = k.decode("latin-1")
-        if key.endswith("-bin"):
-            out.append((key, base64.b64decode(v + b"=" * (-len(v) % 4))))
-        else:
-            out.append((key, v.decode("latin-1")))
-    return tuple(out)
-
-
-class _Peer:
-    """One side of a relayed connection, as the proxy writes to it."""
-
-    __slots__ = ("backlog", "backlog_size", "block_open", "init_window", "max_frame", "name", "queued", "transport",
-                 "window", "withhold")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.transport: asyncio.Transport | None = None
-        self.max_frame = _DEFAULT_FRAME      # its SETTINGS_MAX_FRAME_SIZE: the largest frame it accepts
-        self.init_window = _DEFAULT_WINDOW   # its SETTINGS_INITIAL_WINDOW_SIZE: a new stream's receive window
-        self.window = _DEFAULT_WINDOW        # its connection receive window (what may still be sent to it)
-        self.withhold = 0                    # credit to take off its next connection WINDOW_UPDATEs
-        self.block_open = False              # a relayed header block to it awaits its CONTINUATION frames
-        self.queued: list[bytes] = []        # the proxy's own frames held back until that block ends
-        # frames waiting for its connection window, in order: (frames, counted) where counted frames (the proxy's
-        # own) took their window when written and the others' DATA takes it as they go (see ``drain``)
-        self.backlog: list[tuple[bytes, bool]] = []
-        self.backlog_size = 0
-
-    def write(self, data: bytes) -> None:
-        """The proxy's own frames: after the relayed header block in progress, if any (RFC 9113 6.10: nothing may
-        come between a HEADERS frame without END_HEADERS and its CONTINUATION frames), and after the frames
-        waiting for its window."""
-        if self.block_open:
-            self.queued.append(data)
-        elif self.backlog:
-            self._wait(data, True)
-        else:
-            self._send(data)
-
-    def relay(self, data: bytes, block_open: bool, over: bytes = b"") -> None:
-        """Frames passed on from the other side: ``data`` within this peer's connection window (its DATA taken off
-        ``window`` already), then ``over``, from a DATA frame beyond the window on, which waits for the window;
-        ``block_open``: they end inside a header block."""
-        if data:
-            self._send(data)
-        if over:
-            self._wait(over, False)
-            self.drain()  # as far as the window goes: a peer sends credit only for what it received
-        self.block_open = block_open
-        if not block_open and self.queued:
-            queued = b"".join(self.queued)
-            self.queued.clear()
-            if self.backlog:
-                self._wait(queued, True)
-            else:
-                self._send(queued)
-
-    def _wait(self, data: bytes, counted: bool) -> None:
-        self.backlog.append((data, counted))
-        self.backlog_size += len(data)
-
-    def drain(self) -> None:
-        """Send what waits for the connection window as far as the window goes (a DATA frame beyond it is split
-        when it has no padding)."""
-        out: list[bytes] = []
-        backlog = self.backlog
-        while backlog:
-            data, counted = backlog[0]
-            if counted:
-                out.append(data)
-                del backlog[0]
-                continue
-            rest = b""
-            for start, end, ftype, flags, sid in _frames(data, 0):
-                n = end - start - 9
-                if ftype != _DATA or n <= self.window:
-                    if ftype == _DATA:
-                        self.window -= n
-                    continue
-                out.append(data[:start])
-                if self.window > 0 and not flags & _PADDED:
-                    k = self.window
-                    self.window = 0
-                    out.append(h2.frame(_DATA, flags & ~_END_STREAM, sid, data[start + 9:start + 9 + k]))
-                    rest = h2.frame(_DATA, flags, sid, data[start + 9 + k:end]) + data[end:]
-                else:
-                    rest = data[start:]
-                break
-            else:
-                out.append(data)
-                del backlog[0]
-                continue
-            backlog[0] = (rest, False)
-            break
-        self.backlog_size = sum(len(d) for d, _ in backlog)
-        if out:
-            self._send(b"".join(out))
-
-    def _send(self, data: bytes) -> None:
-        t = self.transport
-        if t is not None and not t.is_closing():
-            t.write(data)
 
 
 class _Held:
@@ -417,27 +245,6 @@ class _StreamForward(Forward):
         trailer = _stateless_decode(self._held.trailer_block) if self._held.trailer_block else []
         return _unquote(next((v for k, v in trailer if k == b"grpc-message"), b""))
 
-
-def _unquote(message: bytes) -> str:
-    import urllib.parse
-
-    return urllib.parse.unquote(message.decode("latin-1"), errors="replace")
-
-
-def _message(payload: bytes) -> bytes:
-    return b"\x00" + len(payload).to_bytes(4, "big") + payload
-
-
-def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """Start, end, type, flags and stream id of each whole frame in ``data`` from ``pos`` on."""
-    n = len(data)
-    while n - pos >= 9:
-        hi, lo, ftype, flags, sid = _FRAME(data, pos)
-        end = pos + 9 + (hi << 16 | lo)
-        if end > n:
-            return
-        yield pos, end, ftype, flags, sid & 0x7FFFFFFF
-        pos = end
 
 
 def _pass_on(peer: _Peer, data: bytes, start: int, pos: int, out: list[bytes], block_open: bool,

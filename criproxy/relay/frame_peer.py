@@ -1,0 +1,124 @@
+"""One side of a relayed connection as the frame relay writes to it (``_Peer``): its SETTINGS, its connection
+window and the flow-control backlog (a relayed DATA frame beyond the window waits, split at the window, and what
+follows waits in order behind it), and the proxy's own frames held back while a relayed header block is open
+(RFC 9113 6.10); with ``_frames``, the walk over the whole frames of a read."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+from criproxy.relay import h2wire as h2
+
+_FRAME = h2.FRAME_HEADER.unpack_from
+_DATA, _END_STREAM, _PADDED = h2.DATA, h2.END_STREAM, h2.PADDED
+_DEFAULT_WINDOW = 65_535
+_DEFAULT_FRAME = 16_384
+
+
+def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """Start, end, type, flags and stream id of each whole frame in ``data`` from ``pos`` on."""
+    n = len(data)
+    while n - pos >= 9:
+        hi, lo, ftype, flags, sid = _FRAME(data, pos)
+        end = pos + 9 + (hi << 16 | lo)
+        if end > n:
+            return
+        yield pos, end, ftype, flags, sid & 0x7FFFFFFF
+        pos = end
+
+
+class _Peer:
+    """One side of a relayed connection, as the proxy writes to it."""
+
+    __slots__ = ("backlog", "backlog_size", "block_open", "init_window", "max_frame", "name", "queued", "transport",
+                 "window", "withhold")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.transport: asyncio.Transport | None = None
+        self.max_frame = _DEFAULT_FRAME      # its SETTINGS_MAX_FRAME_SIZE: the largest frame it accepts
+        self.init_window = _DEFAULT_WINDOW   # its SETTINGS_INITIAL_WINDOW_SIZE: a new stream's receive window
+        self.window = _DEFAULT_WINDOW        # its connection receive window (what may still be sent to it)
+        self.withhold = 0                    # credit to take off its next connection WINDOW_UPDATEs
+        self.block_open = False              # a relayed header block to it awaits its CONTINUATION frames
+        self.queued: list[bytes] = []        # the proxy's own frames held back until that block ends
+        # frames waiting for its connection window, in order: (frames, counted) where counted frames (the proxy's
+        # own) took their window when written and the others' DATA takes it as they go (see ``drain``)
+        self.backlog: list[tuple[bytes, bool]] = []
+        self.backlog_size = 0
+
+    def write(self, data: bytes) -> None:
+        """The proxy's own frames: after the relayed header block in progress, if any (RFC 9113 6.10: nothing may
+        come between a HEADERS frame without END_HEADERS and its CONTINUATION frames), and after the frames
+        waiting for its window."""
+        if self.block_open:
+            self.queued.append(data)
+        elif self.backlog:
+            self._wait(data, True)
+        else:
+            self._send(data)
+
+    def relay(self, data: bytes, block_open: bool, over: bytes = b"") -> None:
+        """Frames passed on from the other side: ``data`` within this peer's connection window (its DATA taken off
+        ``window`` already), then ``over``, from a DATA frame beyond the window on, which waits for the window;
+        ``block_open``: they end inside a header block."""
+        if data:
+            self._send(data)
+        if over:
+            self._wait(over, False)
+            self.drain()  # as far as the window goes: a peer sends credit only for what it received
+        self.block_open = block_open
+        if not block_open and self.queued:
+            queued = b"".join(self.queued)
+            self.queued.clear()
+            if self.backlog:
+                self._wait(queued, True)
+            else:
+                self._send(queued)
+
+    def _wait(self, data: bytes, counted: bool) -> None:
+        self.backlog.append((data, counted))
+        self.backlog_size += len(data)
+
+    def drain(self) -> None:
+        """Send what waits for the connection window as far as the window goes (a DATA frame beyond it is split
+        when it has no padding)."""
+        out: list[bytes] = []
+        backlog = self.backlog
+        while backlog:
+            data, counted = backlog[0]
+            if counted:
+                out.append(data)
+                del backlog[0]
+                continue
+            rest = b""
+            for start, end, ftype, flags, sid in _frames(data, 0):
+                n = end - start - 9
+                if ftype != _DATA or n <= self.window:
+                    if ftype == _DATA:
+                        self.window -= n
+                    continue
+                out.append(data[:start])
+                if self.window > 0 and not flags & _PADDED:
+                    k = self.window
+                    self.window = 0
+                    out.append(h2.frame(_DATA, flags & ~_END_STREAM, sid, data[start + 9:start + 9 + k]))
+                    rest = h2.frame(_DATA, flags, sid, data[start + 9 + k:end]) + data[end:]
+                else:
+                    rest = data[start:]
+                break
+            else:
+                out.append(data)
+                del backlog[0]
+                continue
+            backlog[0] = (rest, False)
+            break
+        self.backlog_size = sum(len(d) for d, _ in backlog)
+        if out:
+            self._send(b"".join(out))
+
+    def _send(self, data: bytes) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.write(data)
