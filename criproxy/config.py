@@ -14,6 +14,8 @@ from typing import Any
 
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, ConfigError
+from allocator.memory.reserved import MemoryReservation
+from criproxy.node.memory_settings import coerce_memory_setting, is_memory_setting
 
 __all__ = ["DEFAULTS", "ProxyConfig", "load_config", "parse_options"]
 
@@ -69,6 +71,20 @@ class ProxyConfig:
     log_level: str = "INFO"
     relay: str = "frames"         # how calls are relayed: "frames" (HTTP/2 frames) or "grpc" (a gRPC server)
     max_connections: int = 128    # clients the frame relay serves at once (two descriptors each)
+    # kubelet's Memory Manager (docs/memory.md): memoryManagerPolicy, reservedMemory, and what Node Allocatable
+    # reserves of memory (system-reserved + kube-reserved + the hard eviction threshold memory.available)
+    memory_manager_policy: str = "None"
+    reserved_memory: tuple[MemoryReservation, ...] = ()
+    system_reserved: Mapping[str, str] = field(default_factory=dict)
+    kube_reserved: Mapping[str, str] = field(default_factory=dict)
+    eviction_hard: str | None = None  # memory.available's threshold; None: kubelet's default (100Mi)
+    import_kubelet_memory_state: str | None = None
+
+    @property
+    def memory_state_file(self) -> Path:
+        """numapin's memory_manager_state, beside cpu_manager_state (never kubelet's: a kubelet with
+        memoryManagerPolicy None refuses to start on a file saying Static)."""
+        return Path(self.state_dir) / "memory_manager_state"
 
     @property
     def state_file(self) -> Path:
@@ -118,6 +134,8 @@ _NAMES = {f.name for f in fields(ProxyConfig)}
 
 def _coerce(name: str, value: Any) -> Any:
     where = f"{name.replace('_', '-')}"
+    if is_memory_setting(name):
+        return coerce_memory_setting(name, value, where)
     if name == "reserved_cpus":
         if value in (None, ""):
             return None
