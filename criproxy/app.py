@@ -37,7 +37,7 @@ from criproxy.relay.relays import start_relay
 from criproxy.relay.socket_server import RelayServer, SocketInUseError, listen_path
 from criproxy.serve.control import ControlServer
 from criproxy.serve.metrics import ProxyMetrics
-from criproxy.serve.nrt import ApiPublisher, write_nrt
+from criproxy.serve.nrt import ApiPublisher, nrt_memory_of, write_nrt
 from criproxy.serve.status import status_document
 
 if TYPE_CHECKING:
@@ -308,7 +308,8 @@ class CriProxy:
                          topology_manager_scope=nc.topology_manager_scope,
                          topology_manager_policy_options=nc.topology_manager_policy_options,
                          cpu_manager_policy_options=nc.cpu_manager_policy_options,
-                         attributes={"numapinStateVersion": f"{self._nrt_epoch}-{self._nrt_generation}"})
+                         attributes={"numapinStateVersion": f"{self._nrt_epoch}-{self._nrt_generation}"},
+                         **nrt_memory_of(self.allocator))
 
     async def _nrt_loop(self) -> None:
         while True:
@@ -317,6 +318,7 @@ class CriProxy:
             self._nrt_generation += 1
             doc = self.nrt_document()
             self.metrics.set_free(self.allocator.free_cpus_per_numa())
+            self.metrics.set_memory(self.allocator.memory_state)
             try:
                 await asyncio.to_thread(write_nrt, self.config.nrt_path, doc)
             except OSError as e:

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from allocator.memory.state import MemoryState
+
 __all__ = ["ProxyMetrics"]
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -47,6 +49,11 @@ class ProxyMetrics:
                                       "Changes of a running pod's CPU mode rolled back because the shared pool could "
                                       "not be narrowed off the new exclusive CPUs, by modes", ["from", "to"],
                                       registry=r)
+        self.memory_bytes = Gauge("numapin_criproxy_memory_bytes",
+                                  "Memory and huge pages per NUMA node as the Memory Manager accounts them "
+                                  "(memoryManagerPolicy Static), by resource (memory, hugepages-<size>) and kind "
+                                  "(allocatable, reserved by containers, free)", ["numa_node", "resource", "kind"],
+                                  registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
 
@@ -82,6 +89,15 @@ class ProxyMetrics:
 
     def observe_mode_rollback(self, old: str, new: str) -> None:
         self.mode_rollbacks.labels(old, new).inc()
+
+    def set_memory(self, state: MemoryState | None) -> None:
+        """The Memory Manager's tables (nothing with memoryManagerPolicy None)."""
+        if state is None:
+            return
+        for node, ns in state.machine.items():
+            for resource, t in ns.memory.items():
+                for kind, value in (("allocatable", t.allocatable), ("reserved", t.reserved), ("free", t.free)):
+                    self.memory_bytes.labels(str(node), resource, kind).set(value)
 
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():
