@@ -2,7 +2,8 @@
 
 Starts ``numapin webhook`` as a separate process (its own interpreter, as in a cluster) with a fresh CA and serving
 certificate and a directory of 5000 (``--nodes``) NodeResourceTopology documents (2-socket, 2 NUMA x 28-CPU nodes under
-single-numa-node, each with its own free CPUs, so most nodes differ), then for 1, 16 and 64 concurrent clients
+single-numa-node, each with its own free CPUs and, with ``--memory static`` (the default), its memory per NUMA node
+under kubelet's Memory Manager, so most nodes differ), then for 1, 16 and 64 concurrent clients
 (one keep-alive TLS connection each) measures admissions per second, p50/p99 latency and the webhook's CPU per
 request of:
 
@@ -26,6 +27,7 @@ many webhook processes on their own ports, the clients spread over them as the S
 to one webhook and reports its resident memory along the way (``--soak 1000000`` is the long form).
 
 Usage: python benchmarks/webhook.py [--seconds 10] [--cold-seconds 2] [--concurrency 1,16,64] [--nodes 5000]
+                                    [--memory static|none]
                                     [--replicas 1,2] [--workers 1,2] [--client auto|wrk|python] [--soak N]
 """
 
@@ -54,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from allocator.cpuset import CPUSet  # noqa: E402
+from allocator.memory.report import ASSIGNMENTS_ATTRIBUTE, CELLS_ATTRIBUTE  # noqa: E402
 from allocator.nrt import build_nrt  # noqa: E402
 from allocator.topology import CPUInfo, Topology  # noqa: E402
 from benchmarks.wrk_load import available as wrk_available  # noqa: E402
@@ -62,6 +65,7 @@ from webhook.admission.mutate import mutate_pod  # noqa: E402
 from webhook.https.certs import make_ca, make_serving_cert, service_dns_names  # noqa: E402
 
 SERVER_NAME = "numapin-webhook.numapin.svc"
+GI = 1 << 30
 
 
 def machine(numa_nodes: int = 2, cores_per_numa: int = 14, threads: int = 2) -> Topology:
@@ -72,8 +76,10 @@ def machine(numa_nodes: int = 2, cores_per_numa: int = 14, threads: int = 2) -> 
     return Topology(cpus=tuple(cpus), numa_nodes=tuple(range(numa_nodes)), numa_distances=dist)
 
 
-def write_nodes(directory: Path, count: int, seed: int = 7) -> int:
-    """``count`` NRT documents, one file each; returns how many distinct free-CPU states they have."""
+def write_nodes(directory: Path, count: int, seed: int = 7, *, memory: bool = True) -> int:
+    """``count`` NRT documents, one file each; returns how many distinct free states they have. ``memory``: the
+    nodes publish memory per NUMA node (192Gi each, ``memoryManagerPolicy: Static``, 4Gi held per busy core), so
+    every admission is judged by kubelet's Memory Manager too."""
     rnd = random.Random(seed)
     topo = machine()
     reserved = CPUSet([0, 28])
@@ -82,8 +88,16 @@ def write_nodes(directory: Path, count: int, seed: int = 7) -> int:
         busy_cores = [c for c in range(1, 28) if rnd.random() < 0.4]
         busy = CPUSet(busy_cores) | CPUSet(c + 28 for c in busy_cores)
         free = topo.all_cpus - reserved - busy
+        extra: dict[str, Any] = {}
+        if memory:
+            held = {n: 4 * GI * sum(1 for c in busy_cores if c // 14 == n) for n in (0, 1)}
+            allocatable = 192 * GI - 50 * (1 << 20)
+            extra = {"memory": {n: {"memory": (192 * GI, allocatable, allocatable - held[n])} for n in (0, 1)},
+                     "memory_manager_policy": "Static",
+                     "zone_attributes": {n: {ASSIGNMENTS_ATTRIBUTE: "1", CELLS_ATTRIBUTE: str(n)}
+                                         for n in (0, 1) if held[n]}}
         doc = build_nrt(f"node-{i:04d}", topo, free_cpus=free, reserved_cpus=reserved,
-                        topology_manager_policy="single-numa-node", labels={"pool": "general"})
+                        topology_manager_policy="single-numa-node", labels={"pool": "general"}, **extra)
         states.add(tuple(len(free & topo.cpus_in_numa(n)) for n in (0, 1)))
         (directory / f"node-{i:04d}.json").write_text(json.dumps(doc))
     return len(states)
@@ -334,7 +348,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         pair = make_serving_cert(ca, service_dns_names("numapin-webhook", "numapin"))
         (d / "tls.crt").write_bytes(pair.cert_pem)
         (d / "tls.key").write_bytes(pair.key_pem)
-        distinct = write_nodes(d / "nrt", args.nodes)
+        distinct = write_nodes(d / "nrt", args.nodes, memory=args.memory == "static")
         # as a directory written before the webhook started: a file read within 2 s of its mtime is read again at
         # the source's next poll (--nrt-poll-seconds 60: inside a measured window), which no steady cluster shows
         old = time.time() - 60
@@ -407,7 +421,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
            "anchor": "healthz_anchor: GET /healthz over the same connections (TLS + HTTP, no decision)",
            "windows": "per endpoint and concurrency: 'cold', the first seconds (new connections; the first of them "
                       "right after /readyz turned ready), then 'warm', the measured window after it",
-           "nodes": args.nodes, "distinct_node_states": distinct, "cpu_count": os.cpu_count(),
+           "nodes": args.nodes, "distinct_node_states": distinct, "memory_manager_policy": args.memory,
+           "cpu_count": os.cpu_count(),
            "results": results}
     if memory is not None:
         out["memory"] = memory
@@ -419,6 +434,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=2000, help="requests per (endpoint, concurrency)")
     p.add_argument("--concurrency", default="1,16,64", help="comma-separated client counts")
     p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--memory", choices=("static", "none"), default="static",
+                   help="static: the nodes publish memory per NUMA node and admissions judge it (default); none: CPUs "
+                        "only")
     p.add_argument("--replicas", default="1", help="comma-separated replica counts (webhook processes, clients "
                    "spread over them as the Service does), e.g. 1,2")
     p.add_argument("--soak", type=int, default=0, help="then send this many more requests to one replica and "

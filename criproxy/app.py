@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc.aio
 
-from allocator.checkpoint import CheckpointStore, import_kubelet_state
+from allocator.checkpoint import CheckpointStore
 from allocator.node import NodeAllocator, NodeConfig, NodeParts, build_node
 from allocator.nrt import build_nrt
 from allocator.topology import Topology
@@ -26,11 +26,13 @@ from criproxy.decisions.reconcile import ReconcileReport, reconcile
 from criproxy.decisions.registry import Registry, Tracked
 from criproxy.decisions.resize import Resizer
 from criproxy.decisions.starts import StartGuard
+from criproxy.decisions.state_files import StateFiles
 from criproxy.node.converge import Converger, Decider, Decision
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.kernel import CgroupLayout, KernelRoots
 from criproxy.node.kubelet_drift import KubeletPaths
 from criproxy.node.kubelet_watch import KubeletWatch
+from criproxy.node.memory_settings import memory_config_of
 from criproxy.relay.conn_limits import ConnectionLimits
 from criproxy.relay.cri_api import RuntimeApi
 from criproxy.relay.frames import FrameRelayServer
@@ -39,7 +41,7 @@ from criproxy.relay.relays import start_relay
 from criproxy.relay.socket_server import RelayServer, SocketInUseError, listen_path
 from criproxy.serve.control import ControlServer
 from criproxy.serve.metrics import ProxyMetrics
-from criproxy.serve.nrt import ApiPublisher, write_nrt
+from criproxy.serve.nrt import ApiPublisher, nrt_memory_of, write_nrt
 from criproxy.serve.status import status_document
 
 if TYPE_CHECKING:
@@ -53,12 +55,16 @@ log = logging.getLogger("numapin.criproxy")
 def node_parts_of(config: ProxyConfig) -> NodeParts:
     """The proxy's node, read from sysfs and built once (``build_node``: raises ConfigError / TopologyError)."""
     topology = Topology.from_sysfs(config.sysfs)
+    memory = memory_config_of(sysfs=config.sysfs, policy=config.memory_manager_policy,
+                              reserved=config.reserved_memory, system_reserved=config.system_reserved,
+                              kube_reserved=config.kube_reserved, eviction_hard=config.eviction_hard)
     nc = NodeConfig(topology=topology, reserved_cpus=config.reserved_cpus, num_reserved_cpus=config.num_reserved_cpus,
                     cpu_manager_policy_options=dict(config.cpu_manager_policy_options),
                     topology_manager_policy=config.topology_manager_policy,
                     topology_manager_scope=config.topology_manager_scope,
                     topology_manager_policy_options=dict(config.topology_manager_policy_options),
-                    require_reserved_cpus=True)  # kubelet's start-up rule for a node with the static policy
+                    require_reserved_cpus=True,  # kubelet's start-up rule for a node with the static policy
+                    memory=memory)
     return build_node(nc)
 
 
@@ -159,16 +165,14 @@ class CriProxy:
         cfg = self.config
         node = self._node if self._node is not None else await asyncio.to_thread(node_parts_of, cfg)
         node_config = node.config
-        store = CheckpointStore(cfg.state_file, "numapin")
+        files = StateFiles.of(cfg.state_file, cfg.memory_state_file, node)
+        store = files.cpu
         cfg.state_file.parent.mkdir(parents=True, exist_ok=True)
-        for leftover in await asyncio.to_thread(store.clean_leftovers):
+        for leftover in await asyncio.to_thread(files.clean_leftovers):
             log.info("removed %s (a state write interrupted by a kill)", leftover)
-        state = await asyncio.to_thread(store.load)
-        if state is None and cfg.import_kubelet_state:
-            state = await asyncio.to_thread(import_kubelet_state, cfg.import_kubelet_state)
-            log.info("imported kubelet's CPU manager state from %s", cfg.import_kubelet_state)
-        allocator = NodeAllocator(node, state)
-        await asyncio.to_thread(store.save, allocator.state)
+        allocator = await asyncio.to_thread(files.load, node, kubelet_cpu=cfg.import_kubelet_state,
+                                            kubelet_memory=cfg.import_kubelet_memory_state)
+        await asyncio.to_thread(files.save, allocator)
         layout = await asyncio.to_thread(CgroupLayout.detect, KernelRoots(Path(cfg.proc_root), Path(cfg.cgroup_root)))
         problem = await asyncio.to_thread(layout.problem)
         if problem is not None:
@@ -177,7 +181,8 @@ class CriProxy:
         upstream = Upstream(cfg.runtime_endpoint)
         direct = problem is None and cfg.cpuset_writes == "kernel"  # write running containers' cgroups directly
         pusher = CpusetPusher(upstream, self.registry, layout=layout if direct else None,
-                              on_resized=lambda: self.converger.kick(), api=self.api)
+                              on_resized=lambda: self.converger.kick(), api=self.api,
+                              memory_nodes=allocator.container_mems)
         converger = Converger(upstream, self.registry, pusher, layout, self.decide,
                               period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
                               on_pass=self.metrics.observe_converge)
@@ -186,7 +191,8 @@ class CriProxy:
             node_config, allocator, store, pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid, bypass=cfg.bypass, cdi_spec_dirs=cfg.cdi_dirs),
-            api=self.api, ready=self.reconciled,  # admissions wait for the start-up reconcile
+            api=self.api, memory_store=files.memory,
+            ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._state_changed, on_admitted=self.metrics.observe_admission,
             on_rejected=self.metrics.observe_rejection, on_bypass_ignored=self.metrics.observe_bypass_ignored,
             on_narrow=self.metrics.observe_narrowing, on_cdi_problem=self.metrics.observe_cdi_problem,
@@ -323,7 +329,8 @@ class CriProxy:
                          topology_manager_scope=nc.topology_manager_scope,
                          topology_manager_policy_options=nc.topology_manager_policy_options,
                          cpu_manager_policy_options=nc.cpu_manager_policy_options,
-                         attributes={"numapinStateVersion": f"{self._nrt_epoch}-{self._nrt_generation}"})
+                         attributes={"numapinStateVersion": f"{self._nrt_epoch}-{self._nrt_generation}"},
+                         **nrt_memory_of(self.allocator))
 
     async def _nrt_loop(self) -> None:
         while True:
@@ -332,6 +339,7 @@ class CriProxy:
             self._nrt_generation += 1
             doc = self.nrt_document()
             self.metrics.set_free(self.allocator.free_cpus_per_numa())
+            self.metrics.set_memory(self.allocator.memory_state)
             try:
                 await asyncio.to_thread(write_nrt, self.config.nrt_path, doc)
             except OSError as e:

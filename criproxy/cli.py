@@ -84,6 +84,19 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--kubelet-check-period", "kubelet_check_period",
      {"help": "seconds between checks of kubelet's configuration; while kubelet's CPU or Memory Manager is static "
               "new exclusive admissions are refused (default 60; 0: only at start)"}),
+    ("--memory-manager-policy", "memory_manager_policy",
+     {"help": "None | Static: kubelet's Memory Manager (memory and huge pages accounted per NUMA node, cpuset.mems "
+              "= the nodes holding a Guaranteed container's memory; docs/memory.md) (default None)"}),
+    ("--reserved-memory", "reserved_memory",
+     {"help": "memory reserved per NUMA node in kubelet's format, e.g. 0:memory=1Gi,hugepages-2Mi=0;1:memory=2Gi "
+              "(with Static: must add up to system-reserved + kube-reserved + the eviction threshold)"}),
+    ("--system-reserved", "system_reserved", {"help": "kubelet's --system-reserved (e.g. memory=1Gi,cpu=500m)"}),
+    ("--kube-reserved", "kube_reserved", {"help": "kubelet's --kube-reserved (e.g. memory=1Gi)"}),
+    ("--eviction-hard", "eviction_hard",
+     {"help": "kubelet's --eviction-hard; its memory.available threshold counts in Node Allocatable "
+              "(default memory.available<100Mi)"}),
+    ("--import-kubelet-memory-state", "import_kubelet_memory_state",
+     {"help": "kubelet's memory_manager_state to import once when numapin has no memory state yet (Static)"}),
     ("--log-level", "log_level", {"help": "DEBUG, INFO, WARNING (default INFO)"}),
     ("--relay", "relay", {"choices": ("frames", "grpc"),
                           "help": "how calls reach the runtime: frames (HTTP/2 frames copied between kubelet's "

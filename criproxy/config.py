@@ -15,6 +15,8 @@ from typing import Any
 from allocator.bypass import DEFAULT_BYPASS_NAMESPACE, BypassPolicy, parse_names
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, ConfigError
+from allocator.memory.reserved import MemoryReservation
+from criproxy.node.memory_settings import coerce_memory_setting, is_memory_setting
 
 __all__ = ["DEFAULTS", "ProxyConfig", "load_config", "parse_options"]
 
@@ -79,6 +81,14 @@ class ProxyConfig:
     kubelet_config: str = "/var/lib/kubelet/config.yaml"  # kubelet's config file, checked for drift
     kubelet_root_dir: str = "/var/lib/kubelet"  # kubelet's state files (cpu_manager_state, memory_manager_state)
     kubelet_check_period: float = 60.0  # seconds between checks of kubelet's configuration; 0 = only at start
+    # kubelet's Memory Manager (docs/memory.md): memoryManagerPolicy, reservedMemory, and what Node Allocatable
+    # reserves of memory (system-reserved + kube-reserved + the hard eviction threshold memory.available)
+    memory_manager_policy: str = "None"
+    reserved_memory: tuple[MemoryReservation, ...] = ()
+    system_reserved: Mapping[str, str] = field(default_factory=dict)
+    kube_reserved: Mapping[str, str] = field(default_factory=dict)
+    eviction_hard: str | None = None  # memory.available's threshold; None: kubelet's default (100Mi)
+    import_kubelet_memory_state: str | None = None
 
     @property
     def bypass(self) -> BypassPolicy:
@@ -88,6 +98,12 @@ class ProxyConfig:
     def cdi_dirs(self) -> tuple[str, ...]:
         """The CDI spec directories, in priority order (a later one's device wins)."""
         return tuple(d for d in self.cdi_spec_dirs.split(":") if d)
+
+    @property
+    def memory_state_file(self) -> Path:
+        """numapin's memory_manager_state, beside cpu_manager_state (never kubelet's: a kubelet with
+        memoryManagerPolicy None refuses to start on a file saying Static)."""
+        return Path(self.state_dir) / "memory_manager_state"
 
     @property
     def state_file(self) -> Path:
@@ -137,6 +153,8 @@ _NAMES = {f.name for f in fields(ProxyConfig)}
 
 def _coerce(name: str, value: Any) -> Any:
     where = f"{name.replace('_', '-')}"
+    if is_memory_setting(name):
+        return coerce_memory_setting(name, value, where)
     if name == "reserved_cpus":
         if value in (None, ""):
             return None

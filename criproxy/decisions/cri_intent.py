@@ -3,9 +3,9 @@
 The webhook's ``numapin.io/cpu-intent`` annotation (allocator.intent) is authoritative when present. Without
 it, numapin estimates what kubelet knew from what CRI carries: the QoS class from the sandbox's cgroup
 parent, the container's CPU request from ``cpu_shares`` and its limit from ``cpu_quota``/``cpu_period``,
-the memory limit from ``memory_limit_in_bytes``. Containers of the pod seen earlier are kept, so the pod
-model grows as kubelet creates them (CRI never shows the whole pod at once); which of them are init
-containers is learned from the order kubelet creates them (criproxy.decisions.pod_roles).
+the memory limit from ``memory_limit_in_bytes``, huge pages from ``hugepage_limits``. Containers of the pod
+seen earlier are kept, so the pod model grows as kubelet creates them (CRI never shows the whole pod at once);
+which of them are init containers is learned from the order kubelet creates them (criproxy.decisions.pod_roles).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
+from allocator.memory.resources import hugepage_resource
 from allocator.pod import (
     CPU_MANAGER_ANNOTATION,
     ContainerInfo,
@@ -29,7 +30,8 @@ from criproxy.decisions.pod_roles import PodRoles
 from criproxy.node.cfs import quota_to_milli_cpu, shares_to_milli_cpu
 from protos import cri_pb2
 
-__all__ = ["PodIdentity", "SelfPod", "container_from_cri", "identity_of", "pod_from_cri", "qos_from_cgroup_parent"]
+__all__ = ["PodIdentity", "SelfPod", "container_from_cri", "hugepages_from_cri", "identity_of", "pod_from_cri",
+           "qos_from_cgroup_parent"]
 
 log = logging.getLogger("numapin.criproxy")
 
@@ -101,7 +103,24 @@ def container_from_cri(name: str, resources: cri_pb2.LinuxContainerResources, qo
         request = shares_to_milli_cpu(resources.cpu_shares) or None
     mem = resources.memory_limit_in_bytes or None
     return ContainerInfo(name=name, role="app", cpu_request_milli=request, cpu_limit_milli=limit,
-                         memory_request=mem if qos == "Guaranteed" else None, memory_limit=mem)
+                         memory_request=mem if qos == "Guaranteed" else None, memory_limit=mem,
+                         hugepages=hugepages_from_cri(resources))
+
+
+_PAGE_UNITS = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "PB": 1 << 50}
+
+
+def hugepages_from_cri(resources: cri_pb2.LinuxContainerResources) -> tuple[tuple[str, int], ...]:
+    """The container's huge pages from CRI's ``hugepage_limits`` (kubelet lists every size of the node, ``2MB``,
+    ``1GB``, with the bytes the container may use, 0 for sizes it does not ask): ``(hugepages-<size>, bytes)``
+    for the sizes it asks, as requests equal limits for huge pages. Sizes numapin cannot read are skipped."""
+    out: dict[str, int] = {}
+    for h in resources.hugepage_limits:
+        number, unit = h.page_size[:-2], h.page_size[-2:].upper()
+        if not h.limit or unit not in _PAGE_UNITS or not number.isdigit() or int(number) <= 0:
+            continue
+        out[hugepage_resource(int(number) * _PAGE_UNITS[unit])] = h.limit
+    return tuple(sorted(out.items()))
 
 
 def pod_from_cri(req: cri_pb2.CreateContainerRequest,

@@ -44,6 +44,7 @@ import grpc.aio
 from allocator.cpuset import CPUSet
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
+from allocator.memory.state import MemoryState
 from allocator.mode_change import KUBELET_RULE, ModeChange, parse_target
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, QOSClass, qos_class
 from allocator.state import CPUState
@@ -147,7 +148,7 @@ class ModeApplier:
             # the pool gate is held from the decision until the kernel shows it: no convergence pass (which
             # follows the state) can move the pod's containers before the shared ones are narrowed
             async with gate.exclusive():
-                before = self.allocator.state.copy()
+                before = self.pinning.mems.snapshot()  # the CPU and the memory state (change_mode moves both)
                 change = await asyncio.to_thread(self.allocator.change_mode, pod, target)
                 self.models[uid] = pod
                 if not change.admitted:
@@ -156,7 +157,7 @@ class ModeApplier:
                 drift = self.pinning.refuse_exclusive() if any(
                     m.new_cpus is not None and m.old_cpus is None for m in change.moves) else None
                 if drift is not None:  # kubelet writes cpusets too: no container gets new exclusive CPUs
-                    self.allocator.state = before
+                    self.pinning.mems.restore(before)
                     self.on_refusal("KubeletDrift")
                     return ModeAnswer("refused", f"pod {ref}: mode {target} refused: no new exclusive CPUs while "
                                                  f"{drift}", "KubeletDrift")
@@ -305,10 +306,11 @@ class ModeApplier:
         if blockers:
             raise _NarrowingFailed(blockers)
 
-    async def _roll_back(self, change: ModeChange, before: CPUState, ref: str, e: _NarrowingFailed) -> ModeAnswer:
+    async def _roll_back(self, change: ModeChange, before: tuple[CPUState, MemoryState | None], ref: str,
+                         e: _NarrowingFailed) -> ModeAnswer:
         """Undo a change whose narrowing failed (the pool gate held): the allocator's state as before (the
         checkpoint was not written), every shared container widened back, the kernel checked."""
-        self.allocator.state = before
+        self.allocator.state, self.allocator.memory_state = before
         await self._resize_shared()
         checked, repairs = await self.converger.repair(self.converger.live(), "rolling back a mode change")
         self.pinning.pusher.on_resized()

@@ -23,6 +23,8 @@ from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, PodSpecError
 from allocator.intent import INTENT_ANNOTATION
+from allocator.memory.checkpoint import MemoryCheckpointStore
+from allocator.memory.state import MemoryState
 from allocator.node import NodeAllocator, NodeConfig, PodDecision
 from allocator.pod import PodInfo
 from allocator.state import CPUState
@@ -35,9 +37,11 @@ from criproxy.decisions.cri_intent import (
     pod_from_cri,
     qos_from_cgroup_parent,
 )
+from criproxy.decisions.memory_nodes import MemoryNodes
 from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance
 from criproxy.decisions.registry import CriPod, Registry, Tracked, TrackedMode
 from criproxy.decisions.resized_pod import with_cri_size
+from criproxy.decisions.state_files import save_pair
 from criproxy.node.cdi import DEFAULT_SPEC_DIRS, cdi_numa_nodes
 from criproxy.node.cfs import QUOTA_PERIOD
 from criproxy.node.cpuset_pusher import CpusetPusher
@@ -102,6 +106,7 @@ class Pinning:
     def __init__(self, config: NodeConfig, allocator: NodeAllocator, store: CheckpointStore, pusher: CpusetPusher,
                  registry: Registry, options: PinningOptions = PinningOptions(), *,
                  api: RuntimeApi | None = None,
+                 memory_store: MemoryCheckpointStore | None = None,
                  ready: asyncio.Event | None = None,
                  on_change: Callable[[], None] | None = None,
                  on_admitted: Callable[[TrackedMode], None] | None = None,
@@ -112,6 +117,8 @@ class Pinning:
                  refuse_exclusive: Callable[[], str | None] | None = None) -> None:
         self.allocator = allocator
         self.store = store
+        self.memory_store = memory_store  # memory_manager_state (memoryManagerPolicy Static), saved with the CPUs'
+        self.mems = MemoryNodes(allocator)
         self.pusher = pusher
         self.registry = registry
         self.options = options
@@ -156,15 +163,15 @@ class Pinning:
         }
 
     # -- helpers ------------------------------------------------------------------------------------------
-    def _mems_of(self, cpus: CPUSet) -> CPUSet:
-        return self.topology.numa_of(cpus)
+    def _mems_of(self, cpus: CPUSet, uid: str = "", name: str = "") -> CPUSet:
+        return self.mems.of(uid, name, cpus)  # the Memory Manager's nodes for a container it accounts
 
     def shared_pool(self) -> tuple[CPUSet, CPUSet]:
         pool = self.allocator.shared_pool()
         return pool, self._mems_of(pool)
 
     async def save(self) -> None:
-        await asyncio.to_thread(self.store.save, self.allocator.state)
+        await asyncio.to_thread(save_pair, self.store, self.memory_store, self.allocator)
 
     def passes_through(self, ident: PodIdentity) -> bool:
         return self.bypass.passes(ident.uid, ident.namespace, ident.name, ident.annotations)
@@ -381,7 +388,7 @@ class Pinning:
         containers narrowed before the runtime hears of the container. Returns the placement and the in-flight
         shared creates to wait for (they may hold CPUs the pool just lost). Raises Rejection."""
         had_cpus = self.allocator.container_cpus(ident.uid, name) is not None and name not in reallocate
-        before = self.allocator.state.copy()
+        before = self.mems.snapshot()
         pool_before = self.allocator.shared_pool()
         try:
             decision = await asyncio.to_thread(self.allocator.admit_pod, pod,
@@ -402,11 +409,11 @@ class Pinning:
         own = self.allocator.container_cpus(ident.uid, name)
         if own is not None:
             placement = Placement(self.allocator.state.mode(ident.uid, name),  # type: ignore[arg-type]
-                                  own, self._mems_of(own), True, had_cpus)
+                                  own, self._mems_of(own, ident.uid, name), True, had_cpus)
         else:
-            pool, mems = self.shared_pool()
-            placement = Placement("shared", pool, mems, False, False)
-        if self.allocator.state != before:
+            pool = self.allocator.shared_pool()
+            placement = Placement("shared", pool, self._mems_of(pool, ident.uid, name), False, False)
+        if self.mems.snapshot() != before:
             await self.save()  # the allocation is on disk before the runtime hears of the container
             self.on_change()
         flights: list[_Flight] = []
@@ -418,16 +425,18 @@ class Pinning:
             flights = [f for f in self._flights if not f.cpus.isdisjoint(lost)]
         return placement, flights
 
-    def _refuse_new_exclusive(self, before: CPUState, ident: PodIdentity, name: str) -> None:
-        """Undo the admission and raise Rejection when it gave CPUs of their own to containers that had none while
-        new exclusive admissions are refused (a re-created container keeping its CPUs is no new admission)."""
+    def _refuse_new_exclusive(self, before: tuple[CPUState, MemoryState | None], ident: PodIdentity,
+                              name: str) -> None:
+        """Undo the admission (both states) and raise Rejection when it gave CPUs of their own to containers that
+        had none while new exclusive admissions are refused (a re-created container keeping its CPUs is no new
+        admission)."""
         after = self.allocator.state.assignments
-        if all(before.get(uid, c) is not None for uid, cs in after.items() for c in cs):
+        if all(before[0].get(uid, c) is not None for uid, cs in after.items() for c in cs):
             return
         reason = self.refuse_exclusive()
         if reason is None:
             return
-        self.allocator.state = before
+        self.mems.restore(before)
         self.on_rejected("KubeletDrift")
         raise Rejection(grpc.StatusCode.FAILED_PRECONDITION,
                         f"numapin: pod {ident.ref} container {name}: no new exclusive CPUs while {reason}")
@@ -509,7 +518,8 @@ class Pinning:
         async with self.lock:  # not amid a reconcile's rebuild of the registry; no push overtakes another
             self.registry.add(t)
             if not placement.pinned:
-                pool, mems = self.shared_pool()
+                pool = self.allocator.shared_pool()
+                mems = self._mems_of(pool, ident.uid, name)
                 if (pool, mems) != (placement.cpus, placement.mems):
                     await self.pusher.push([(t, pool, mems, None)])
                     log.info("pod=%s container=%s created with cpus=%s; the pool changed meanwhile: now cpus=%s",
@@ -542,6 +552,7 @@ class Pinning:
             return await forward(request)
         # the cpuset numapin wants now (for a shared container: the current pool, even mid-narrowing)
         cpus, mems = (t.cpus, t.mems) if t.pinned else self.shared_pool()
+        mems = self.allocator.container_mems(t.pod_uid, t.name) or mems
         updates = {CPUSET_CPUS: wire.encode_string(CPUSET_CPUS, str(cpus))}
         if mems is not None:
             updates[CPUSET_MEMS] = wire.encode_string(CPUSET_MEMS, str(mems))

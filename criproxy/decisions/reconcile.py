@@ -1,7 +1,8 @@
 """Start-up reconciliation: make the checkpoint, the registry and the runtime agree again.
 
 After a restart (or a SIGKILL between any two steps) the proxy lists the runtime's sandboxes and containers:
-assignments of containers that no longer exist (or whose pod's sandbox is stopped) are dropped (except those
+assignments of containers that no longer exist (or whose pod's sandbox is stopped) are dropped, CPUs and memory
+alike (except those
 the webhook's intent announces for a running pod and kubelet has not created yet), running
 containers are adopted into the registry, cpusets containerd records differently from the state are applied
 again, and then every running container's real cpuset is read from the kernel and repaired where it is not the
@@ -109,6 +110,17 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
             if (uid, name) not in present or uid not in ready_pods:
                 allocator.release_container(uid, name)
                 dropped.append((uid, name))
+    # the same for memory (memoryManagerPolicy Static): a Guaranteed container on the shared pool holds memory
+    # without CPUs, and a kill -9 between the two files' writes leaves an entry in one of them only
+    held = allocator.memory_state.assignments if allocator.memory_state is not None else {}
+    for uid, blocks in list(held.items()):
+        for name in list(blocks):
+            if (uid, name) in announced or (uid, name) in creating:
+                continue
+            if (uid, name) not in present or uid not in ready_pods:
+                allocator.release_container(uid, name)
+                if (uid, name) not in dropped:
+                    dropped.append((uid, name))
 
     # 2. adopt what runs
     registry.containers.clear()

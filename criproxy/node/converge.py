@@ -1,7 +1,8 @@
 """Kernel-truth convergence: every running container's real cpuset is made the proxy's decision again.
 
 The decision for a container is its own CPUs when the allocator's state pins it, else the current shared
-pool; the memory nodes are the NUMA nodes of those CPUs. The truth is read from the kernel (the container's
+pool; the memory nodes are the Memory Manager's nodes for a container it accounts, else the NUMA nodes of those
+CPUs. The truth is read from the kernel (the container's
 cgroup and its processes' ``/proc/<pid>/status``, see ``kernel``), never from containerd's record: a cgroup
 written behind the proxy's back, an update lost to a kill -9 of the proxy mid-narrowing, a record containerd
 rolled back after the kernel had changed, an update that failed while containerd was down, a stale record
@@ -60,6 +61,9 @@ class Decider:
             return None
         own = self.allocator.container_cpus(t.pod_uid, t.name)
         cpus = own if own is not None else self.allocator.shared_pool()
+        held = self.allocator.container_mems(t.pod_uid, t.name)  # the Memory Manager's nodes win
+        if held is not None:
+            return Decision(cpus, held)
         mems = self._mems.get(cpus)
         if mems is None:
             if len(self._mems) > 4096:

@@ -50,7 +50,8 @@ class PushResult:
 class CpusetPusher:
     def __init__(self, upstream: Upstream, registry: Registry, *, layout: CgroupLayout | None = None,
                  timeout: float = 10.0, concurrency: int = 128, record_fanout: int = 4,
-                 on_resized: Callable[[], None] | None = None, api: RuntimeApi | None = None) -> None:
+                 on_resized: Callable[[], None] | None = None, api: RuntimeApi | None = None,
+                 memory_nodes: Callable[[str, str], CPUSet | None] | None = None) -> None:
         self.upstream = upstream
         self.api = api or RuntimeApi()  # the runtime's CRI version
         self.registry = registry
@@ -58,6 +59,8 @@ class CpusetPusher:
         self.timeout = timeout
         self.gate = PoolGate()
         self.on_resized = on_resized or (lambda: None)
+        # (pod uid, container) -> the Memory Manager's nodes (None: not accounted): they win over any mems pushed
+        self.memory_nodes = memory_nodes or (lambda uid, name: None)
         # container id -> its cgroup (fixed for the container's life), filled by the convergence's locate
         self.cgroups: dict[str, str] = {}
         # updates waited for at once (each makes containerd run runc): a bound for nodes with thousands of
@@ -138,7 +141,8 @@ class CpusetPusher:
         last update (unless ``force``: the kernel showed otherwise). Returns once the kernel has them (running
         containers) or containerd took them (the others)."""
         t0 = time.perf_counter()
-        todo = [(t, c, m, q) for t, c, m, q in items
+        held = self.memory_nodes
+        todo = [(t, c, m, q) for t, c, m, q in ((t, c, held(t.pod_uid, t.name) or m, q) for t, c, m, q in items)
                 if force or t.cpus != c or (m is not None and t.mems != m)]
         written, rest = await self._write_kernel(todo)
         results = await asyncio.gather(*(self._push(*i) for i in rest)) if rest else []

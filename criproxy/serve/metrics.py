@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from allocator.memory.state import MemoryState
 from criproxy.node.kubelet_drift import CPU_STATIC, ENDPOINT, MEMORY_STATIC, DriftReport
 
 __all__ = ["ProxyMetrics"]
@@ -70,6 +71,11 @@ class ProxyMetrics:
                                    "kubelet's configuration drifted from what numapin needs (1), by kind: "
                                    "cpu-manager-static, memory-manager-static (new exclusive admissions are refused), "
                                    "runtime-endpoint (kubelet's calls bypass the proxy)", ["kind"], registry=r)
+        self.memory_bytes = Gauge("numapin_criproxy_memory_bytes",
+                                  "Memory and huge pages per NUMA node as the Memory Manager accounts them "
+                                  "(memoryManagerPolicy Static), by resource (memory, hugepages-<size>) and kind "
+                                  "(allocatable, reserved by containers, free)", ["numa_node", "resource", "kind"],
+                                  registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
 
@@ -115,6 +121,7 @@ class ProxyMetrics:
     def observe_resize(self, result: str, seconds: float) -> None:
         self.resizes.labels(result).inc()
         self.resize_seconds.observe(seconds)
+
     def observe_cdi_problem(self, reason: str) -> None:
         self.cdi_problems.labels(reason).inc()
 
@@ -122,6 +129,15 @@ class ProxyMetrics:
         kinds = {p.kind for p in report.problems}
         for kind in (CPU_STATIC, MEMORY_STATIC, ENDPOINT):
             self.kubelet_drift.labels(kind).set(1 if kind in kinds else 0)
+
+    def set_memory(self, state: MemoryState | None) -> None:
+        """The Memory Manager's tables (nothing with memoryManagerPolicy None)."""
+        if state is None:
+            return
+        for node, ns in state.machine.items():
+            for resource, t in ns.memory.items():
+                for kind, value in (("allocatable", t.allocatable), ("reserved", t.reserved), ("free", t.free)):
+                    self.memory_bytes.labels(str(node), resource, kind).set(value)
 
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():

@@ -14,12 +14,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from allocator.memory.report import nrt_memory, nrt_memory_attributes
+from allocator.node import NodeAllocator
 from allocator.nrt import NRT_GROUP, NRT_PLURAL, NRT_VERSION
 from kubeapi.client import api_client as kube_api_client
 
-__all__ = ["ApiPublisher", "write_nrt"]
+__all__ = ["ApiPublisher", "nrt_memory_of", "write_nrt"]
 
 log = logging.getLogger("numapin.criproxy")
+
+def nrt_memory_of(allocator: NodeAllocator) -> dict[str, Any]:
+    """``build_nrt``'s memory arguments for the node: with ``memoryManagerPolicy: Static`` every zone's memory
+    and huge pages (capacity, allocatable, available), the policy and the zones' group attributes; nothing with
+    ``None`` (memory is not accounted, the zones carry CPUs only)."""
+    state = allocator.memory_state
+    if state is None:
+        return {}
+    return {"memory": nrt_memory(state), "memory_manager_policy": "Static",
+            "zone_attributes": nrt_memory_attributes(state)}
+
 
 def write_nrt(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
     """Write ``doc`` as JSON atomically (temp file, fsync, rename)."""

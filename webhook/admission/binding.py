@@ -24,11 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from allocator.memory.quantity_text import ByteQuantity
 from allocator.pod import PodInfo
 from webhook.admission.review import AdmissionRequest, Verdict
 from webhook.admission.simulate import Simulator
 from webhook.admission.unjudged import UnjudgedRule
-from webhook.admission.validate import assumption_note, pinned
+from webhook.admission.validate import assumption_note, judged, pinned
 from webhook.cluster.nodes import NodeStore
 from webhook.cluster.pods_cache import PodFinder
 
@@ -125,9 +126,11 @@ class BindingValidator:
         info = cached.info
         if (info.namespace, info.name) != (namespace, name):
             info = replace(info, namespace=namespace, name=name)  # messages name the pod as the binding does
-        if not pinned(info):
+        if not judged(info):
             return Verdict.allow()
         node = self.nodes.get(node_name)
+        if node is None and not pinned(info):
+            return Verdict.allow()  # memory alone is judged only on nodes publishing it
         if node is None:
             return self.unjudged.verdict("validate", "node_unknown",
                                          f"binding of pod {namespace}/{name} to node {node_name} not checked: the node "
@@ -148,6 +151,10 @@ class BindingValidator:
                     _Pending(time.monotonic(), key, info, node.publication_key))
             return Verdict.allow()
         free = ", ".join(f"node-{z.numa}={z.available}" for z in node.zones)
+        if node.memory_manager_policy != "None" and any("memory" in z.memory for z in node.zones):
+            free += "; free memory per NUMA node: " + ", ".join(
+                f"node-{z.numa}={ByteQuantity(z.memory['memory'][2], True)}"
+                for z in node.zones if "memory" in z.memory)
         also = f"; counting {len(prior)} pod(s) just bound to it" if prior else ""
         why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
         return Verdict.deny(

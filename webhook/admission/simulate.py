@@ -1,7 +1,8 @@
 """Ask a node's topology manager, as numapin's allocator emulates it, whether it would admit a pod.
 
 The node is rebuilt from its NodeResourceTopology (``synthetic_node``: a synthetic machine with the node's NUMA
-nodes, CPU counts, reserved and occupied CPUs) and the pod goes through ``NodeAllocator.admit_pod(dry_run=True)``.
+nodes, CPU counts, reserved and occupied CPUs, and its memory and huge pages per NUMA node when it publishes them)
+and the pod goes through ``NodeAllocator.admit_pod(dry_run=True)``.
 Answers depend only on the node's shape (and free CPUs, for "now") and on the pod's resources, so they are cached
 by those keys: a thousand identical nodes cost one simulation. Allocators are cached too (dry runs leave them as
 they were). Simulations run in worker threads; one lock keeps the caches and allocators consistent (the event
@@ -20,7 +21,7 @@ from typing import Any
 from allocator.errors import AllocatorError
 from allocator.nrt import NodeTopology
 from allocator.pod import PodInfo
-from webhook.admission.synthetic_node import synthetic_config, synthetic_state, synthetic_topology
+from webhook.admission.synthetic_node import copy_allocator, synthetic_allocator
 
 __all__ = ["Simulation", "Simulator", "pod_key"]
 
@@ -103,8 +104,8 @@ class Simulator:
         return key
 
     def _key(self, node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]) -> tuple[Any, ...]:
-        return (node.state_key if occupied else node.shape_key, occupied, self._pod_key(pod),
-                tuple(pod_key(p) for p in prior))
+        return (node.state_key if occupied else node.shape_key, node.memory_manager_policy, occupied,
+                self._pod_key(pod), tuple(pod_key(p) for p in prior))
 
     def cached(self, node: NodeTopology, pod: PodInfo, *, occupied: bool, prior: tuple[PodInfo, ...] = ()
                ) -> Simulation | None:
@@ -131,14 +132,10 @@ class Simulator:
         return _named(result, pod)
 
     def _allocator(self, node: NodeTopology, occupied: bool) -> Any:
-        from allocator.node import NodeAllocator, build_node
-
-        akey = (node.state_key if occupied else node.shape_key, occupied)
+        akey = (node.state_key if occupied else node.shape_key, node.memory_manager_policy, occupied)
         alloc = self._allocators.get(akey)
         if alloc is None:
-            topology = synthetic_topology(node)
-            parts = build_node(synthetic_config(node, topology))
-            alloc = NodeAllocator(parts, synthetic_state(node, topology, occupied=occupied))
+            alloc = synthetic_allocator(node, occupied=occupied)  # with its Memory Manager when it publishes memory
             self._allocators.put(akey, alloc)
         return alloc
 
@@ -155,7 +152,7 @@ class Simulator:
         try:
             alloc = self._allocator(node, occupied)
             if prior:
-                alloc = alloc.copy()
+                alloc = copy_allocator(alloc)
                 for i, p in enumerate(prior):
                     with contextlib.suppress(AllocatorError):
                         alloc.admit_pod(replace(pod_key(p), uid=f"numapin.io/prior-{i}"))

@@ -9,12 +9,16 @@ in the functions' docstrings. ``synthetic_config`` is the node's kubelet configu
 from __future__ import annotations
 
 from allocator.cpuset import CPUSet
-from allocator.node import NodeConfig
+from allocator.memory.policy import MemoryPolicy
+from allocator.memory.state import MemoryState
+from allocator.memory.synthetic import memory_from_nrt
+from allocator.node import NodeAllocator, NodeConfig, NodeParts
 from allocator.nrt import NodeTopology, NUMAZone
 from allocator.state import CPUState
 from allocator.topology import CPUInfo, Topology
 
-__all__ = ["OCCUPIED_POD_UID", "synthetic_config", "synthetic_reserved", "synthetic_state", "synthetic_topology"]
+__all__ = ["OCCUPIED_POD_UID", "copy_allocator", "synthetic_allocator", "synthetic_config", "synthetic_memory",
+           "synthetic_reserved", "synthetic_state", "synthetic_topology"]
 
 # pod uid under which synthetic_state() records CPUs other pods hold on the node
 OCCUPIED_POD_UID = "numapin.io/occupied"
@@ -130,3 +134,37 @@ def _occupied_cpus(topology: Topology, z: NUMAZone, reserved: CPUSet) -> CPUSet:
     for cpu in extra[:left]:
         free |= 1 << cpu
     return CPUSet.from_mask(allocatable.mask & ~free)
+
+
+def synthetic_memory(node: NodeTopology) -> tuple[MemoryPolicy, MemoryState] | None:
+    """The node's Memory Manager rebuilt from its zones' memory and huge pages (allocator.memory.synthetic), None
+    when the zones carry no memory or the node publishes ``memoryManagerPolicy: None`` (kubelet does not judge
+    memory there). ConfigError for a zone that cannot be read as memory."""
+    if node.memory_manager_policy == "None":
+        return None
+    return memory_from_nrt(node)
+
+
+def synthetic_allocator(node: NodeTopology, *, occupied: bool) -> NodeAllocator:
+    """The node's allocator on the synthetic machine: its CPUs (``synthetic_state``) and, when it publishes memory,
+    its Memory Manager, with the memory its containers hold (``occupied``) or none. The published memory state is
+    taken as it is: it has no entries to check it against (its containers are counted, not listed)."""
+    from allocator.node import build_node
+
+    topology = synthetic_topology(node)
+    parts = build_node(synthetic_config(node, topology))
+    memory = synthetic_memory(node)
+    if memory is not None:
+        parts = NodeParts(parts.config, parts.static_policy, parts.topology_manager, memory[0])
+    alloc = NodeAllocator(parts, synthetic_state(node, topology, occupied=occupied))
+    if memory is not None and occupied:
+        alloc.memory_state = memory[1].copy()
+    return alloc
+
+
+def copy_allocator(alloc: NodeAllocator) -> NodeAllocator:
+    """Another allocator of the same synthetic node on copies of its states (``NodeAllocator.copy`` would check the
+    memory state against its entries, which a published state does not list)."""
+    out = NodeAllocator(alloc.parts, alloc.state)
+    out.memory_state = None if alloc.memory_state is None else alloc.memory_state.copy()
+    return out

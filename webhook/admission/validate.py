@@ -32,6 +32,8 @@ from typing import Any
 from allocator.bypass import BypassPolicy
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
+from allocator.memory.quantity_text import ByteQuantity
+from allocator.memory.requests import container_requests
 from allocator.nrt import NodeTopology
 from allocator.pod import (
     BYPASS_ANNOTATION,
@@ -49,7 +51,7 @@ from webhook.admission.unjudged import UnjudgedRule
 from webhook.cluster.node_index import FrozenShapeGroup, ShapeGroup
 from webhook.cluster.nodes import NodeStore
 
-__all__ = ["Feasibility", "PodValidator", "assumption_note", "feasibility"]
+__all__ = ["Feasibility", "PodValidator", "assumption_note", "feasibility", "judged", "pinned"]
 
 log = logging.getLogger("numapin.webhook.validate")
 
@@ -61,7 +63,14 @@ def _annotations(obj: Any) -> Mapping[str, Any]:
 
 
 def pinned(pod: PodInfo) -> bool:
+    """The pod has containers with CPUs of their own."""
     return not pod.bypass and any(container_mode(pod, c) != "shared" for c in pod.containers)
+
+
+def judged(pod: PodInfo) -> bool:
+    """A node's topology manager may refuse the pod: it has containers with CPUs of their own, or memory a Memory
+    Manager places (a Guaranteed pod, a Crane-pinned container with a memory limit; on nodes publishing memory)."""
+    return pinned(pod) or (not pod.bypass and any(container_requests(pod, c) for c in pod.containers))
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,22 @@ def _culprit(pod: PodInfo, node: NodeTopology) -> str:
     return f'container "{big.name}" needs {guaranteed_cpus(pod, big)} CPUs of its own'
 
 
+def _memory_words(pod: PodInfo, node: NodeTopology) -> str:
+    """``; the pod asks 100Gi of memory and NUMA nodes have at most 63Gi allocatable`` for a node publishing
+    memory, "" otherwise."""
+    asked: dict[str, int] = {}
+    for c in pod.containers:
+        for r, q in container_requests(pod, c).items():
+            asked[r] = max(asked.get(r, 0), q)
+    if not asked or node.memory_manager_policy == "None" or not any(z.memory for z in node.zones):
+        return ""
+    parts = []
+    for r, q in sorted(asked.items()):
+        most = max((z.memory[r][1] for z in node.zones if r in z.memory), default=0)
+        parts.append(f"{ByteQuantity(q, True)} of {r} (a NUMA node has at most {ByteQuantity(most, True)} allocatable)")
+    return "; its largest container asks " + ", ".join(parts)
+
+
 def assumption_note(node: NodeTopology) -> str:
     """What the judgement of ``node`` assumed (its NodeResourceTopology left it out), for a message; "" if
     nothing."""
@@ -133,9 +158,10 @@ def never_message(pod: PodInfo, f: Feasibility) -> str:
     z = node.largest_numa
     numa = (f"the largest NUMA node (node-{z.numa}) has {z.allocatable} allocatable CPUs" if z is not None
             else "it has no NUMA node with CPUs")
+    memory = _memory_words(pod, node)
     why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
     return (f"{head}: on node {node.name}, under topology manager policy {node.topology_manager_policy} "
-            f"(scope {node.topology_manager_scope}), {_culprit(pod, node)} and {numa}; kubelet would reject it "
+            f"(scope {node.topology_manager_scope}), {_culprit(pod, node)} and {numa}{memory}; kubelet would reject it "
             f"({why}){assumption_note(node)}")
 
 
@@ -214,7 +240,7 @@ class PodValidator:
 
         if req.operation != "CREATE":
             return await self._mode_change(req, info, old_ann, warnings)
-        candidates, groups = self.nodes.candidate_groups(pod) if pinned(info) else (0, [])
+        candidates, groups = self.nodes.candidate_groups(pod) if judged(info) else (0, [])
         if candidates:
             f = feasibility(candidates, groups, info, self.simulator, cached_only=True)
             if f is None:  # something to simulate: off the event loop, on a copy of the groups
@@ -226,8 +252,8 @@ class PodValidator:
             if not f.now:
                 warnings.append(
                     f"numapin: no node can admit this pod right now ({f.candidates} candidate node(s)): their free "
-                    "CPUs are too few or too scattered for their topology manager policy; it stays Pending until "
-                    "CPUs free up")
+                    "CPUs (or memory per NUMA node) are too few or too scattered for their topology manager policy; "
+                    "it stays Pending until they free up")
         return Verdict.allow(*warnings)
 
 

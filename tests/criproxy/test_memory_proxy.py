@@ -1,0 +1,244 @@
+"""The proxy with ``--memory-manager-policy Static`` (kubelet's Memory Manager, issue 21), in process against the
+in-process CRI runtime on a two-NUMA-node fixture sysfs (CPUs 0-3 and 4-7, 4Gi of memory per node): what reaches
+the runtime as ``cpuset_mems``, the pair of state files, the start-up reconcile, NRT, metrics and configuration
+errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from allocator.memory.checkpoint import parse_memory_checkpoint
+from criproxy.app import CriProxy
+from criproxy.config import load_config
+from numapin.cli import main
+from numapin_lab.cri.client import CRIClient, pb
+from numapin_lab.cri.memory_runtime import MemoryRuntime
+from tests.fixtures.make_sysfs import write_node_memory
+
+GI = 1 << 30
+NODE_KB = 4 * GI // 1024
+
+
+def memory_sysfs(sysfs: Path, pages_2m: tuple[int, int] = (0, 0)) -> Path:
+    for node in (0, 1):
+        write_node_memory(sysfs, node, NODE_KB, ((2048, pages_2m[node]),))
+    return sysfs
+
+
+def proxy_config(tmp: Path, runtime: MemoryRuntime, sysfs: Path, **over: object):
+    base: dict[str, object] = {
+        "listen": str(tmp / "proxy.sock"), "runtime_endpoint": runtime.socket_path, "state_dir": str(tmp / "state"),
+        "sysfs": str(sysfs), "reserved_cpus": "0", "metrics_address": "127.0.0.1:0", "node_name": "node-m",
+        "memory_manager_policy": "Static", "reserved_memory": "0:memory=100Mi",
+        "topology_manager_policy": "best-effort"}
+    base.update(over)
+    return load_config(None, base)
+
+
+@pytest.fixture
+async def proxy(short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path,
+                request: pytest.FixtureRequest) -> AsyncIterator[CriProxy]:
+    over = dict(getattr(request, "param", {}))
+    sysfs = memory_sysfs(two_numa_sysfs, over.pop("pages_2m", (0, 0)))  # type: ignore[arg-type]
+    p = await CriProxy(proxy_config(short_tmp, runtime, sysfs, **over)).start()
+    await asyncio.wait_for(p.reconciled.wait(), 30)
+    yield p
+    await p.stop()
+
+
+@pytest.fixture
+async def kubelet(proxy: CriProxy) -> AsyncIterator[CRIClient]:
+    c = CRIClient(proxy.config.listen)
+    yield c
+    await c.close()
+
+
+def container(name: str, cpu_milli: int, memory: int, hugepages_2m: int = 0) -> pb.ContainerConfig:
+    cfg = CRIClient.container_config(name, cpu_milli=cpu_milli, limit_milli=cpu_milli)
+    cfg.linux.resources.memory_limit_in_bytes = memory
+    # kubelet lists every huge-page size of the node, 0 for the sizes the container does not ask
+    cfg.linux.resources.hugepage_limits.append(pb.HugepageLimit(page_size="2MB", limit=hugepages_2m))
+    cfg.linux.resources.hugepage_limits.append(pb.HugepageLimit(page_size="1GB", limit=0))
+    return cfg
+
+
+async def run(k: CRIClient, name: str, cfg: pb.ContainerConfig) -> tuple[str, str]:
+    sb = k.sandbox_config(name, f"uid-{name}")
+    sid = await k.run_pod_sandbox(sb)
+    cid = await k.create_container(sid, cfg, sb)
+    await k.start_container(cid)
+    return sid, cid
+
+
+def memory_file(proxy: CriProxy) -> dict:
+    return json.loads(proxy.config.memory_state_file.read_text())
+
+
+def resources(runtime: MemoryRuntime, cid: str) -> pb.LinuxContainerResources:
+    return runtime.containers[cid].resources
+
+
+async def test_memory_larger_than_a_node_spans_both_nodes_under_best_effort(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, cid = await run(kubelet, "big", container("app", 1000, 6 * GI))
+    res = resources(runtime, cid)
+    assert res.cpuset_mems == "0-1"  # the Memory Manager's nodes, wider than the CPU's node
+    assert len(res.cpuset_cpus.split(",")) == 1 and "-" not in res.cpuset_cpus
+    doc = memory_file(proxy)
+    blocks = doc["entries"]["uid-big"]["app"]
+    assert blocks == [{"numaAffinity": [0, 1], "type": "memory", "size": 6 * GI}]
+    _, state = parse_memory_checkpoint(proxy.config.memory_state_file.read_bytes())  # kubelet's checksum holds
+    assert state.nodes_of("uid-big", "app") == (0, 1)
+
+
+async def test_a_guaranteed_container_on_the_shared_pool_keeps_its_memory_nodes_through_narrowing(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, small = await run(kubelet, "small", container("app", 500, 3 * GI))  # 500m: shared CPUs, memory pinned
+    res = resources(runtime, small)
+    assert res.cpuset_cpus == "0-7" and res.cpuset_mems == "0"
+    _, big = await run(kubelet, "excl", container("app", 4000, 3 * GI))  # 4 CPUs of node 1, its memory on 1
+    assert (resources(runtime, big).cpuset_cpus, resources(runtime, big).cpuset_mems) == ("4-7", "1")
+    # the pool narrowed to 0-3; the shared Guaranteed container keeps the Memory Manager's node
+    assert (resources(runtime, small).cpuset_cpus, resources(runtime, small).cpuset_mems) == ("0-3", "0")
+    report = await proxy.converger.converge_once("test")
+    assert report.failed == 0
+    assert resources(runtime, small).cpuset_mems == "0"
+
+
+@pytest.mark.parametrize("proxy", [{"topology_manager_policy": "single-numa-node"}], indirect=True)
+async def test_single_numa_node_refuses_memory_no_node_holds_and_records_nothing(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    sb = kubelet.sandbox_config("huge", "uid-huge")
+    sid = await kubelet.run_pod_sandbox(sb)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await kubelet.create_container(sid, container("app", 1000, 6 * GI), sb)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "TopologyAffinityError" in (e.value.details() or "")
+    assert "memory" in (e.value.details() or "")
+    assert runtime.containers == {}
+    assert "uid-huge" not in memory_file(proxy).get("entries", {})
+
+
+@pytest.mark.parametrize("proxy", [{"pages_2m": (0, 512), "topology_manager_policy": "restricted"}], indirect=True)
+async def test_hugepages_from_cri_steer_the_cpus_to_the_node_with_the_pages(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, cid = await run(kubelet, "pages", container("app", 1000, 256 << 20, hugepages_2m=512 << 20))
+    res = resources(runtime, cid)
+    assert res.cpuset_mems == "1" and int(res.cpuset_cpus) in range(4, 8)
+    types = {b["type"]: b["numaAffinity"] for b in memory_file(proxy)["entries"]["uid-pages"]["app"]}
+    assert types == {"memory": [1], "hugepages-2Mi": [1]}
+
+
+async def test_state_pair_nrt_and_metrics_follow_admission_and_release(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    sid, cid = await run(kubelet, "p", container("app", 1000, 2 * GI))
+    cpu_doc = json.loads(proxy.config.state_file.read_text())
+    assert "uid-p" in cpu_doc["entries"] and "uid-p" in memory_file(proxy)["entries"]
+    await asyncio.sleep(0)
+    doc = proxy.nrt_document()
+    zones = {z["name"]: {r["name"]: r for r in z["resources"]} for z in doc["zones"]}
+    node = [n for n, z in zones.items() if z["memory"]["available"] != z["memory"]["allocatable"]]
+    assert len(node) == 1
+    assert {a["name"]: a["value"] for a in doc["attributes"]}["memoryManagerPolicy"] == "Static"
+    await asyncio.sleep(0.2)  # the NRT loop publishes the metrics
+    url = f"http://127.0.0.1:{proxy.metrics_port}/metrics"
+    body = (await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())).decode()
+    assert 'numapin_criproxy_memory_bytes{kind="reserved",numa_node="' in body
+    reserved = [float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+                if line.startswith('numapin_criproxy_memory_bytes{kind="reserved"') and 'resource="memory"' in line]
+    assert sorted(reserved) == [0.0, float(2 * GI)]
+    await kubelet.stop_container(cid)
+    await kubelet.stop_pod_sandbox(sid)
+    await kubelet.remove_container(cid)
+    await kubelet.remove_pod_sandbox(sid)
+    assert "uid-p" not in memory_file(proxy).get("entries", {})
+    assert "uid-p" not in json.loads(proxy.config.state_file.read_text()).get("entries", {})
+
+
+async def test_restart_loads_the_memory_state_and_drops_entries_of_containers_gone(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    cfg = proxy_config(short_tmp, runtime, memory_sysfs(two_numa_sysfs))
+    p = await CriProxy(cfg).start()
+    await asyncio.wait_for(p.reconciled.wait(), 30)
+    async with CRIClient(cfg.listen) as k:
+        _, kept = await run(k, "kept", container("app", 500, 1 * GI))
+        _, gone = await run(k, "gone", container("app", 1000, 1 * GI))
+    await p.stop()
+    del runtime.containers[gone]  # removed while the proxy was down
+    p = await CriProxy(cfg).start()
+    try:
+        await asyncio.wait_for(p.reconciled.wait(), 30)
+        assert p.allocator.container_mems("uid-kept", "app") is not None
+        assert p.allocator.container_mems("uid-gone", "app") is None
+        entries = memory_file(p)["entries"]
+        assert "uid-kept" in entries and "uid-gone" not in entries
+        assert resources(runtime, kept).cpuset_mems == str(p.allocator.container_mems("uid-kept", "app"))
+    finally:
+        await p.stop()
+
+
+async def test_a_drifted_memory_file_refuses_the_start_and_is_kept(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    cfg = proxy_config(short_tmp, runtime, memory_sysfs(two_numa_sysfs))
+    p = await CriProxy(cfg).start()
+    await p.stop()
+    # the machine changed under the file (node 1 lost a gigabyte): kubelet would refuse its own file too
+    write_node_memory(two_numa_sysfs, 1, NODE_KB - (1 << 20), ((2048, 0),))
+    before = cfg.memory_state_file.read_bytes()
+    from allocator.errors import CheckpointError
+    with pytest.raises(CheckpointError, match=r"memory_manager_state.*expected machine state is different"):
+        await CriProxy(cfg).start()
+    assert cfg.memory_state_file.read_bytes() == before
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--reserved-memory", "0:memory"], "the reserved limit has incorrect value, expected type=quantatity"),
+    (["--reserved-memory", "x:memory=1Gi"], "failed to convert the NUMA node ID, exptected integer, got x"),
+    (["--reserved-memory", "0:memory=1Gi"], 'the total amount "1Gi" of type "memory" is not equal to the value '
+                                            '"100Mi" determined by Node Allocatable feature'),
+    (["--reserved-memory", "7:memory=100Mi"], "references a NUMA node 7 that does not exist"),
+    (["--reserved-memory", "0:memory=100Mi", "--memory-manager-policy", "static"], 'unknown policy: "static"'),
+    (["--eviction-hard", "memory.available"], "expected signal<threshold"),
+    (["--eviction-hard", "memory.available<0"], "you should specify the system reserved memory"),
+    (["--reserved-memory", "0:memory=1Gi", "--system-reserved", "memory=oops"], "oops"),
+])
+def test_bad_memory_configuration_exits_2_with_kubelets_message(
+        tmp_path: Path, two_numa_sysfs: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+        needle: str) -> None:
+    sysfs = memory_sysfs(two_numa_sysfs)
+    rc = main(["criproxy", "--sysfs", str(sysfs), "--state-dir", str(tmp_path / "s"), "--listen",
+               str(tmp_path / "p.sock"), "--reserved-cpus", "0", "--memory-manager-policy", "Static", *args])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert err.startswith("numapin criproxy: ") and needle in err, err
+
+
+def test_reservations_adding_up_to_node_allocatable_build_the_node(short_tmp: Path, runtime: MemoryRuntime,
+                                                                    two_numa_sysfs: Path) -> None:
+    from criproxy.app import node_parts_of
+    cfg = proxy_config(short_tmp, runtime, memory_sysfs(two_numa_sysfs), reserved_memory="0:memory=1Gi;1:memory=1Gi",
+                       kube_reserved="memory=1948Mi,cpu=1")
+    parts = node_parts_of(cfg)
+    assert parts.memory_policy is not None
+    assert parts.config.memory is not None and parts.config.memory.machine.capacity()["memory"] == 8 * GI
+    assert node_parts_of(proxy_config(short_tmp, runtime, two_numa_sysfs,
+                                      memory_manager_policy="None", reserved_memory="")).memory_policy is None
+
+
+def test_reserved_memory_in_the_config_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("memoryManagerPolicy: Static\nreservedMemory:\n  - numaNode: 0\n    limits:\n      memory: 1124Mi\n"
+                 "  - numaNode: 1\n    limits:\n      memory: 1Gi\nkubeReserved:\n  memory: 2Gi\n"
+                 "evictionHard:\n  memory.available: 100Mi\n")
+    cfg = load_config(str(f), {})
+    assert cfg.memory_manager_policy == "Static"
+    assert [r.to_flag() for r in cfg.reserved_memory] == ["0:memory=1124Mi", "1:memory=1Gi"]
+    assert cfg.kube_reserved == {"memory": "2Gi"} and cfg.eviction_hard == "100Mi"
