@@ -6,16 +6,24 @@ numapin tracks, the call is read as the pod after the resize (``resized_pod``: t
 period, checked against the shares and the pod's QoS class from its intent) and the allocator decides
 (``NodeAllocator.resize_container``). Then:
 
-- **refused**: nothing changes (kernel, state, quota: the call is not forwarded) and the call fails with
-  FAILED_PRECONDITION (RESOURCE_EXHAUSTED when CPUs are short, as for a create), the message naming kubelet's reason,
-  the policy and the numbers; kubelet shows it on the pod (``PodResizeInProgress``, reason ``Error``) and retries on
-  its next syncs;
-- **nothing to change** (kubelet's memory pass, a retry of a resize already applied, a share-less update): the call
-  is forwarded with the container's current cpuset and, for a pinned container, no CFS quota;
+- **refused**: nothing changes (kernel, both states and both files, quota: the call is not forwarded) and the
+  call fails with FAILED_PRECONDITION (RESOURCE_EXHAUSTED when CPUs are short, as for a create), the message naming
+  kubelet's reason, the policy and the numbers (a resize giving new exclusive CPUs while kubelet writes cpusets too
+  is refused, ``KubeletDrift``, as a create); kubelet shows it on the pod (``PodResizeInProgress``, reason
+  ``Error``) and retries on its next syncs;
+- **nothing to change** (kubelet's memory pass without ``memoryManagerPolicy: Static``, a retry of a resize
+  already applied, a share-less update): the call is forwarded with the container's current cpuset (its
+  ``cpuset.mems`` the Memory Manager's nodes when it holds some) and, for a pinned container, no CFS quota;
+- **memory** (``memoryManagerPolicy: Static``, a container the Memory Manager accounts): kubelet's memory pass is
+  accounted (``NodeAllocator.resize_memory``: the new limit on the container's nodes, extended by kubelet's rules
+  when they cannot hold it; kubelet itself refuses it as ``Infeasible`` unless its alpha gate
+  ``InPlacePodVerticalScalingExclusiveMemory`` is on). A limit no placement holds is refused (FAILED_PRECONDITION,
+  ``Deferred`` or ``Infeasible`` and the numbers per NUMA node); a growth is on disk before the runtime raises the
+  limit (and widens ``cpuset.mems`` when the nodes were extended);
 - **the pool shrinks** (a growth, or a move from the shared pool to CPUs of its own): under the allocation lock and
   the pool gate, the shared containers are narrowed and the kernel is read; only when no other running container
   has a CPU the pool lost is the decision written to the checkpoint and kubelet's call forwarded with the wider
-  cpuset (a narrowing the kernel refused is rolled back: state, pool and kernel as before, UNAVAILABLE, kubelet
+  cpuset (a narrowing the kernel refused is rolled back: both states, pool and kernel as before, UNAVAILABLE, kubelet
   retries). A kill -9 before the checkpoint leaves the old decision on disk, after it the new one: the restarted
   proxy's reconcile and convergence repair the kernel to it either way, and no window opens (the shared
   containers were off the new CPUs before the checkpoint said so);
@@ -43,8 +51,11 @@ import grpc.aio
 from allocator.cpuset import CPUSet
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
+from allocator.memory.resize import MemoryResize
+from allocator.memory.state import MemoryState
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, QOSClass, is_bypassed, normalize_cpu_manager
 from allocator.resize import ResizeOutcome
+from allocator.state import CPUState
 from criproxy.decisions.cri_intent import container_from_cri, qos_from_cgroup_parent
 from criproxy.decisions.pinning import Pinning
 from criproxy.decisions.registry import Tracked, TrackedMode
@@ -70,6 +81,8 @@ __all__ = ["ResizeRecord", "Resizer"]
 log = logging.getLogger("numapin.criproxy.resize")
 
 _HISTORY = 64  # resizes kept for /status
+
+Snapshot = tuple[CPUState, MemoryState | None]  # MemoryNodes.snapshot(): both states
 
 
 @dataclass(frozen=True)
@@ -141,33 +154,71 @@ class Resizer:
             return await self._relay(request, req, forward, t)
         alloc = self.pinning.allocator
         # judged first without the allocation lock, on the loop (the state is only replaced whole, never changed in
-        # place, by decisions in worker threads): kubelet's calls that change no set (its memory pass, retries,
-        # Burstable containers) never wait for an allocation in progress
+        # place, by decisions in worker threads): kubelet's calls that change no set and no accounted memory
+        # (retries, Burstable containers) never wait for an allocation in progress
         dry = alloc.resize_container(pod, t.name, dry_run=True)
         if not dry.admitted:
             self._refuse(t, dry, t0)
-        if not dry.changed:
+        dry_memory = alloc.resize_memory(pod, t.name, dry_run=True)
+        if not dry_memory.admitted:
+            self._refuse_memory(t, dry_memory, t0)
+        if not dry.changed and not dry_memory.changed:
             self._remember(t, pod, req)
             return await self._relay(request, req, forward, t)
         async with self.pinning.lock, self.pinning.pusher.gate.exclusive():
-            before = alloc.state.copy()
+            before = self.pinning.mems.snapshot()  # both states: a refusal or a roll-back restores the pair
             outcome = await asyncio.to_thread(alloc.resize_container, pod, t.name)
             if not outcome.admitted:  # cannot differ from the dry run under the lock; be safe
-                alloc.state = before
+                self.pinning.mems.restore(before)
                 self._refuse(t, outcome, t0)
-            response = await self._apply(t, outcome, before, request, req, forward, t0)
+            memory = alloc.resize_memory(pod, t.name)  # kubelet's memory pass: the new limit accounted
+            if not memory.admitted:
+                self.pinning.mems.restore(before)
+                self._refuse_memory(t, memory, t0)
+            self._refuse_on_drift(t, outcome, before, t0)
+            if memory.changed:
+                outcome = replace(outcome, mems_after=CPUSet(memory.mems_after))
+            claims = memory.changed and (memory.bytes_after or 0) > (memory.bytes_before or 0)
+            response = await self._apply(t, outcome, before, request, req, forward, t0, claims_memory=claims)
             self._remember(t, pod, req)
         self.pinning.pusher.on_resized()
         seconds = time.perf_counter() - t0
+        said = f"{outcome.message}; {memory.message}" if memory.changed else outcome.message
         self._record(t, "resized", _size(outcome.mode_before, outcome.cpus_before),
                      _size(outcome.mode_after, outcome.cpus_after), outcome.cpus_before, outcome.cpus_after, t0, None,
-                     outcome.message)
+                     said)
         steps = ", ".join(f"{k} {v:.1f}" for k, v in self.phases.items())
-        log.info("resize pod=%s container=%s: %s -> %s, cpus %s -> %s, shared pool %s -> %s (%s) in %.1f ms (%s)",
-                 t.pod_ref, t.name, _size(outcome.mode_before, outcome.cpus_before),
+        log.info("resize pod=%s container=%s: %s -> %s, cpus %s -> %s, mems %s -> %s, shared pool %s -> %s (%s) in "
+                 "%.1f ms (%s)", t.pod_ref, t.name, _size(outcome.mode_before, outcome.cpus_before),
                  _size(outcome.mode_after, outcome.cpus_after), outcome.cpus_before, outcome.cpus_after,
-                 outcome.pool_before, outcome.pool_after, cfs_summary(req.linux), seconds * 1000, steps)
+                 outcome.mems_before, outcome.mems_after, outcome.pool_before, outcome.pool_after,
+                 cfs_summary(req.linux), seconds * 1000, steps)
         return response
+
+    def _refuse_memory(self, t: Tracked, memory: MemoryResize, t0: float) -> None:
+        """A memory limit the Memory Manager cannot account (its reason ``Deferred`` or ``Infeasible``, as
+        kubelet's resize statuses): nothing changes, the call fails with FAILED_PRECONDITION."""
+        message = f"numapin: pod {t.pod_ref} container {t.name}: resize refused ({memory.reason}): {memory.message}"
+        size = _size(t.mode, t.cpus) if t.cpus is not None else ""
+        self._record(t, "refused", size, "", t.cpus, t.cpus, t0, memory.reason, message)
+        log.info("resize pod=%s container=%s refused (%s): %s", t.pod_ref, t.name, memory.reason, memory.message)
+        raise Rejection(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+    def _refuse_on_drift(self, t: Tracked, outcome: ResizeOutcome, before: Snapshot, t0: float) -> None:
+        """A resize giving a container CPUs of its own while kubelet writes cpusets too (kubelet drift) is
+        refused as a create would be: both states restored."""
+        if outcome.mode_before != "shared" or outcome.mode_after == "shared":
+            return
+        drift = self.pinning.refuse_exclusive()
+        if drift is None:
+            return
+        self.pinning.mems.restore(before)
+        self.pinning.on_rejected("KubeletDrift")
+        message = f"numapin: pod {t.pod_ref} container {t.name}: resize refused: no new exclusive CPUs while {drift}"
+        self._record(t, "refused", _size(outcome.mode_before, outcome.cpus_before), "", outcome.cpus_before,
+                     outcome.cpus_before, t0, "KubeletDrift", message)
+        log.info("resize pod=%s container=%s refused (KubeletDrift): %s", t.pod_ref, t.name, drift)
+        raise Rejection(grpc.StatusCode.FAILED_PRECONDITION, message)
 
     def _refuse(self, t: Tracked, outcome: ResizeOutcome, t0: float) -> None:
         code = (grpc.StatusCode.RESOURCE_EXHAUSTED if outcome.reason == "UnexpectedAdmissionError"
@@ -189,7 +240,8 @@ class Resizer:
             self.kubelet_cfs[t.id] = (req.linux.cpu_period, req.linux.cpu_quota)
         async with self.pinning.pusher.gate.shared():
             own = self.pinning.allocator.container_cpus(t.pod_uid, t.name)
-            cpus, mems = (own, self.pinning.topology.numa_of(own)) if own is not None else self.pinning.shared_pool()
+            cpus = own if own is not None else self.pinning.allocator.shared_pool()
+            mems = self.pinning.mems.of(t.pod_uid, t.name, cpus)  # the Memory Manager's nodes when it holds some
             edited = self._edit(request, req, cpus, mems, own is not None)
             if (req.linux.cpuset_cpus, req.linux.cpuset_mems) != (str(cpus), str(mems)) and req.linux.cpuset_cpus:
                 log.info("update pod=%s container=%s: cpuset %r kept as %s (numapin owns cpusets)", t.pod_ref, t.name,
@@ -205,9 +257,11 @@ class Resizer:
         return wire.set_fields(request, UPDATE_RESOURCES, updates)
 
     # -- applying -------------------------------------------------------------------------------------------
-    async def _apply(self, t: Tracked, outcome: ResizeOutcome, before: Any, request: bytes,
-                     req: cri_pb2.UpdateContainerResourcesRequest, forward: Forward, t0: float) -> bytes:
-        """The decision is in the allocator's state; the lock and the pool gate are held."""
+    async def _apply(self, t: Tracked, outcome: ResizeOutcome, before: Snapshot, request: bytes,
+                     req: cri_pb2.UpdateContainerResourcesRequest, forward: Forward, t0: float, *,
+                     claims_memory: bool = False) -> bytes:
+        """The decision is in the allocator's state; the lock and the pool gate are held. ``claims_memory``: the
+        Memory Manager accounted more bytes (perhaps on more nodes): on disk before the runtime raises the limit."""
         alloc = self.pinning.allocator
         phases = self.phases = {}
         mark = time.perf_counter()
@@ -227,7 +281,7 @@ class Resizer:
             try:
                 await self._narrow(t, lost)      # 1. the shared containers leave the CPUs the pool loses
             except _NarrowingFailed as e:
-                alloc.state = before
+                self.pinning.mems.restore(before)  # the CPU and the memory state as before the resize
                 t.mode = old_mode
                 await self._widen()
                 await self.converger.repair(self.converger.live(), "rolling back a resize")
@@ -242,12 +296,13 @@ class Resizer:
             lap("narrow")
         cpus, mems = outcome.cpus_after, outcome.mems_after
         if not pinned:
-            cpus, mems = self.pinning.shared_pool()
+            cpus = alloc.shared_pool()
+            mems = self.pinning.mems.of(t.pod_uid, t.name, cpus)
         records = self.pinning.pusher.records
         records.drop(t.id)
         await records.quiesce(t.id)
         edited = self._edit(request, req, cpus, mems, pinned)
-        if lost:
+        if lost or claims_memory:
             await self.pinning.save()            # 2. the decision on disk (after the narrowing is in the kernel)
             self.pinning.on_change()
             lap("checkpoint")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +109,12 @@ def make_sysfs(root: Path, numa_cpus: dict[int, list[int]], distances: dict[int,
 def two_numa_sysfs(short_tmp: Path) -> Path:
     """8 CPUs on 2 NUMA nodes (0-3, 4-7), distances 10/20."""
     return make_sysfs(short_tmp / "sys", {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}, {0: [10, 20], 1: [20, 10]})
+
+
+@pytest.fixture
+async def kubelet(proxy: Any) -> AsyncIterator[CRIClient]:
+    """kubelet's CRI client on the in-process proxy of the module's ``proxy`` fixture (a module with another kind of
+    proxy defines its own)."""
+    c = CRIClient(proxy.config.listen)
+    yield c
+    await c.close()

@@ -15,12 +15,14 @@ import grpc
 import grpc.aio
 import pytest
 
+from allocator.cpuset import CPUSet
 from allocator.memory.checkpoint import parse_memory_checkpoint
 from criproxy.app import CriProxy
-from criproxy.config import load_config
+from criproxy.config import ProxyConfig, load_config
 from numapin.cli import main
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
+from tests.criproxy import inproc_proxy as inproc
 from tests.fixtures.make_sysfs import write_node_memory
 
 GI = 1 << 30
@@ -33,14 +35,12 @@ def memory_sysfs(sysfs: Path, pages_2m: tuple[int, int] = (0, 0)) -> Path:
     return sysfs
 
 
-def proxy_config(tmp: Path, runtime: MemoryRuntime, sysfs: Path, **over: object):
-    base: dict[str, object] = {
-        "listen": str(tmp / "proxy.sock"), "runtime_endpoint": runtime.socket_path, "state_dir": str(tmp / "state"),
-        "sysfs": str(sysfs), "reserved_cpus": "0", "metrics_address": "127.0.0.1:0", "node_name": "node-m",
-        "memory_manager_policy": "Static", "reserved_memory": "0:memory=100Mi",
-        "topology_manager_policy": "best-effort"}
-    base.update(over)
-    return load_config(None, base)
+def proxy_config(tmp: Path, runtime: MemoryRuntime, sysfs: Path, **over: object) -> ProxyConfig:
+    """The pinning tests' proxy with the Memory Manager on (100Mi reserved on node 0, topology manager
+    best-effort)."""
+    memory: dict[str, object] = {"node_name": "node-m", "memory_manager_policy": "Static",
+                                 "reserved_memory": "0:memory=100Mi", "topology_manager_policy": "best-effort"}
+    return inproc.proxy_config(tmp, runtime, sysfs, **{**memory, **over})
 
 
 @pytest.fixture
@@ -48,17 +48,8 @@ async def proxy(short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path,
                 request: pytest.FixtureRequest) -> AsyncIterator[CriProxy]:
     over = dict(getattr(request, "param", {}))
     sysfs = memory_sysfs(two_numa_sysfs, over.pop("pages_2m", (0, 0)))  # type: ignore[arg-type]
-    p = await CriProxy(proxy_config(short_tmp, runtime, sysfs, **over)).start()
-    await asyncio.wait_for(p.reconciled.wait(), 30)
-    yield p
-    await p.stop()
-
-
-@pytest.fixture
-async def kubelet(proxy: CriProxy) -> AsyncIterator[CRIClient]:
-    c = CRIClient(proxy.config.listen)
-    yield c
-    await c.close()
+    async with inproc.running_proxy(proxy_config(short_tmp, runtime, sysfs, **over)) as p:
+        yield p
 
 
 def container(name: str, cpu_milli: int, memory: int, hugepages_2m: int = 0) -> pb.ContainerConfig:
@@ -242,3 +233,87 @@ def test_reserved_memory_in_the_config_file(tmp_path: Path) -> None:
     assert cfg.memory_manager_policy == "Static"
     assert [r.to_flag() for r in cfg.reserved_memory] == ["0:memory=1124Mi", "1:memory=1Gi"]
     assert cfg.kube_reserved == {"memory": "2Gi"} and cfg.eviction_hard == "100Mi"
+
+
+def memory_pass(cpu_milli: int, memory: int) -> pb.LinuxContainerResources:
+    """kubelet's memory pass of a Guaranteed container's resize: the new memory limit with the CPU values as they
+    are (kubelet sends the whole block, no cpuset)."""
+    return pb.LinuxContainerResources(cpu_period=100000, cpu_quota=cpu_milli * 100,
+                                      cpu_shares=cpu_milli * 1024 // 1000, memory_limit_in_bytes=memory)
+
+
+def state_pair(proxy: CriProxy) -> tuple[bytes, bytes]:
+    return proxy.config.state_file.read_bytes(), proxy.config.memory_state_file.read_bytes()
+
+
+async def test_a_memory_resize_is_accounted_and_extends_the_nodes_when_they_cannot_hold_it(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, cid = await run(kubelet, "db", container("app", 1000, 1 * GI))
+    assert resources(runtime, cid).cpuset_mems == "0"
+    await kubelet.update_container_resources(cid, memory_pass(1000, 3 * GI))
+    res = resources(runtime, cid)
+    assert (res.memory_limit_in_bytes, res.cpuset_mems, res.cpuset_cpus) == (3 * GI, "0", "1")
+    assert memory_file(proxy)["entries"]["uid-db"]["app"] == [
+        {"numaAffinity": [0], "type": "memory", "size": 3 * GI}]
+    # 6Gi: node 0 cannot hold it (4Gi less 100Mi reserved): the nodes extended as kubelet extends a hint
+    await kubelet.update_container_resources(cid, memory_pass(1000, 6 * GI))
+    res = resources(runtime, cid)
+    assert (res.memory_limit_in_bytes, res.cpuset_mems, res.cpuset_cpus) == (6 * GI, "0-1", "1")
+    _, state = parse_memory_checkpoint(proxy.config.memory_state_file.read_bytes())  # kubelet's checksum holds
+    assert state.nodes_of("uid-db", "app") == (0, 1)
+    assert proxy.allocator.container_mems("uid-db", "app") == CPUSet.parse("0-1")
+    # a shrink keeps the nodes (a node is given back only when the container goes)
+    await kubelet.update_container_resources(cid, memory_pass(1000, 2 * GI))
+    assert (resources(runtime, cid).memory_limit_in_bytes, resources(runtime, cid).cpuset_mems) == (2 * GI, "0-1")
+    assert memory_file(proxy)["entries"]["uid-db"]["app"][0]["size"] == 2 * GI
+    assert [(r["result"], r["reason"]) for r in proxy.resizer.recent()] == [("resized", None)] * 3
+    assert "memory 3Gi -> 6Gi, NUMA nodes [0] -> [0, 1]" in proxy.resizer.recent()[1]["message"]
+
+
+async def test_a_memory_resize_no_placement_holds_is_refused_and_changes_neither_file(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    _, cid = await run(kubelet, "db", container("app", 1000, 1 * GI))
+    _, other = await run(kubelet, "other", container("app", 1000, 3 * GI))  # node 1 (node 0 holds db's 1Gi)
+    assert resources(runtime, other).cpuset_mems == "1"
+    before = state_pair(proxy)
+    states = proxy.pinning.mems.snapshot()
+    calls = len(runtime.requests("UpdateContainerResources"))
+    # 5Gi: node 0 alone cannot, nodes 0-1 would break kubelet's group rule (node 1 serves "other" alone): Deferred
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await kubelet.update_container_resources(cid, memory_pass(1000, 5 * GI))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "resize refused (Deferred)" in (e.value.details() or "")
+    # 9Gi: more than the node's allocatable memory: Infeasible
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await kubelet.update_container_resources(cid, memory_pass(1000, 9 * GI))
+    assert "resize refused (Infeasible)" in (e.value.details() or "")
+    assert state_pair(proxy) == before and proxy.pinning.mems.snapshot() == states
+    assert len(runtime.requests("UpdateContainerResources")) == calls  # never forwarded
+    assert resources(runtime, cid).memory_limit_in_bytes == 1 * GI
+    assert [(r["result"], r["reason"]) for r in proxy.resizer.recent()] == [("refused", "Deferred"),
+                                                                          ("refused", "Infeasible")]
+
+
+async def test_a_resize_refused_for_kubelet_drift_restores_both_states_and_both_files(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    """CPU and memory change in one call: the memory is accounted, then the CPUs of its own are refused while
+    kubelet's CPU Manager is static; the pair of states and of files is as before."""
+    root = short_tmp / "kubelet"
+    root.mkdir()
+    (root / "config.yaml").write_text("cpuManagerPolicy: static\n")
+    cfg = proxy_config(short_tmp, runtime, memory_sysfs(two_numa_sysfs), kubelet_config=str(root / "config.yaml"),
+                       kubelet_root_dir=str(root), kubelet_check_period="0")
+    async with inproc.running_proxy(cfg) as p, CRIClient(cfg.listen) as k:
+        _, cid = await run(k, "db", container("app", 500, 1 * GI))  # the shared pool: admitted while drifting
+        before, states = state_pair(p), p.pinning.mems.snapshot()
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await k.update_container_resources(cid, memory_pass(1000, 2 * GI))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "no new exclusive CPUs while kubelet would write cpusets too" in (e.value.details() or "")
+        assert state_pair(p) == before and p.pinning.mems.snapshot() == states
+        assert resources(runtime, cid).memory_limit_in_bytes == 1 * GI
+        assert p.resizer.recent()[-1]["reason"] == "KubeletDrift"
+        # kubelet's memory pass alone (no CPUs of its own) is accounted while it drifts
+        await k.update_container_resources(cid, memory_pass(500, 2 * GI))
+        assert memory_file(p)["entries"]["uid-db"]["app"][0]["size"] == 2 * GI
+        assert resources(runtime, cid).cpuset_mems == "0"

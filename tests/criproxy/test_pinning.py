@@ -16,33 +16,16 @@ from allocator.cpuset import CPUSet
 from allocator.intent import INTENT_ANNOTATION, encode_intent
 from allocator.pod import ContainerInfo, PodInfo
 from criproxy.app import CriProxy
-from criproxy.config import load_config
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
-
-
-def proxy_config(tmp: Path, runtime: MemoryRuntime, sysfs: Path, **over):
-    base = {"listen": str(tmp / "proxy.sock"), "runtime_endpoint": runtime.socket_path,
-            "state_dir": str(tmp / "state"), "sysfs": str(sysfs), "reserved_cpus": "0",
-            "metrics_address": "127.0.0.1:0", "node_name": "node-a"}
-    base.update(over)
-    return load_config(None, base)
+from tests.criproxy.inproc_proxy import proxy_config, running_proxy
 
 
 @pytest.fixture
 async def proxy(short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path, request) -> AsyncIterator[CriProxy]:
     over = getattr(request, "param", {})
-    p = await CriProxy(proxy_config(short_tmp, runtime, two_numa_sysfs, **over)).start()
-    await asyncio.wait_for(p.reconciled.wait(), 30)
-    yield p
-    await p.stop()
-
-
-@pytest.fixture
-async def kubelet(proxy: CriProxy) -> AsyncIterator[CRIClient]:
-    c = CRIClient(proxy.config.listen)
-    yield c
-    await c.close()
+    async with running_proxy(proxy_config(short_tmp, runtime, two_numa_sysfs, **over)) as p:
+        yield p
 
 
 def state_file(proxy: CriProxy) -> dict:
