@@ -3,7 +3,7 @@ files (cpu_manager_state, memory_manager_state) agrees with itself and with the 
 container, every running Guaranteed container accounted, the memory file's machine state adding up to its entries.
 
 The proxy is a real process in front of the in-process runtime, which kills it from inside the call the proxy is
-making (test_crash.py's pattern); the kill between the two files' writes is made by putting back the CPU file the
+making (tests/criproxy/crash_proxy.py); the kill between the two files' writes is made by putting back the CPU file the
 proxy had before the admission (what a kill after the memory file's rename and before the CPU file's leaves)."""
 
 from __future__ import annotations
@@ -13,15 +13,13 @@ import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
-import grpc.aio
 import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.memory.checkpoint import parse_memory_checkpoint
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
-from tests.criproxy.test_crash import Proxy, check_invariants
+from tests.criproxy.crash_proxy import Proxy, check_invariants, kill_during, kill_during_removal, restart, running
 from tests.fixtures.make_sysfs import write_node_memory
 
 GI = 1 << 30
@@ -34,10 +32,8 @@ async def proxy(short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -
     p = Proxy(short_tmp, runtime.socket_path, two_numa_sysfs)
     p.args += ["--memory-manager-policy", "Static", "--reserved-memory", "0:memory=100Mi",
                "--topology-manager-policy", "best-effort"]
-    await p.start()
-    yield p
-    p.kill()
-    p.reap()
+    async with running(p):
+        yield p
 
 
 def memory_entries(proxy: Proxy) -> dict[str, dict[str, list[dict]]]:
@@ -85,12 +81,8 @@ async def test_kill_during_create_or_narrowing_leaves_a_consistent_pair(proxy: P
         await run(k, "shared", 500, GI)  # a Guaranteed container on the shared pool, narrowed below
         cfg = k.sandbox_config("db", "uid-db")
         sid = await k.run_pod_sandbox(cfg)
-        runtime.hooks[kill_in] = lambda raw: proxy.kill()
-        with pytest.raises(grpc.aio.AioRpcError):
-            await k.create_container(sid, guaranteed(k, 2000, 3 * GI), cfg)
-        runtime.hooks.clear()
-    proxy.reap()
-    await proxy.start()
+        await kill_during(proxy, runtime, kill_in, lambda: k.create_container(sid, guaranteed(k, 2000, 3 * GI), cfg))
+    await restart(proxy)
     check_pair(proxy, runtime)
     async with CRIClient(proxy.socket, timeout=10) as k:  # kubelet retries the create
         cid = await k.create_container(sid, guaranteed(k, 2000, 3 * GI), cfg)
@@ -105,20 +97,8 @@ async def test_kill_during_removal_gives_the_memory_back(proxy: Proxy, runtime: 
     async with CRIClient(proxy.socket, timeout=10) as k:
         await run(k, "web", 500, GI)
         dsid, _, cid = await run(k, "db", 3000, 3 * GI)
-        await k.stop_container(cid)
-        if kill_in == "RemovePodSandbox":
-            await k.stop_pod_sandbox(dsid)
-        runtime.hooks[kill_in] = lambda raw: proxy.kill()
-        with pytest.raises(grpc.aio.AioRpcError):
-            if kill_in == "RemoveContainer":
-                await k.remove_container(cid)
-            elif kill_in == "StopPodSandbox":
-                await k.stop_pod_sandbox(dsid)
-            else:
-                await k.remove_pod_sandbox(dsid)
-        runtime.hooks.clear()
-    proxy.reap()
-    await proxy.start()
+        await kill_during_removal(k, proxy, runtime, kill_in, dsid, cid)
+    await restart(proxy)
     check_pair(proxy, runtime)
     assert "uid-db" not in memory_entries(proxy)
     async with CRIClient(proxy.socket, timeout=10) as k:  # db's node is free again: 3Gi fit there once more
@@ -133,10 +113,8 @@ async def test_kill_between_the_two_files_writes(proxy: Proxy, runtime: MemoryRu
         before = cpu_file.read_bytes()
         cfg = k.sandbox_config("db", "uid-db")
         sid = await k.run_pod_sandbox(cfg)
-        runtime.hooks["CreateContainer"] = lambda raw: proxy.kill()
-        with pytest.raises(grpc.aio.AioRpcError):
-            await k.create_container(sid, guaranteed(k, 2000, 2 * GI), cfg)
-        runtime.hooks.clear()
+        await kill_during(proxy, runtime, "CreateContainer",
+                          lambda: k.create_container(sid, guaranteed(k, 2000, 2 * GI), cfg))
     proxy.reap()
     # killed before the runtime heard of it (the pair is written before the create is forwarded): no container
     for cid in [c.id for c in runtime.containers.values() if c.sandbox_id == sid]:
