@@ -11,8 +11,10 @@ HELP = "show the node's pinned containers, shared pool and free CPUs, and contai
 DESCRIPTION = """\
 Show what numapin's CRI proxy holds on this node: the CPU topology with every pinned container's CPUs marked
 (* = reserved, a letter per pinned container, . = shared pool only), the shared pool, the free CPUs per NUMA node,
-and every running container whose real cpuset (its process's Cpus_allowed_list, read through the runtime's
-ContainerStatus) disagrees with the proxy's state.
+with memoryManagerPolicy Static the memory and huge pages per NUMA node (free, held, reserved for the system) and
+every container's memory blocks (what, how much, on which NUMA nodes), and every running container whose real
+cpuset (its process's Cpus_allowed_list, read through the runtime's ContainerStatus) disagrees with the proxy's
+state.
 
 Where the proxy's view comes from:
   --status-url URL    the proxy's live /status endpoint (on its --metrics-address, e.g.

@@ -24,12 +24,15 @@ from typing import Any
 from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError
+from allocator.memory.checkpoint import parse_memory_checkpoint
+from allocator.memory.report import memory_document
 from allocator.nrt import parse_nrt
 from allocator.state import CPUState
 from allocator.topology import Topology
 from criproxy.config import ProxyConfig
 
 from .cri_view import RuntimeContainer
+from .memory_view import MemoryView
 from .proc_cpus import process_cpus
 
 __all__ = ["Assignment", "CheckedContainer", "NodeStatus", "StatusError", "check_runtime", "from_proxy_status",
@@ -93,6 +96,8 @@ class NodeStatus:
     pod_modes: dict[str, str] = field(default_factory=dict)
     # kubelet's in-place resizes the proxy applied or refused, newest last (its /status ``resizes``)
     resizes: list[dict[str, Any]] = field(default_factory=list)
+    # the Memory Manager's tables and holders (None: memoryManagerPolicy None, or its state file is not there)
+    memory: MemoryView | None = None
 
     @property
     def disagreements(self) -> list[CheckedContainer]:
@@ -123,6 +128,7 @@ class NodeStatus:
                                "actual": cpus(c.actual)} for c in self.disagreements],
             "podModes": dict(sorted(self.pod_modes.items())),
             "resizes": [dict(r) for r in self.resizes],
+            "memory": None if self.memory is None else self.memory.to_dict(),
             "notes": list(self.notes),
         }
 
@@ -191,6 +197,7 @@ def from_proxy_status(doc: Mapping[str, Any], source: str) -> NodeStatus:
             pod_modes={str(p["pod"] or p["uid"]): str(p["mode"]) for p in doc.get("podModes", [])
                        if p.get("changed")},
             resizes=[dict(r) for r in doc.get("resizes", []) if isinstance(r, Mapping)],
+            memory=None if doc.get("memory") is None else MemoryView.from_document(doc["memory"]).with_pods(refs),
         )
     except (KeyError, TypeError, ValueError, AllocatorError) as e:
         raise StatusError(f"{source}: unexpected status document ({type(e).__name__}: {e})") from None
@@ -239,7 +246,25 @@ def from_state_dir(state_dir: str | Path, *, sysfs: str = "/sys", nrt_file: str 
                    for uid, pod in sorted(state.assignments.items()) for name, cpus in sorted(pod.items())]
     return NodeStatus(node=node or "(unknown)", source=f"state files in {state_dir}", topology=topology,
                       policy=policy, scope=scope, reserved=reserved, shared_pool=state.shared_pool(),
-                      free_per_numa=free, assignments=assignments, notes=notes, pod_modes=dict(state.pod_modes))
+                      free_per_numa=free, assignments=assignments, notes=notes, pod_modes=dict(state.pod_modes),
+                      memory=_memory_of_state_dir(state_dir))
+
+
+def _memory_of_state_dir(state_dir: str | Path) -> MemoryView | None:
+    """The Memory Manager's view from its file in the state directory (None when there is none, as with
+    memoryManagerPolicy None). StatusError when it is there but cannot be read."""
+    path = ProxyConfig(state_dir=str(state_dir)).memory_state_file
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise StatusError(f"{path}: cannot be read: {e}") from None
+    try:
+        policy, mem = parse_memory_checkpoint(raw, str(path))
+    except AllocatorError as e:
+        raise StatusError(str(e)) from None
+    return MemoryView.from_document(memory_document(mem, policy))
 
 
 # -- checking against the runtime -----------------------------------------------------------------------------
@@ -250,6 +275,8 @@ def check_runtime(status: NodeStatus, containers: Sequence[RuntimeContainer], *,
     refs = {c.pod_uid: c.pod for c in containers}
     status.assignments = [a if a.pod else Assignment(a.pod_uid, a.container, a.cpus, a.mode, refs.get(a.pod_uid, ""))
                           for a in status.assignments]
+    if status.memory is not None:
+        status.memory = status.memory.with_pods(refs)
     running = set()
     for c in containers:
         if not c.running or not c.sandbox_ready or c.id in status.bypass_ids or (c.bypass and not status.bypass_known):
@@ -314,6 +341,8 @@ def render_text(status: NodeStatus) -> str:
     out.append(f"shared pool: CPUs {status.shared_pool or '(empty)'}, NUMA node(s) {topo.numa_of(status.shared_pool)}")
     free = ", ".join(f"node {n}: {k}" for n, k in sorted(status.free_per_numa.items())) or "unknown"
     out.append(f"free CPUs per NUMA node: {free}")
+    if status.memory is not None:
+        out.extend(status.memory.lines())
     if status.runtime_checked:
         bad = status.disagreements
         out.append(f"running containers checked against their real cpuset: {len(status.checked)}, "

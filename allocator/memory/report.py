@@ -3,13 +3,17 @@ and what every NUMA node has free (binary units: ``62Gi``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..cpuset import CPUSet
 from ..pod import PodInfo
 from .quantity_text import ByteQuantity
 from .requests import container_requests, pod_requests
+from .resources import resource_order
 from .state import MemoryState
 
-__all__ = ["ASSIGNMENTS_ATTRIBUTE", "CELLS_ATTRIBUTE", "memory_detail", "nrt_memory", "nrt_memory_attributes"]
+__all__ = ["ASSIGNMENTS_ATTRIBUTE", "CELLS_ATTRIBUTE", "memory_detail", "memory_document", "nrt_memory",
+           "nrt_memory_attributes"]
 
 
 ASSIGNMENTS_ATTRIBUTE = "numapinMemoryAssignments"
@@ -43,3 +47,18 @@ def nrt_memory_attributes(state: MemoryState) -> dict[int, dict[str, str]]:
     list such as ``0-1``), so a reader can apply kubelet's rules to the published node."""
     return {n: {ASSIGNMENTS_ATTRIBUTE: str(ns.assignments), CELLS_ATTRIBUTE: str(CPUSet(ns.cells))}
             for n, ns in sorted(state.machine.items()) if ns.assignments > 0}
+
+
+def memory_document(state: MemoryState, policy: str = "Static") -> dict[str, Any]:
+    """The Memory Manager's view for people (``/status`` ``memory``, ``numapin status`` and ``numapin plan``): per
+    NUMA node and resource the bytes (``total``, ``systemReserved``, ``allocatable``, ``reserved`` by containers,
+    ``free``), the node's assignments and group, and every container's blocks (who holds what, where)."""
+    nodes = {str(n): {"assignments": ns.assignments, "cells": list(ns.cells),
+                      "resources": {r: {"total": t.total, "systemReserved": t.system_reserved,
+                                        "allocatable": t.allocatable, "reserved": t.reserved, "free": t.free}
+                                    for r, t in sorted(ns.memory.items(), key=lambda i: resource_order(i[0]))}}
+             for n, ns in sorted(state.machine.items())}
+    blocks = sorted(state.iter_blocks(), key=lambda i: (i[0], i[1], resource_order(i[2].resource)))
+    holders = [{"podUID": uid, "container": name, "type": b.resource, "size": b.size, "numaNodes": list(b.numa)}
+               for uid, name, b in blocks]
+    return {"policy": policy, "nodes": nodes, "holders": holders}

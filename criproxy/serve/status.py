@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
+from allocator.memory.report import memory_document
 from allocator.node import NodeAllocator, NodeConfig
 from criproxy.config import ProxyConfig
 from criproxy.decisions.mode_apply import ModeApplier
@@ -85,5 +86,7 @@ def status_document(proxy: ProxyView) -> dict[str, Any]:
         "resizes": proxy.resizer.recent(),
         # what the proxy sees of kubelet's configuration (criproxy.node.kubelet_drift)
         "kubeletDrift": {"checked": proxy.kubelet.checked, **proxy.kubelet.report.to_dict()},
+        # the Memory Manager's tables per NUMA node and who holds what (None: memoryManagerPolicy None)
+        "memory": None if alloc.memory_state is None else memory_document(alloc.memory_state),
     }
 

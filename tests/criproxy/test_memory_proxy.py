@@ -317,3 +317,27 @@ async def test_a_resize_refused_for_kubelet_drift_restores_both_states_and_both_
         await k.update_container_resources(cid, memory_pass(500, 2 * GI))
         assert memory_file(p)["entries"]["uid-db"]["app"][0]["size"] == 2 * GI
         assert resources(runtime, cid).cpuset_mems == "0"
+
+
+async def test_numapin_status_shows_memory_per_numa_node_and_who_holds_it(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime, capsys: pytest.CaptureFixture[str]) -> None:
+    from numapin.node_status import fetch_proxy_status, from_proxy_status, from_state_dir, render_text
+
+    await run(kubelet, "big", container("app", 1000, 6 * GI))  # nodes 0-1
+    url = f"http://127.0.0.1:{proxy.metrics_port}/status"
+    live = from_proxy_status(await asyncio.to_thread(fetch_proxy_status, url), "test")
+    files = from_state_dir(proxy.config.state_dir, sysfs=proxy.config.sysfs)
+    for status in (live, files):
+        assert status.memory is not None
+        text = render_text(status)
+        assert "memory per NUMA node (Memory Manager policy Static):" in text
+        assert "node 0: 1 container block(s), in the group of NUMA nodes 0-1" in text
+        # node 0: 4Gi less 100Mi reserved, all of it held (6Gi taken node by node in ascending order)
+        assert "memory 0 free of 3996Mi allocatable (3996Mi held, 100Mi reserved for the system, 4Gi total)" in text
+        assert "memory 1948Mi free of 4Gi allocatable (2148Mi held, 0 reserved for the system, 4Gi total)" in text
+        doc = status.to_dict()["memory"]
+        assert doc["nodes"]["1"]["resources"]["memory"]["reserved"] == 6 * GI - (4 * GI - (100 << 20))
+        assert [(h["podUID"], h["type"], h["numaNodes"]) for h in doc["holders"]] == [("uid-big", "memory", [0, 1])]
+    assert "default/big app: memory 6Gi on NUMA node(s) 0-1" in render_text(live)  # the live view knows the name
+    rc = await asyncio.to_thread(main, ["status", "--status-url", url, "--no-runtime"])
+    assert rc == 0 and "memory held by containers:" in capsys.readouterr().out
