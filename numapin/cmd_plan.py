@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from allocator.hints import TopologyHint
     from allocator.node import NodeAllocator, PodDecision
 
+    from .memory_view import MemoryView
     from .scenario import Scenario
 
 HELP = "admit a scenario's pods on one node as kubelet would, and show the CPUs each container gets"
@@ -24,7 +25,9 @@ reason) and for every container its mode, CPU topology hints, merged NUMA affini
 
 Scenario fields: topology (inline, a file, or sysfs:ROOT), reservedCPUs or numReservedCPUs,
 cpuManagerPolicyOptions, topologyManagerPolicy, topologyManagerScope, topologyManagerPolicyOptions,
-state (as in the state file), pods (v1 Pod objects), devices ({pod: {container: {resource: [NUMA nodes]}}}).
+state (as in the state file), pods (v1 Pod objects), devices ({pod: {container: {resource: [NUMA nodes]}}}),
+memory (kubelet's Memory Manager: policy, perNUMANode or nodes, reservedMemory, systemReserved, kubeReserved,
+evictionHard; then memory and huge pages per NUMA node and every container's blocks are shown too).
 See examples/ for complete scenarios.
 
   --format summary   one block per pod (default)
@@ -93,7 +96,22 @@ def _summary(scenario: Scenario, node: NodeAllocator, decisions: Sequence[PodDec
                 out.append(f"    affinity: {c.affinity}")
     free = ", ".join(f"{n}: {k}" for n, k in node.free_cpus_per_numa().items())
     out.append(f"Shared pool after admission: {node.shared_pool()}; allocatable CPUs per NUMA node: {free}")
+    view = _memory_view(node, decisions)
+    if view is not None:
+        out.extend(view.lines())
     return out
+
+
+def _memory_view(node: NodeAllocator, decisions: Sequence[PodDecision]) -> MemoryView | None:
+    """The Memory Manager's tables after admission, its holders named by pod (None: memoryManagerPolicy None)."""
+    from allocator.memory.report import memory_document
+
+    from .memory_view import MemoryView
+
+    if node.memory_state is None:
+        return None
+    refs = {d.uid: f"{d.namespace}/{d.name}" if d.namespace else d.name for d in decisions}
+    return MemoryView.from_document(memory_document(node.memory_state)).with_pods(refs)
 
 
 def _marks(node: NodeAllocator, decisions: Sequence[PodDecision]) -> tuple[dict[int, str], list[tuple[str, str]]]:
@@ -135,6 +153,9 @@ def run(args: argparse.Namespace) -> int:
             "sharedPool": str(node.shared_pool()),
             "freeCPUsPerNUMA": {str(n): k for n, k in node.free_cpus_per_numa().items()},
         }
+        view = _memory_view(node, decisions)
+        if view is not None:
+            doc["memory"] = view.to_dict()
         print(json.dumps(doc, indent=1))
         return 0
     lines = _summary(scenario, node, decisions)

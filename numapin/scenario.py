@@ -11,6 +11,8 @@ A scenario is a JSON or YAML mapping::
     state: {defaultCpuSet: "...", entries: {...}}   # as in the state file (optional)
     pods: [ <v1 Pod>, ... ]
     devices: {<pod name>: {<container>: {<resource>: [NUMA nodes]}}}   # optional: devices already bound
+    memory: {policy: Static, perNUMANode: {memory: 64Gi}, reservedMemory: "0:memory=100Mi"}   # optional
+                                       # kubelet's Memory Manager (numapin/scenario_memory.py has every field)
 
 Every error is a ScenarioError whose message starts with the field it is about.
 """
@@ -29,10 +31,13 @@ import yaml
 from allocator.checkpoint import parse_checkpoint
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, CheckpointError, PodSpecError, TopologyError
+from allocator.memory.config import MemoryConfig
 from allocator.node import NodeConfig, NodeParts, build_node
 from allocator.pod import PodInfo
 from allocator.state import CPUState
 from allocator.topology import Topology
+
+from .scenario_memory import MemoryFieldError, memory_config
 
 __all__ = ["FIELDS", "Scenario", "ScenarioError", "load_scenario", "parse_scenario"]
 
@@ -48,6 +53,7 @@ FIELDS = (
     "state",
     "pods",
     "devices",
+    "memory",
     "expect",
 )
 
@@ -170,6 +176,13 @@ def _devices(value: Any) -> dict[str, dict[str, dict[str, tuple[int, ...]]]]:
     return out
 
 
+def _memory(value: Any, topology: Topology) -> MemoryConfig | None:
+    try:
+        return memory_config(value, tuple(topology.numa_nodes))
+    except MemoryFieldError as e:
+        raise ScenarioError(str(e)) from None
+
+
 def parse_scenario(doc: Any, base: Path | None = None) -> Scenario:
     """Build a Scenario from a parsed document. Raises ScenarioError naming the field."""
     base = base or Path.cwd()
@@ -213,6 +226,7 @@ def parse_scenario(doc: Any, base: Path | None = None) -> Scenario:
         topology_manager_policy_options=_options(doc.get("topologyManagerPolicyOptions"),
                                                  "topologyManagerPolicyOptions"),
         require_reserved_cpus=True,  # kubelet would not start without
+        memory=_memory(doc.get("memory"), topology),
     )
     try:
         parts = build_node(config)

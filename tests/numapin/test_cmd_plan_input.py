@@ -79,6 +79,23 @@ BAD = [
     ("state-cpus", base(state={"defaultCpuSet": "0-x"}), "state: defaultCpuSet"),
     ("state-checksum", base(state={"defaultCpuSet": "0-111", "checksum": 5}), "state is corrupt: checksum mismatch"),
     ("devices", base(devices={"p": {"app": {"gpu": "0"}}}), "devices['p']['app']['gpu'] must be a list"),
+    ("memory-type", base(memory="Static"), "memory must be a mapping"),
+    ("memory-field", base(memory={"perNUMANode": {"memory": "64Gi"}, "reserve": "1Gi"}),
+     "memory.reserve: unknown field"),
+    ("memory-policy", base(memory={"policy": "static", "perNUMANode": {"memory": "64Gi"}}),
+     'memory.policy: unknown policy: "static"'),
+    ("memory-machine", base(memory={"policy": "Static"}), "memory: give the machine's memory as perNUMANode"),
+    ("memory-quantity", base(memory={"perNUMANode": {"memory": "lots"}}), "memory.perNUMANode.memory"),
+    ("memory-resource", base(memory={"perNUMANode": {"memory": "64Gi", "cpu": "2"}}),
+     "memory.perNUMANode.cpu: only memory and hugepages-<size>"),
+    ("memory-pages", base(memory={"perNUMANode": {"memory": "64Gi", "hugepages-1Gi": "1500Mi"}}),
+     "is not a whole number of hugepages-1Gi pages"),
+    ("memory-nodes", base(memory={"nodes": {0: {"memory": "64Gi"}}}),
+     "memory.nodes lists NUMA nodes [0], the topology has [0, 1]"),
+    ("memory-reserved-format", base(memory={"perNUMANode": {"memory": "64Gi"}, "reservedMemory": "0:memory"}),
+     "the reserved limit has incorrect value, expected type=quantatity"),
+    ("memory-reserved-sum", base(memory={"perNUMANode": {"memory": "64Gi"}, "reservedMemory": "0:memory=1Gi"}),
+     'the total amount "1Gi" of type "memory" is not equal to the value "100Mi" determined by Node Allocatable'),
 ]
 
 

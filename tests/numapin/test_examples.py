@@ -17,7 +17,7 @@ EXAMPLES = sorted(p for p in (REPO / "examples").iterdir() if p.suffix in (".yam
 def test_the_documented_examples_are_there():
     assert {p.name for p in EXAMPLES} >= {
         "guaranteed-2cpu.yaml", "guaranteed-1500m.yaml", "socket-56cpu.yaml", "single-numa-node-reject.yaml",
-        "crane-share.yaml",
+        "crane-share.yaml", "memory-static.yaml",
     }
 
 
@@ -51,3 +51,22 @@ def test_human_formats(fmt):
     if fmt == "text":
         assert "A = default/shared-pinned app (share)" in out and "* = reserved" in out
         assert "[0* 56*] [1A 57A] [2A 58A] [3B 59B]" in out
+
+
+def test_memory_per_numa_node_in_the_plan():
+    path = REPO / "examples" / "memory-static.yaml"
+    proc = subprocess.run([sys.executable, "-m", "numapin", "plan", str(path)], capture_output=True, text=True,
+                          cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "pod default/too-big: REJECTED TopologyAffinityError" in out and "memory 100Gi asked" in out
+    assert "memory per NUMA node (Memory Manager policy Static):" in out
+    assert "hugepages-1Gi 2Gi free of 4Gi allocatable (2Gi held, 0 reserved for the system, 4Gi total)" in out
+    assert "default/pages app: hugepages-1Gi 2Gi on NUMA node(s) 1" in out
+    proc = subprocess.run([sys.executable, "-m", "numapin", "plan", str(path), "--format", "json"],
+                          capture_output=True, text=True, cwd=REPO, check=False)
+    memory = json.loads(proc.stdout)["memory"]
+    assert memory["nodes"]["0"]["resources"]["memory"]["reserved"] == 40 << 30
+    assert {(h["pod"], h["type"], tuple(h["numaNodes"])) for h in memory["holders"]} == {
+        ("default/first", "memory", (0,)), ("default/second", "memory", (1,)), ("default/pages", "memory", (1,)),
+        ("default/pages", "hugepages-1Gi", (1,))}
