@@ -3,9 +3,9 @@
 numapin's state files carry, in numapin's own field (``numapin``, which kubelet's JSON decoder ignores and its
 checksum does not cover), ``schemaVersion`` (an integer) and ``writtenBy`` (the numapin release that wrote the file,
 when known). A file without ``schemaVersion`` was written before versions were recorded: schema 1. The CPU state
-(``allocator.checkpoint``) carries them; the memory state (``allocator.memory.checkpoint``, kubelet's
-``memory_manager_state`` layout) takes the same field the same way once the proxy writes it: ``schema_fields()`` into
-the document, ``check_schema`` on what it reads.
+(``allocator.checkpoint``) and the memory state (``allocator.memory.checkpoint``, kubelet's ``memory_manager_state``
+layout) carry them the same way: ``schema_fields()`` into the document, ``check_schema`` on what it reads. One
+version covers both files (they are written as a pair).
 
 Bump :data:`STATE_SCHEMA_VERSION` when a release writes data an older release would misread or silently drop when it
 rewrites the file (a new per-container record the allocator depends on, a changed meaning). Additions an older

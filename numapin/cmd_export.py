@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HELP = "write kubelet's cpu_manager_state (static policy) from numapin's state: back to kubelet without a drain"
+HELP = ("write kubelet's cpu_manager_state (static policy) and memory_manager_state (Static) from numapin's state: "
+        "back to kubelet without a drain")
 DESCRIPTION = """\
 Write kubelet's CPU manager checkpoint for its static policy (policyName "static", kubelet's checksum) from numapin's
 state, so that kubelet with cpuManagerPolicy: static takes over the node's pinned containers where they run: no
@@ -27,14 +28,22 @@ this machine before anything is written.
   share containers          --share keep (default): entries with their CPUs (they leave the shared pool at kubelet's
                             first reconcile); --share release: left out, their CPUs return to kubelet's shared pool
 
-The file is not written while the proxy still answers on --listen (it could change the state after the export), nor
-over an existing checkpoint other than kubelet's "none" policy's (--force to replace it).
+With the proxy's memoryManagerPolicy Static (--memory-manager-policy Static and the same --reserved-memory,
+--system-reserved, --kube-reserved, --eviction-hard, or its --config file), kubelet's Memory Manager checkpoint
+(policyName "Static", kubelet's checksum, without numapin's own field) goes to --memory-out as well: every container's
+memory blocks where they are, checked with kubelet's restart check (the machine state must add up to the entries
+and fit this machine's memory); kubelet must then run with memoryManagerPolicy: Static and the same reservedMemory.
+
+No file is written while the proxy still answers on --listen (it could change the state after the export), nor
+over an existing checkpoint other than kubelet's "none" (CPU) or "None" (memory) policy's (--force to replace
+them); when the memory file is refused, the CPU file is not written either.
 
 Exit status: 0 written (or shown, --dry-run), 1 refused (kubelet would refuse the state, the proxy runs, the file
 exists), 2 bad arguments or an unreadable state.
 """
 
 DEFAULT_OUT = "/var/lib/kubelet/cpu_manager_state"
+DEFAULT_MEMORY_OUT = "/var/lib/kubelet/memory_manager_state"
 
 # the proxy's settings that decide what kubelet accepts (flag, ProxyConfig field)
 _NODE_FLAGS = (
@@ -47,20 +56,19 @@ _NODE_FLAGS = (
     ("--topology-manager-scope", "topology_manager_scope", "the proxy's topology manager scope"),
     ("--topology-manager-policy-options", "topology_manager_policy_options", "the proxy's topology manager options"),
     ("--listen", "listen", "the proxy's CRI socket: nothing is written while it answers"),
+    ("--memory-manager-policy", "memory_manager_policy", "the proxy's memory manager policy (Static: the memory "
+                                                         "checkpoint is written too)"),
+    ("--reserved-memory", "reserved_memory", "the proxy's (and kubelet's) reserved memory per NUMA node"),
+    ("--system-reserved", "system_reserved", "the proxy's --system-reserved"),
+    ("--kube-reserved", "kube_reserved", "the proxy's --kube-reserved"),
+    ("--eviction-hard", "eviction_hard", "the proxy's --eviction-hard"),
 )
 
 
 @dataclass(frozen=True)
 class KubeletFile:
-    """One of kubelet's checkpoints this command writes: its option, default path and what goes in it.
-
-    The CPU manager's is the only one so far. kubelet's ``memory_manager_state`` (its Static memory manager policy)
-    joins once the proxy keeps numapin's memory state (``allocator.memory.MemoryCheckpointStore``, already kubelet's
-    format and policy ``Static``): a second entry in :data:`KUBELET_FILES` (option ``--memory-out``, default
-    ``/var/lib/kubelet/memory_manager_state``) whose exporter, beside ``allocator.kubelet_export``, reads that state,
-    checks it with ``allocator.memory.MemoryPolicy.start`` for the node (kubelet's restart check) and writes it with
-    ``serialize_memory_checkpoint``; kubelet's configuration then says ``memoryManagerPolicy: Static``.
-    """
+    """One of kubelet's checkpoints this command writes: its option, default path and what goes in it (the CPU
+    manager's always; the Memory Manager's when the proxy's memory manager policy is Static)."""
 
     option: str
     dest: str
@@ -68,7 +76,9 @@ class KubeletFile:
     what: str
 
 
-KUBELET_FILES = (KubeletFile("--out", "out", DEFAULT_OUT, "kubelet's CPU manager checkpoint"),)
+KUBELET_FILES = (KubeletFile("--out", "out", DEFAULT_OUT, "kubelet's CPU manager checkpoint"),
+                 KubeletFile("--memory-out", "memory_out", DEFAULT_MEMORY_OUT,
+                             "kubelet's Memory Manager checkpoint (with --memory-manager-policy Static)"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -102,10 +112,12 @@ def proxy_answers(path: str) -> bool:
     return True
 
 
-def replaceable(path: Path) -> str | None:
-    """None when ``path`` may be written (absent, or kubelet's "none" policy checkpoint), else why not."""
+def replaceable(path: Path, *, memory: bool = False) -> str | None:
+    """None when ``path`` may be written (absent, or an empty checkpoint of kubelet's "none" CPU policy, or of its
+    "None" memory policy with ``memory``), else why not."""
     from allocator.checkpoint import parse_checkpoint
     from allocator.errors import CheckpointError
+    from allocator.memory.checkpoint import parse_memory_checkpoint
 
     try:
         data = path.read_bytes()
@@ -114,12 +126,56 @@ def replaceable(path: Path) -> str | None:
     except OSError as e:
         return f"cannot read {path}: {e.strerror or e}"
     try:
-        cp = parse_checkpoint(data, str(path))
+        if memory:
+            policy, state = parse_memory_checkpoint(data, str(path))
+            empty = not state.assignments
+        else:
+            cp = parse_checkpoint(data, str(path))
+            policy, empty = cp.policy_name, not cp.entries
     except CheckpointError:
         return f"{path} exists and is not a valid kubelet checkpoint"
-    if cp.policy_name == "none" and not cp.entries:
+    if policy == ("None" if memory else "none") and empty:
         return None
-    return f"{path} exists and holds policy {cp.policy_name!r}"
+    return f"{path} exists and holds policy {policy!r}"
+
+
+@dataclass(frozen=True)
+class MemoryExport:
+    """kubelet's Memory Manager checkpoint made from numapin's memory state."""
+
+    data: bytes
+    containers: int
+    pods: int
+    settings: dict[str, Any]
+
+
+def memory_export(config: Any, parts: Any) -> MemoryExport | str:
+    """kubelet's ``memory_manager_state`` from numapin's, checked with kubelet's restart check for this node; the
+    reason as text when it cannot be made."""
+    from allocator.errors import CheckpointError
+    from allocator.memory.checkpoint import POLICY_NAME, MemoryCheckpointStore, serialize_memory_checkpoint
+    from allocator.memory.reserved import reservations_to_json
+
+    try:
+        state = MemoryCheckpointStore(config.memory_state_file).load()
+    except CheckpointError as e:
+        return str(e)
+    if state is None:
+        return f"{config.memory_state_file}: no numapin memory state (is --state-dir the proxy's?)"
+    try:
+        parts.memory_policy.start(state.copy())  # kubelet's check at its start: the machine state adds up
+    except CheckpointError as e:
+        return f"{config.memory_state_file}: kubelet's Memory Manager would refuse it: {e}"
+    settings: dict[str, Any] = {"memoryManagerPolicy": POLICY_NAME,
+                                "reservedMemory": reservations_to_json(config.reserved_memory)}
+    for key, value in (("systemReserved", config.system_reserved), ("kubeReserved", config.kube_reserved)):
+        if value:
+            settings[key] = dict(value)
+    if config.eviction_hard is not None:
+        settings["evictionHard"] = {"memory.available": config.eviction_hard}
+    return MemoryExport(serialize_memory_checkpoint(state, POLICY_NAME, numapin=False),
+                        sum(len(cs) for cs in state.assignments.values()),
+                        sum(1 for cs in state.assignments.values() if cs), settings)
 
 
 def _kubelet_settings(config: Any, reserved: Any) -> dict[str, Any]:
@@ -156,26 +212,42 @@ def run(args: argparse.Namespace) -> int:
         export = kubelet_cpu_checkpoint(state, parts.static_policy, share=args.share)
     except CheckpointError as e:
         return _fail(str(e), 1)
+    memory = None
+    if parts.memory_policy is not None:
+        made = memory_export(config, parts)
+        if isinstance(made, str):
+            return _fail(made, 1)
+        memory = made
     out = Path(args.out)
+    memory_out = Path(args.memory_out)
     if not args.dry_run:
         if proxy_answers(config.listen):
             return _fail(f"numapin's proxy still answers on {config.listen}: it could change the state after the "
                          f"export. Stop kubelet, then the proxy (systemctl stop numapin-criproxy), and run this "
                          f"again", 1)
-        why = None if args.force else replaceable(out)
-        if why is not None:
-            return _fail(f"{why}; move it away first (kubelet's checkpoint of another policy is refused by the "
-                         f"static policy anyway), or give --force", 1)
+        targets = [(memory_out, memory.data, True)] if memory is not None else []
+        targets.append((out, export.data, False))  # the memory file first, as the proxy writes the pair
+        for path, _, is_memory in targets:
+            why = None if args.force else replaceable(path, memory=is_memory)
+            if why is not None:
+                return _fail(f"{why}; move it away first (kubelet's checkpoint of another policy is refused by "
+                             f"kubelet's static policies anyway), or give --force", 1)
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(out, export.data, mode=0o644)
+            for path, data, _ in targets:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, data, mode=0o644)
         except (CheckpointError, OSError) as e:
             return _fail(str(e), 1)
     settings = _kubelet_settings(config, parts.static_policy.reserved)
+    if memory is not None:
+        settings.update(memory.settings)
     pods = len(export.entries)
     containers = sum(len(cs) for cs in export.entries.values())
     if args.format == "json":
+        memory_doc = {} if memory is None else {"memoryFile": str(memory_out),
+                                                 "memoryCheckpoint": json.loads(memory.data)}
         print(json.dumps({"file": str(out), "written": not args.dry_run, "checkpoint": json.loads(export.data),
+                          **memory_doc,
                           "kubeletConfiguration": settings,
                           "released": [{"podUID": u, "container": n, "cpus": str(c)} for u, n, c in export.released],
                           "keptShare": [{"podUID": u, "container": n, "cpus": str(c)} for u, n, c in
@@ -188,6 +260,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"  share container {name} of pod {uid} keeps CPUs {cpus} (kubelet treats them as exclusive)")
     for uid, name, cpus in export.released:
         print(f"  share container {name} of pod {uid}: CPUs {cpus} returned to kubelet's shared pool")
+    if memory is not None:
+        print(f"{verb} {memory_out}: policy Static, memory of {memory.containers} container(s) of {memory.pods} "
+              f"pod(s) where it is")
     print("kubelet's configuration must say (with the runtime endpoint back on containerd's socket):")
     for key, value in settings.items():
         print(f"  {key}: {json.dumps(value)}")

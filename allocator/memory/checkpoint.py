@@ -31,8 +31,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import atomic_write, fnv1a_32
+from ..checkpoint import EXTRA_FIELD, atomic_write, fnv1a_32
 from ..errors import CheckpointError
+from ..state_schema import check_schema, schema_fields
 from .state import Block, MemoryState, MemoryTable, NodeState
 
 __all__ = ["POLICY_NAME", "MemoryCheckpointStore", "import_kubelet_memory_state", "memory_checksum",
@@ -131,10 +132,14 @@ def _state_doc(state: MemoryState, policy_name: str) -> dict[str, Any]:
     return doc
 
 
-def serialize_memory_checkpoint(state: MemoryState, policy_name: str = POLICY_NAME) -> bytes:
-    """The file's bytes, as kubelet's json.Marshal lays them out (``entries`` omitted when empty)."""
+def serialize_memory_checkpoint(state: MemoryState, policy_name: str = POLICY_NAME, *, numapin: bool = True) -> bytes:
+    """The file's bytes, as kubelet's json.Marshal lays them out (``entries`` omitted when empty), with numapin's
+    field (``numapin``: its state schema version and release, which kubelet's decoder ignores and its checksum does
+    not cover) unless ``numapin`` is False (kubelet's own file, ``numapin export-kubelet-state``)."""
     doc = _state_doc(state, policy_name)
     doc["checksum"] = memory_checksum(doc)
+    if numapin:
+        doc[EXTRA_FIELD] = schema_fields()
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -176,6 +181,8 @@ def parse_memory_checkpoint(data: bytes | str, path: str = "<memory checkpoint>"
             raise _corrupt(path, f"checksum mismatch (the file says {checksum}, its content hashes to "
                                  f"{memory_checksum(doc)}); it was edited or partly written")
     _check_shape(doc, path)
+    extra = doc.get(EXTRA_FIELD)
+    check_schema(extra if isinstance(extra, dict) else None, path)  # a newer numapin's state: refused, kept
     policy = doc.get("policyName", "")
     return policy, _state_of(doc)
 

@@ -22,6 +22,7 @@ from allocator.memory import (
     serialize_memory_checkpoint,
 )
 from allocator.memory.checkpoint import render_memory_checkpoint
+from allocator.state_schema import STATE_SCHEMA_VERSION
 
 GI = 1 << 30
 MI = 1 << 20
@@ -106,7 +107,8 @@ def test_round_trip_through_the_store_and_start_checks(tmp_path):
     store.save(state)
     raw = json.loads((tmp_path / "memory_manager_state").read_text())
     assert raw["policyName"] == "Static" and raw["checksum"] == memory_checksum(raw)
-    assert list(raw) == ["policyName", "machineState", "entries", "checksum"]
+    assert list(raw) == ["policyName", "machineState", "entries", "checksum", "numapin"]
+    assert raw["numapin"]["schemaVersion"] == STATE_SCHEMA_VERSION
     loaded = store.load()
     assert loaded == state
     policy.start(loaded)  # adds up: accepted
@@ -182,3 +184,28 @@ def test_kubelets_own_file_is_imported_and_checked(tmp_path):
     path.write_text(json.dumps(other))
     with pytest.raises(CheckpointError, match='differs from state checkpoint policy "None"'):
         import_kubelet_memory_state(path)
+
+
+def test_a_state_of_a_newer_schema_is_refused_and_kept(tmp_path):
+    state = MemoryState()
+    _policy().start(state)
+    path = tmp_path / "memory_manager_state"
+    MemoryCheckpointStore(path).save(state)
+    doc = json.loads(path.read_text())
+    doc["numapin"] = {"schemaVersion": STATE_SCHEMA_VERSION + 1, "writtenBy": "9.9.9"}
+    path.write_text(json.dumps(doc))  # kubelet's checksum does not cover numapin's field: it still holds
+    before = path.read_bytes()
+    newer = rf"written by numapin 9\.9\.9 \(state schema {STATE_SCHEMA_VERSION + 1}\)"
+    with pytest.raises(CheckpointError, match=newer):
+        MemoryCheckpointStore(path).load()
+    with pytest.raises(CheckpointError, match="refusing to overwrite"):
+        MemoryCheckpointStore(path).save(state)
+    assert path.read_bytes() == before
+    doc["numapin"] = {"schemaVersion": "two"}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CheckpointError, match="schemaVersion must be a positive integer"):
+        MemoryCheckpointStore(path).load()
+    del doc["numapin"]  # kubelet's own file, or one written before versions were recorded: schema 1
+    path.write_text(json.dumps(doc))
+    assert MemoryCheckpointStore(path).load() == state
+    assert b'"numapin"' not in serialize_memory_checkpoint(state, numapin=False)

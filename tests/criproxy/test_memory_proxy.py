@@ -341,3 +341,40 @@ async def test_numapin_status_shows_memory_per_numa_node_and_who_holds_it(
     assert "default/big app: memory 6Gi on NUMA node(s) 0-1" in render_text(live)  # the live view knows the name
     rc = await asyncio.to_thread(main, ["status", "--status-url", url, "--no-runtime"])
     assert rc == 0 and "memory held by containers:" in capsys.readouterr().out
+
+
+async def test_kubelets_memory_file_is_imported_when_its_checksum_holds_and_refused_when_not(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
+    """A node moving from kubelet's Memory Manager: kubelet's ``memory_manager_state`` (kubelet's format and
+    checksum, no numapin field) holds a running container's memory; ``--import-kubelet-memory-state`` takes it over.
+    The same file with a checksum that does not hold refuses the start, and both files stay as they were."""
+    from allocator.memory import memory_checksum, serialize_memory_checkpoint
+    from allocator.memory.state import MemoryState
+    from allocator.pod import ContainerInfo, PodInfo
+    from criproxy.app import node_parts_of
+
+    kubelet_file = short_tmp / "kubelet_memory_manager_state"
+    cfg = proxy_config(short_tmp, runtime, memory_sysfs(two_numa_sysfs),
+                       import_kubelet_memory_state=str(kubelet_file))
+    async with CRIClient(runtime.socket_path) as direct:  # the container kubelet started while it held the memory
+        await run(direct, "k", container("app", 500, 5 * GI))
+    policy = node_parts_of(cfg).memory_policy
+    assert policy is not None
+    state = MemoryState()
+    policy.start(state)
+    c = ContainerInfo("app", "app", 500, 500, 5 * GI, 5 * GI)
+    policy.allocate(state, PodInfo("uid-k", "default", "k", "Guaranteed", None, False, (c,)), "app", None)
+    good = serialize_memory_checkpoint(state, numapin=False)
+    doc = json.loads(good)
+    assert "numapin" not in doc and doc["checksum"] == memory_checksum(doc)
+    kubelet_file.write_text(json.dumps({**doc, "checksum": doc["checksum"] ^ 1}))
+    from allocator.errors import CheckpointError
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        await CriProxy(cfg).start()
+    assert not cfg.memory_state_file.exists() and json.loads(kubelet_file.read_text())["checksum"] != doc["checksum"]
+    kubelet_file.write_bytes(good)
+    async with inproc.running_proxy(cfg) as p:
+        assert p.allocator.container_mems("uid-k", "app") == CPUSet.parse("0-1")
+        assert memory_file(p)["entries"]["uid-k"]["app"] == doc["entries"]["uid-k"]["app"]
+        assert json.loads(cfg.memory_state_file.read_text())["numapin"]["schemaVersion"] >= 1
+    assert kubelet_file.read_bytes() == good  # kubelet's file is read, never written

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,3 +188,96 @@ def test_dry_run_json_shows_the_file_and_kubelets_settings(tmp_path: Path, sysfs
     assert doc["checkpoint"]["entries"] == {"pod": {"app": "3,11"}}
     assert doc["kubeletConfiguration"]["topologyManagerPolicy"] == "single-numa-node"
     assert doc["keptShare"] == [{"podUID": "pod", "container": "app", "cpus": "3,11"}]
+
+
+# -- the Memory Manager's file (memoryManagerPolicy Static) ---------------------------------------------------------
+GI = 1 << 30
+MEMORY_FLAGS = ("--memory-manager-policy", "Static", "--reserved-memory", "0:memory=100Mi")
+
+
+def _memory_node(tmp_path: Path) -> tuple[Path, Any]:
+    """TWO_SOCKETS with 4Gi per NUMA node, and its Memory Manager as the proxy builds it from the same flags."""
+    from criproxy.app import node_parts_of
+    from criproxy.config import load_config
+    from tests.fixtures.make_sysfs import write_node_memory
+
+    sysfs = build(TWO_SOCKETS, tmp_path / "sys")
+    for node in (0, 1):
+        write_node_memory(sysfs, node, 4 * GI // 1024, ((2048, 0),))
+    config = load_config(None, {"sysfs": str(sysfs), "reserved_cpus": "0,8", "memory_manager_policy": "Static",
+                                "reserved_memory": "0:memory=100Mi"})
+    return sysfs, node_parts_of(config).memory_policy
+
+
+def _memory_state(policy: Any) -> Any:
+    from allocator.memory import MemoryState
+    from allocator.pod import ContainerInfo, PodInfo
+
+    state = MemoryState()
+    policy.start(state)
+    for uid, size in (("pod-db", 6 * GI), ("pod-web", GI)):  # db spans both nodes, web on node 1 (or 0)
+        c = ContainerInfo("app", "app", 1000, 1000, size, size)
+        policy.allocate(state, PodInfo(uid, "default", uid, "Guaranteed", None, False, (c,)), "app", None)
+    return state
+
+
+def _export_memory(tmp_path: Path, sysfs: Path, *extra: str) -> tuple[int, Path, Path]:
+    memory_out = tmp_path / "kubelet" / "memory_manager_state"
+    rc, out = _export(tmp_path, sysfs, "--reserved-cpus", "0,8", *MEMORY_FLAGS, "--memory-out", str(memory_out),
+                      *extra)
+    return rc, out, memory_out
+
+
+def test_the_memory_managers_file_is_written_as_kubelet_writes_it(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from allocator.memory import MemoryCheckpointStore, memory_checksum, parse_memory_checkpoint
+    from allocator.memory.checkpoint import import_kubelet_memory_state
+
+    sysfs, policy = _memory_node(tmp_path)
+    state = _memory_state(policy)
+    _save(tmp_path / "numapin", CPUState(default_cpuset=Topology.from_sysfs(str(sysfs)).all_cpus))
+    MemoryCheckpointStore(tmp_path / "numapin" / "memory_manager_state").save(state)
+    assert "numapin" in json.loads((tmp_path / "numapin" / "memory_manager_state").read_text())
+    rc, out, memory_out = _export_memory(tmp_path, sysfs)
+    stdout = capsys.readouterr().out
+    assert rc == 0, stdout
+    doc = json.loads(memory_out.read_bytes())
+    assert list(doc) == ["policyName", "machineState", "entries", "checksum"]  # kubelet's, without numapin's field
+    assert doc["policyName"] == "Static" and doc["checksum"] == memory_checksum(doc) != 0
+    assert parse_memory_checkpoint(memory_out.read_bytes(), str(memory_out))[1] == state
+    back = import_kubelet_memory_state(memory_out)  # the way in reads it back: the same blocks
+    assert back == state
+    policy.start(back.copy())  # kubelet's restart check accepts it on this machine
+    assert out.exists()
+    assert 'memoryManagerPolicy: "Static"' in stdout
+    assert 'reservedMemory: [{"numaNode": 0, "limits": {"memory": "100Mi"}}]' in stdout
+    assert "memory of 2 container(s) of 2 pod(s)" in stdout
+
+
+def test_memory_export_refusals_write_neither_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from allocator.memory import MemoryCheckpointStore, memory_checksum, serialize_memory_checkpoint
+
+    sysfs, policy = _memory_node(tmp_path)
+    _save(tmp_path / "numapin", CPUState(default_cpuset=Topology.from_sysfs(str(sysfs)).all_cpus))
+    rc, out, memory_out = _export_memory(tmp_path, sysfs)  # no numapin memory state
+    assert rc == 1 and "no numapin memory state" in capsys.readouterr().err
+    state = _memory_state(policy)
+    bad = state.copy()
+    bad.machine[0].memory["memory"].free += 4096  # does not add up (checksum made right: only kubelet's check sees it)
+    doc = json.loads(serialize_memory_checkpoint(bad))
+    del doc["numapin"]
+    doc["checksum"] = memory_checksum(doc)
+    (tmp_path / "numapin" / "memory_manager_state").write_text(json.dumps(doc))
+    rc, out, memory_out = _export_memory(tmp_path, sysfs)
+    assert rc == 1 and "kubelet's Memory Manager would refuse it" in capsys.readouterr().err
+    assert not out.exists() and not memory_out.exists()
+    MemoryCheckpointStore(tmp_path / "numapin" / "memory_manager_state").save(state, force=True)
+    memory_out.parent.mkdir(parents=True)
+    memory_out.write_bytes(serialize_memory_checkpoint(state, numapin=False))  # kubelet's Static file is there
+    rc, out, _ = _export_memory(tmp_path, sysfs)
+    assert rc == 1 and "holds policy 'Static'" in capsys.readouterr().err
+    assert not out.exists()
+    from allocator.memory import MemoryState
+    memory_out.write_bytes(serialize_memory_checkpoint(MemoryState(), "None", numapin=False))  # kubelet's None
+    rc, out, _ = _export_memory(tmp_path, sysfs)
+    assert rc == 0 and out.exists() and json.loads(memory_out.read_text())["policyName"] == "Static"
