@@ -46,7 +46,7 @@ from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.memory.state import MemoryState
 from allocator.mode_change import KUBELET_RULE, ModeChange, parse_target
-from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, QOSClass, qos_class
+from allocator.pod import CPU_MANAGER_ANNOTATION, ContainerInfo, PodInfo, QOSClass, qos_class
 from allocator.state import CPUState
 from criproxy.decisions.cri_intent import container_from_cri, qos_from_cgroup_parent
 from criproxy.decisions.mode_request import ModeAnswer, ModeRequest
@@ -211,11 +211,16 @@ class ModeApplier:
                 "without numapin's webhook) and the runtime's record of its containers was not read; change the "
                 "annotation on the API server instead (the proxy's watch reads the pod spec)")
         qos = await self._qos_of(md.uid)
-        containers = tuple(replace(container_from_cri(n, r, qos or "Burstable"), role=cri.roles.role(n))
-                           for n, r in known.items())
+
+        def containers_as(q: QOSClass) -> tuple[ContainerInfo, ...]:
+            return tuple(replace(container_from_cri(n, r, q), role=cri.roles.role(n)) for n, r in known.items())
+
+        containers = containers_as(qos or "Burstable")
         if qos is None:  # as kubelet classes it, as far as CRI tells: every CPU limit set and equal to its request
             qos = "Guaranteed" if all(c.cpu_limit_milli and c.cpu_request_milli == c.cpu_limit_milli
                                       for c in containers) else qos_class(containers)
+            if qos == "Guaranteed":  # a Guaranteed container's memory request is its limit (the Memory Manager's)
+                containers = containers_as(qos)
         return PodInfo(uid=md.uid, namespace=md.namespace, name=md.name, qos_class=qos, cpu_manager=None,
                        bypass=False, containers=containers)
 

@@ -378,3 +378,63 @@ async def test_kubelets_memory_file_is_imported_when_its_checksum_holds_and_refu
         assert memory_file(p)["entries"]["uid-k"]["app"] == doc["entries"]["uid-k"]["app"]
         assert json.loads(cfg.memory_state_file.read_text())["numapin"]["schemaVersion"] >= 1
     assert kubelet_file.read_bytes() == good  # kubelet's file is read, never written
+
+
+async def test_a_live_mode_change_moves_the_memory_with_the_cpus(
+        proxy: CriProxy, kubelet: CRIClient, runtime: MemoryRuntime) -> None:
+    """Crane's modes on a running Burstable pod (accounted by its memory limit while pinned) and a Guaranteed one
+    (accounted whatever its mode, as kubelet)."""
+    from allocator.intent import INTENT_ANNOTATION, encode_intent
+    from allocator.pod import CPU_MANAGER_ANNOTATION, ContainerInfo, PodInfo
+    from criproxy.decisions.mode_request import ModeRequest
+
+    async def run_in(name: str, qos: str, cfg: pb.ContainerConfig, intent: PodInfo | None = None) -> str:
+        annotations = {CPU_MANAGER_ANNOTATION: "none"}
+        if intent is not None:
+            annotations[INTENT_ANNOTATION] = encode_intent(intent)
+        sb = kubelet.sandbox_config(name, f"uid-{name}", qos=qos, annotations=annotations)
+        sid = await kubelet.run_pod_sandbox(sb)
+        cid = await kubelet.create_container(sid, cfg, sb)
+        await kubelet.start_container(cid)
+        return cid
+
+    cache_cfg = CRIClient.container_config("app", cpu_milli=2000, limit_milli=2000)
+    cache_cfg.linux.resources.memory_limit_in_bytes = 3 * GI
+    # Burstable (no memory request): CRI cannot tell, the webhook's intent on the sandbox does
+    burstable = PodInfo("uid-cache", "default", "cache", "Burstable", "none", False,
+                        (ContainerInfo("app", "app", 2000, 2000, None, 3 * GI),))
+    cache = await run_in("cache", "burstable", cache_cfg, burstable)
+    db = await run_in("db", "guaranteed", container("app", 1000, 2 * GI))  # no intent: classed from CRI
+
+    def placed(cid: str) -> tuple[str, str]:
+        return resources(runtime, cid).cpuset_cpus, resources(runtime, cid).cpuset_mems
+
+    def entries() -> dict:
+        return memory_file(proxy).get("entries", {})
+
+    # mode none: the shared pool; the Burstable pod's memory is not accounted, the Guaranteed pod's is (kubelet's)
+    assert placed(cache) == ("0-7", "0-1") and "uid-cache" not in entries()
+    db_nodes = entries()["uid-db"]["app"][0]["numaAffinity"]
+    assert placed(db) == ("0-7", str(CPUSet(db_nodes)))
+    answer = await proxy.modes.request(ModeRequest("default", "cache", "exclusive", "local"))
+    assert answer.outcome == "changed", answer
+    cpus, mems = placed(cache)
+    [block] = entries()["uid-cache"]["app"]  # its memory limit placed in the merge with its CPUs
+    assert (block["type"], block["size"]) == ("memory", 3 * GI)
+    assert mems == str(CPUSet(block["numaAffinity"])) == str(proxy.allocator.topology.numa_of(CPUSet.parse(cpus)))
+    assert len(CPUSet.parse(cpus)) == 2
+    pair = state_pair(proxy)
+    answer = await proxy.modes.request(ModeRequest("default", "cache", "share", "local"))
+    assert answer.outcome == "changed", answer
+    assert entries()["uid-cache"]["app"] == [block] and placed(cache)[1] == mems  # pinned still: its blocks kept
+    assert state_pair(proxy)[1] == pair[1]
+    answer = await proxy.modes.request(ModeRequest("default", "cache", "none", "local"))
+    assert answer.outcome == "changed", answer
+    assert "uid-cache" not in entries() and placed(cache) == ("0-7", "0-1")  # given back; the pool's nodes again
+    # the Guaranteed pod: exclusive CPUs, then the shared pool again; its memory stays where it is throughout
+    for mode in ("exclusive", "none"):
+        answer = await proxy.modes.request(ModeRequest("default", "db", mode, "local"))
+        assert answer.outcome == "changed", answer
+        assert entries()["uid-db"]["app"][0]["numaAffinity"] == db_nodes
+        assert placed(db)[1] == str(CPUSet(db_nodes))
+    assert placed(db)[0] == "0-7"
