@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -37,22 +36,8 @@ from allocator.device_hints import device_hints
 from allocator.hints import TopologyHint
 from allocator.topology import Topology
 from allocator.topology_manager import merge_hints
-
-
-def _stats(samples: list[float]) -> dict[str, float]:
-    ms = sorted(s * 1000 for s in samples)
-    p99 = ms[min(len(ms) - 1, max(0, round(0.99 * len(ms)) - 1))]
-    return {"p50_ms": round(statistics.median(ms), 3), "p99_ms": round(p99, 3), "max_ms": round(ms[-1], 3),
-            "runs": len(ms)}
-
-
-def _time(fn: Callable[[], Any], runs: int) -> list[float]:
-    out = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
+from benchmarks.timing import stats as _stats
+from benchmarks.timing import time_runs as _time
 
 
 def topology(cpu_nodes: int, cores_per_node: int, threads: int = 2, sockets: int = 2, cpu_less: int = 0) -> Topology:

@@ -18,10 +18,7 @@ import json
 import os
 import platform
 import random
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,26 +31,12 @@ from allocator.state import CPUState
 from allocator.static_policy import StaticPolicy
 from allocator.topology import Topology
 from allocator.topology_manager import new_policy
+from benchmarks.timing import stats as _stats
+from benchmarks.timing import time_runs as _time
 
 GI = 1 << 30
 MI = 1 << 20
 TARGET_MS = 5.0
-
-
-def _stats(samples: list[float]) -> dict[str, float]:
-    ms = sorted(s * 1000 for s in samples)
-    p99 = ms[min(len(ms) - 1, max(0, round(0.99 * len(ms)) - 1))]
-    return {"p50_ms": round(statistics.median(ms), 3), "p99_ms": round(p99, 3), "max_ms": round(ms[-1], 3),
-            "runs": len(ms)}
-
-
-def _time(fn: Callable[[], Any], runs: int) -> list[float]:
-    out = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return out
 
 
 def topology(nodes: int, cores: int = 4) -> Topology:
