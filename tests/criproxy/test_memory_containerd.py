@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -151,3 +152,34 @@ async def test_memory_no_node_holds_is_refused_and_nothing_reaches_containerd(
     assert memory_state(proxy) == before
     async with CRIClient(lab.socket) as direct:
         assert [c for c in await direct.list_containers() if c.pod_sandbox_id == sid] == []
+
+
+async def test_a_resize_rolled_back_leaves_both_states_and_both_files_as_they_were(
+        kubelet: CRIClient, proxy: ProxyProcess) -> None:
+    """The CPU and the memory of a container change in one call (500m -> 1 CPU of its own, 64Mi -> 128Mi); the
+    kernel refuses to narrow a shared container off the CPU (a child cgroup holds it): the resize is rolled back,
+    and the pair of files, the memory limit and every cpuset are as before."""
+    from .test_mode_rollback_containerd import cpu_held_by_a_child_cgroup
+
+    _, web = await start(kubelet, "web", kubelet.container_config("main", cpu_milli=200), qos="burstable")
+    _, db = await start(kubelet, "db", guaranteed(kubelet, 500, 64 * MiB))
+    web_pid, db_pid = await pid_of(kubelet, web), await pid_of(kubelet, db)
+    files = (proxy.state_dir / "cpu_manager_state", proxy.state_dir / "memory_manager_state")
+    before = [f.read_bytes() for f in files]
+    limit = cgroup_file(db_pid, "memory", "memory.limit_in_bytes")
+    resources = pb.LinuxContainerResources(cpu_period=100000, cpu_quota=100000, cpu_shares=1024,
+                                           memory_limit_in_bytes=128 * MiB, memory_swap_limit_in_bytes=128 * MiB)
+    with cpu_held_by_a_child_cgroup(web_pid, EXCL), pytest.raises(grpc.aio.AioRpcError) as e:
+        await kubelet.update_container_resources(db, resources)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "rolled back" in (e.value.details() or "")
+    assert [f.read_bytes() for f in files] == before
+    assert cgroup_file(db_pid, "memory", "memory.limit_in_bytes") == limit == str(64 * MiB)
+    assert cpus_of(db_pid)[0] == cpus_of(web_pid)[0]  # both on the whole shared pool again
+    url = f"http://127.0.0.1:{proxy.port}/status"  # the proxy's memory state (not only its files) as before
+    status = json.loads(await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read()))
+    assert [h["size"] for h in status["memory"]["holders"] if h["podUID"] == "uid-db"] == [64 * MiB]
+    await kubelet.update_container_resources(db, resources)  # the cause gone: kubelet's retry works
+    assert cpus_of(db_pid) == (EXCL, EXCL) and state_nodes(proxy, "uid-db") == "0"
+    assert cgroup_file(db_pid, "memory", "memory.limit_in_bytes") == str(128 * MiB)
+    _, state = parse_memory_checkpoint(memory_state(proxy))
+    assert [(b.resource, b.size) for b in state.blocks("uid-db", "main") or ()] == [("memory", 128 * MiB)]
