@@ -122,6 +122,7 @@ def test_more_huge_pages_than_any_node_has_are_refused(node: GuestNode) -> None:
     assert refusal.code == "RESOURCE_EXHAUSTED", refusal
     assert "UnexpectedAdmissionError" in refusal.message, refusal
     assert "failed to find NUMA nodes to extend the current topology hint" in refusal.message, refusal
+    node.prepare_proxy()  # the next story's proxy imports meanwhile
 
 
 def test_restricted_spreads_a_pod_larger_than_a_node_over_two_nodes(node: GuestNode, machine: Topology) -> None:
