@@ -53,7 +53,7 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     # (test_resize.py ends on test_single_numa_node.py's configuration)
     Shape("2s4n", "2s4n", ("test_machine.py", "test_resize.py", "test_single_numa_node.py", "test_device.py",
                            "test_spread.py", "test_prefer_closest.py", "test_restricted_refuses.py",
-                           "test_full_pcpus.py", "test_churn.py"),
+                           "test_memory.py", "test_full_pcpus.py", "test_churn.py"),
           device_node=2, timeout=2700),
     # 1 socket x 4 cores, no SMT, 2 nodes; pure cgroup v2 (the host and the other shapes are v1)
     Shape("1s2n-nosmt", "1s2n-nosmt", _CORE, cgroup="v2"),

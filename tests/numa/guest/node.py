@@ -34,7 +34,8 @@ from numapin_lab.demo.stack import ManagedProcess
 from tests.numa.guest.warm_proxy import WarmProxy
 from webhook.admission.mutate import mutate_pod
 
-__all__ = ["OPLOG_ENV", "WORK", "GuestNode", "Kernel", "NodeConfig", "Refusal", "kubelet_resize"]
+__all__ = ["OPLOG_ENV", "WORK", "GuestNode", "Kernel", "Memory", "NodeConfig", "Refusal", "kubelet_resize",
+           "node_meminfo"]
 
 WORK = Path("/run/numapin-vm")
 CGROUP_ROOT = "numapin-vm"
@@ -46,11 +47,15 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """How ``numapin criproxy`` runs: topology manager policy and options, CPU manager options, reserved CPUs."""
+    """How ``numapin criproxy`` runs: topology manager policy and options, CPU manager options, reserved CPUs, and
+    the Memory Manager (``reserved_memory`` in kubelet's ``--reserved-memory`` format: set, it turns the Memory
+    Manager on, ``--memory-manager-policy Static``; the default eviction threshold, 100Mi, is what it must add up
+    to)."""
     policy: str = "single-numa-node"
     reserved: str = "0"
     topology_options: str = ""
     cpu_options: str = ""
+    reserved_memory: str = ""
 
     def args(self) -> list[str]:
         out = ["--topology-manager-policy", self.policy, "--reserved-cpus", self.reserved]
@@ -58,6 +63,8 @@ class NodeConfig:
             out += ["--topology-manager-policy-options", self.topology_options]
         if self.cpu_options:
             out += ["--cpu-manager-policy-options", self.cpu_options]
+        if self.reserved_memory:
+            out += ["--memory-manager-policy", "Static", "--reserved-memory", self.reserved_memory]
         return out
 
 
@@ -81,6 +88,15 @@ class Refusal:
     message: str
 
 
+def node_meminfo(n: int, key: str) -> int:
+    """A ``/sys/devices/system/node/nodeN/meminfo`` value in kB."""
+    for line in Path(f"/sys/devices/system/node/node{n}/meminfo").read_text().splitlines():
+        parts = line.split()
+        if parts[2] == key + ":":
+            return int(parts[3])
+    raise LookupError(f"node{n}/meminfo has no {key}")
+
+
 def kubelet_resize(cpu: str, memory_mib: int = 32) -> pb.LinuxContainerResources:
     """What kubelet (``cpuManagerPolicy: none``) sends in ``UpdateContainerResources`` for a Guaranteed container
     resized to ``cpu``: the whole block, CFS shares, quota and period from the new CPU, the pod's memory limit, no
@@ -92,9 +108,34 @@ def kubelet_resize(cpu: str, memory_mib: int = 32) -> pb.LinuxContainerResources
                                       memory_swap_limit_in_bytes=memory, oom_score_adj=-997)
 
 
-def pod_spec(name: str, cpu: str, *, limit: str | None = None, mode: str | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Memory:
+    """A container's memory as its pod asks it (requests equal limits: the pod stays Guaranteed when its CPUs are)
+    and as kubelet passes it in CRI: ``memory_limit_in_bytes`` and ``hugepage_limits`` (the 2MB size, 0 when not
+    asked)."""
+    memory_mib: int
+    hugepages_2m_mib: int = 0
+
+    def resources(self) -> dict[str, str]:
+        out = {"memory": f"{self.memory_mib}Mi"}
+        if self.hugepages_2m_mib:
+            out["hugepages-2Mi"] = f"{self.hugepages_2m_mib}Mi"
+        return out
+
+    def apply(self, resources: pb.LinuxContainerResources) -> None:
+        resources.memory_limit_in_bytes = self.memory_mib << 20
+        resources.hugepage_limits.append(pb.HugepageLimit(page_size="2MB", limit=self.hugepages_2m_mib << 20))
+
+
+def pod_spec(name: str, cpu: str, *, limit: str | None = None, mode: str | None = None,
+             memory: Memory | None = None) -> dict[str, Any]:
     """The pod as the API server stores it after numapin's /mutate (the CPU intent annotation stamped)."""
     pod = make_pod(name, cpu=cpu, limit=limit, mode=mode)
+    if memory is not None:
+        res = pod["spec"]["containers"][0]["resources"]
+        res["requests"].update(memory.resources())
+        if "limits" in res:
+            res["limits"].update(memory.resources())
     pod["metadata"]["uid"] = f"uid-{name}-{time.monotonic_ns()}"
     mutated, _warnings = mutate_pod(pod)
     return mutated
@@ -246,26 +287,29 @@ class GuestNode:
 
     # -- pods ---------------------------------------------------------------------------------------------------
     def run(self, name: str, cpu: str, *, limit: str | None = None, mode: str | None = None,
-            devices: Sequence[str] = (), command: Sequence[str] = ("sleep", "86400")) -> RunningPod:
-        """Run a one-container pod (container ``app``) through the proxy; AssertionError if it is refused."""
-        pod = pod_spec(name, cpu, limit=limit, mode=mode)
-        got = self._do(f"run pod {name} cpu={cpu}", lambda: self._run(pod, devices, command))
+            devices: Sequence[str] = (), command: Sequence[str] = ("sleep", "86400"), memory: Memory | None = None,
+            mounts: Sequence[tuple[str, str]] = ()) -> RunningPod:
+        """Run a one-container pod (container ``app``) through the proxy; AssertionError if it is refused.
+        ``memory``: what it asks (else 32Mi in the pod, nothing in CRI); ``mounts``: (host path, container path)."""
+        pod = pod_spec(name, cpu, limit=limit, mode=mode, memory=memory)
+        got = self._do(f"run pod {name} cpu={cpu}", lambda: self._run(pod, devices, command, memory, mounts))
         if isinstance(got, Refusal):
             raise AssertionError(f"pod {name} (cpu {cpu}) refused: {got.code}: {got.message}\n{self.proxy_log()}")
         return got
 
     def refuse(self, name: str, cpu: str, *, limit: str | None = None, mode: str | None = None,
-               devices: Sequence[str] = ()) -> Refusal:
+               devices: Sequence[str] = (), memory: Memory | None = None) -> Refusal:
         """Run a pod that the proxy must refuse; returns the refusal (AssertionError if it ran)."""
-        pod = pod_spec(name, cpu, limit=limit, mode=mode)
-        got = self._do(f"refused pod {name} cpu={cpu}", lambda: self._run(pod, devices, ("sleep", "86400")))
+        pod = pod_spec(name, cpu, limit=limit, mode=mode, memory=memory)
+        got = self._do(f"refused pod {name} cpu={cpu}",
+                       lambda: self._run(pod, devices, ("sleep", "86400"), memory))
         if not isinstance(got, Refusal):
             cpus = self.kernel(name).cpus
             raise AssertionError(f"pod {name} (cpu {cpu}) was admitted (runs on CPUs {cpus}); a refusal was expected")
         return got
 
-    async def _run(self, pod: dict[str, Any], devices: Sequence[str], command: Sequence[str]
-                   ) -> RunningPod | Refusal:
+    async def _run(self, pod: dict[str, Any], devices: Sequence[str], command: Sequence[str],
+                   memory: Memory | None = None, mounts: Sequence[tuple[str, str]] = ()) -> RunningPod | Refusal:
         kubelet = self.kubelet
         runner = PodRunner(kubelet, CGROUP_ROOT)
         running = await runner.run_sandbox(pod)
@@ -278,6 +322,9 @@ class GuestNode:
                 c["name"], cpu_milli=cpu_milli(req) if req else None,
                 limit_milli=cpu_milli(lim) if lim else None, command=tuple(command),
                 devices=[pb.Device(container_path=d, host_path=d, permissions="rw") for d in devices])
+            if memory is not None:
+                memory.apply(cfg.linux.resources)
+            cfg.mounts.extend(pb.Mount(host_path=h, container_path=c) for h, c in mounts)
             try:
                 cid = await kubelet.create_container(running.sandbox_id, cfg, sandbox)
             except grpc.aio.AioRpcError as e:

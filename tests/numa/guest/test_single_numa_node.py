@@ -7,11 +7,10 @@ shared pod back to every CPU and node."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from tests.numa.guest.node import GuestNode, NodeConfig
+from tests.numa.guest.node import GuestNode, NodeConfig, node_meminfo
 
 RESERVED = CPUSet([0])
 MIB = 48  # what the exclusive pod writes to its tmpfs /dev/shm
@@ -22,15 +21,6 @@ def largest_node(machine: Topology) -> tuple[int, int]:
     free = {n: len(machine.cpus_in_numa(n) - RESERVED) for n in machine.cpu_numa_nodes}
     k = max(free.values())
     return k, min(n for n, f in free.items() if f == k)
-
-
-def node_meminfo(n: int, key: str) -> int:
-    """A ``/sys/devices/system/node/nodeN/meminfo`` value in kB."""
-    for line in Path(f"/sys/devices/system/node/node{n}/meminfo").read_text().splitlines():
-        parts = line.split()
-        if parts[2] == key + ":":
-            return int(parts[3])
-    raise LookupError(f"node{n}/meminfo has no {key}")
 
 
 SHMEM_BEFORE: dict[int, int] = {}
