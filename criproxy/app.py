@@ -35,7 +35,7 @@ from criproxy.node.kubelet_watch import KubeletWatch
 from criproxy.node.memory_settings import memory_config_of
 from criproxy.relay.conn_limits import ConnectionLimits
 from criproxy.relay.cri_api import RuntimeApi
-from criproxy.relay.frames import FrameRelayServer
+from criproxy.relay.frame_server import FrameRelayServer
 from criproxy.relay.grpc_relay import RelayHandler, Upstream
 from criproxy.relay.relays import start_relay
 from criproxy.relay.socket_server import RelayServer, SocketInUseError, listen_path

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, cast
@@ -79,9 +78,6 @@ from criproxy.relay.grpc_relay import (
     intercept,
     normalize_endpoint,
 )
-from criproxy.relay.socket_server import SOCKET_MODE, prepare_socket
-
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "FrameRelayServer", "start_frame_relay_server"]
 
 log = logging.getLogger("numapin.criproxy")
 
@@ -90,12 +86,8 @@ _DATA, _HEADERS, _RST, _SETTINGS, _PING, _GOAWAY, _WU, _CONT = (h2.DATA, h2.HEAD
                                                                h2.PING, h2.GOAWAY, h2.WINDOW_UPDATE, h2.CONTINUATION)
 _END_STREAM, _END_HEADERS, _PADDED = h2.END_STREAM, h2.END_HEADERS, h2.PADDED
 _CONNECT_TIMEOUT = 20.0
-# kubelet connections served at once (each costs two descriptors: it and its runtime connection); kubelet opens two.
-# 0: as many as the process's descriptors allow (conn_limits.descriptor_cap)
-DEFAULT_MAX_CONNECTIONS = 0
-_TURNED_AWAY_LINGER = 2.0   # seconds a turned-away client has to read the GOAWAY before its connection closes
 _REFUSAL_LOG_PERIOD = 10.0  # at most one log line per period about turned-away connections
-_BACKLOG = 4096
+_TURNED_AWAY_LINGER = 2.0   # seconds a turned-away client has to read the GOAWAY before its connection closes
 # the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
 _MAX_HEADER_LIST = 16 << 20
 # the largest intercepted message (request or answer) held in memory, with gRPC's 5-byte prefix: the gRPC relay's
@@ -280,6 +272,7 @@ class _RuntimeSide(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.conn.resume(self.conn.kube)
+
 
 
 class _Server:
@@ -1023,78 +1016,3 @@ class _Connection(asyncio.Protocol):
         if answered:
             self.kube.write(h2.goaway(self.last_sid))
             self._close()
-
-
-
-class FrameRelayServer:
-    """The frame relay's listening socket, with the stop/wait interface of ``grpc.aio.Server``."""
-
-    def __init__(self, server: asyncio.AbstractServer, shared: _Server) -> None:
-        self._server = server
-        self._shared = shared
-        self._stopped = asyncio.Event()
-        self._sweeper: asyncio.Task[None] | None = None
-        if shared.limits.idle_timeout > 0:
-            self._sweeper = asyncio.get_running_loop().create_task(shared.sweep_idle())
-
-    @property
-    def max_connections(self) -> int:
-        return self._shared.max_connections
-
-    @property
-    def connections(self) -> int:
-        return len(self._shared.connections)
-
-    async def stop(self, grace: float | None) -> None:
-        """Refuse new connections, tell kubelet to open no new calls (GOAWAY), give calls in flight ``grace``
-        seconds, then close every connection."""
-        if self._stopped.is_set():
-            return
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-        self._server.close()
-        conns = list(self._shared.connections)
-        for c in conns:
-            c.kube.write(h2.goaway(0x7FFFFFFF))
-        deadline = time.monotonic() + (grace or 0.0)
-        while time.monotonic() < deadline and any(c.calls or c.held for c in self._shared.connections):
-            await asyncio.sleep(0.05)
-        for c in list(self._shared.connections):
-            c.abort()
-        for c in conns:
-            for t in list(c.tasks):
-                t.cancel()
-        self._stopped.set()
-
-    async def wait_for_termination(self) -> None:
-        await self._stopped.wait()
-
-
-async def start_frame_relay_server(path: str, handler: RelayHandler, *,
-                                   max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                                   on_turned_away: Callable[[], None] | None = None,
-                                   limits: ConnectionLimits | None = None,
-                                   on_closed: Callable[[str], None] | None = None) -> FrameRelayServer:
-    """Serve the frame relay for ``handler`` (its runtime endpoint, interceptors and observer) on the unix socket
-    ``path`` (mode 0660); interceptors run on the calling event loop. What a connection may cost: ``limits``
-    (conn_limits; default: ``max_connections``, 0 for as many as the descriptors allow, and the default bounds).
-    A connection beyond the cap is told GOAWAY and closed (``on_turned_away`` is told); one closed for what it cost
-    is told to ``on_closed`` ("idle", "frames" or "memory")."""
-    if limits is None:
-        limits = ConnectionLimits(max_connections=max_connections)
-    if limits.max_connections < 0:
-        raise ValueError(f"max_connections must not be negative, got {limits.max_connections}")
-    prepare_socket(path)
-    shared = _Server(handler, limits, on_turned_away, on_closed)
-    loop = asyncio.get_running_loop()
-    handler.loop = loop
-    factory: Callable[[], asyncio.Protocol] = lambda: _Connection(shared)  # noqa: E731
-    old = os.umask(0o117)  # the socket is born 0660: no window with wider permissions
-    try:
-        # a backlog for bursts of clients (critest starting its specs) rather than asyncio's 100 (the kernel caps it
-        # at net.core.somaxconn)
-        server = await loop.create_unix_server(factory, path, backlog=_BACKLOG)
-    finally:
-        os.umask(old)
-    os.chmod(path, SOCKET_MODE)
-    return FrameRelayServer(server, shared)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from criproxy.relay.conn_limits import ConnectionLimits
-from criproxy.relay.frames import DEFAULT_MAX_CONNECTIONS, FrameRelayServer, start_frame_relay_server
+from criproxy.relay.frame_server import DEFAULT_MAX_CONNECTIONS, FrameRelayServer, start_frame_relay_server
 from criproxy.relay.grpc_relay import RelayHandler
 from criproxy.relay.socket_server import RelayServer, start_relay_server
 
