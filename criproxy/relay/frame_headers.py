@@ -12,6 +12,8 @@ import hpack
 from criproxy.relay.grpc_relay import CRI_SERVICES, UNARY_METHODS, Interceptor, Metadata
 
 _CACHE_LIMIT = 1024
+# the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
+_MAX_HEADER_LIST = 16 << 20
 
 
 class _ProtocolError(Exception):

@@ -52,10 +52,12 @@ import grpc
 import grpc.aio
 import hpack
 
+from criproxy.relay import frame_held
 from criproxy.relay import h2wire as h2
 from criproxy.relay.conn_limits import MAX_PENDING, ConnectionLimits, FrameBudget
 from criproxy.relay.frame_headers import (
     _CACHE_LIMIT,
+    _MAX_HEADER_LIST,
     _message,
     _metadata,
     _OverBudget,
@@ -66,11 +68,10 @@ from criproxy.relay.frame_headers import (
     _Statuses,
     _unquote,
 )
+from criproxy.relay.frame_held import _Held, held_at_once
 from criproxy.relay.frame_peer import _frames, _Peer
 from criproxy.relay.grpc_relay import (
-    MAX_MESSAGE,
     Forward,
-    Interceptor,
     Observer,
     Outcome,
     RelayHandler,
@@ -88,101 +89,7 @@ _END_STREAM, _END_HEADERS, _PADDED = h2.END_STREAM, h2.END_HEADERS, h2.PADDED
 _CONNECT_TIMEOUT = 20.0
 _REFUSAL_LOG_PERIOD = 10.0  # at most one log line per period about turned-away connections
 _TURNED_AWAY_LINGER = 2.0   # seconds a turned-away client has to read the GOAWAY before its connection closes
-# the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
-_MAX_HEADER_LIST = 16 << 20
-# the largest intercepted message (request or answer) held in memory, with gRPC's 5-byte prefix: the gRPC relay's
-# limit; beyond it the connection is closed (the proxy credits held data back at once, so nothing else bounds it)
-MAX_HELD = MAX_MESSAGE + 5
-# what the gRPC library sets itself: not the caller's metadata (as relay.caller_metadata)
-_TRANSPORT_KEYS = frozenset({b"user-agent", b"content-type", b"te", b"host", b"grpc-timeout", b"grpc-encoding",
-                             b"grpc-accept-encoding", b"grpc-message-type"})
-_RST_CODES = {0x7: grpc.StatusCode.UNAVAILABLE, 0x8: grpc.StatusCode.CANCELLED,  # REFUSED_STREAM, CANCEL
-              0xB: grpc.StatusCode.RESOURCE_EXHAUSTED, 0xC: grpc.StatusCode.PERMISSION_DENIED}
 
-
-
-class _Held:
-    """An intercepted call: kubelet's request held until complete, then the runtime's answer held for the proxy."""
-
-    __slots__ = (
-        "_hdr",
-        "answered",
-        "down_window",
-        "forwarded",
-        "icpt",
-        "initial_block",
-        "initial_frames",
-        "kube_reset",
-        "late_mark",
-        "metadata",
-        "method",
-        "refused",
-        "request",
-        "resp_data",
-        "response",
-        "sid",
-        "t0",
-        "timeout",
-        "trailer_block",
-        "trailer_frames",
-        "up_closed",
-        "up_reset",
-        "up_window",
-    )
-
-    def __init__(self, sid: int, method: str, icpt: Interceptor, headers: list[tuple[bytes, bytes]],
-                 down_window: int, up_window: int) -> None:
-        self.sid = sid
-        self.method = method
-        self.icpt = icpt
-        self.t0 = time.perf_counter()
-        self.metadata = _metadata(headers, skip=_TRANSPORT_KEYS)
-        self.timeout: float | None = None
-        for k, v in headers:
-            if k == b"grpc-timeout":
-                self.timeout = h2.grpc_timeout(v)
-        self.request = bytearray()
-        self.up_closed = False          # kubelet ended the request on a HEADERS frame (went upstream as it came)
-        self.kube_reset = False         # kubelet reset the stream: the decision is carried through, not answered
-        self.up_reset = False           # the runtime reset the stream: it sends nothing more on it
-        self.late_mark = 0              # the highest stream the runtime got before the proxy's RST_STREAM
-        self.refused = ""               # why the runtime did not process the call (REFUSED_STREAM, GOAWAY)
-        self.forwarded = False
-        self.answered = False
-        self.down_window = down_window  # kubelet's receive window of this stream
-        self.up_window = up_window      # the runtime's receive window of this stream
-        self.resp_data = bytearray()
-        self.initial_frames = b""
-        self.initial_block = b""
-        self.trailer_frames = b""
-        self.trailer_block = b""
-        self._hdr: tuple[bytearray, bytearray, bool] | None = None  # a response header block being collected
-        self.response: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
-
-    def response_headers(self, flags: int, frame: bytes, fragment: bytes, end_stream: bool | None) -> None:
-        """A HEADERS (``end_stream`` given) or CONTINUATION frame of the runtime's answer on this stream."""
-        if end_stream is not None:
-            self._hdr = (bytearray(frame), bytearray(fragment), end_stream)
-        elif self._hdr is None:
-            raise _ProtocolError(f"CONTINUATION without HEADERS on stream {self.sid}")
-        else:
-            self._hdr[0].extend(frame)
-            self._hdr[1].extend(fragment)
-            if len(self._hdr[1]) > _MAX_HEADER_LIST:
-                raise _ProtocolError(f"the runtime's header block on stream {self.sid} is larger than "
-                                     f"{_MAX_HEADER_LIST} bytes")
-        if flags & _END_HEADERS:
-            frames, block, end = self._hdr
-            self._hdr = None
-            if end:
-                self.trailer_frames, self.trailer_block = bytes(frames), bytes(block)
-                self.done(None)
-            else:
-                self.initial_frames, self.initial_block = bytes(frames), bytes(block)
-
-    def done(self, error: BaseException | None) -> None:
-        if not self.response.done():
-            self.response.set_result(error)
 
 
 class _StreamForward(Forward):
@@ -674,15 +581,9 @@ class _Connection(asyncio.Protocol):
                 self._start(h)
 
     def _held_request_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
-        if flags & _PADDED:
-            if not payload or payload[0] >= len(payload):
-                raise _ProtocolError("DATA frame: padding longer than the frame")
-            payload = payload[1:len(payload) - payload[0]]
-        h.request.extend(payload)
-        if len(h.request) > MAX_HELD:
-            raise _ProtocolError(f"{h.method} request on stream {h.sid} larger than {MAX_HELD} bytes")
-        if len(self.held) > 1 and sum(len(x.request) for x in self.held.values()) > MAX_HELD:
-            raise _OverBudget(f"intercepted requests held at once on one connection larger than {MAX_HELD} bytes")
+        h.request_data(flags, payload)
+        if len(self.held) > 1:
+            held_at_once(self.held.values())
         if length:  # the proxy is this data's receiver: credit the stream and the connection back to kubelet
             self.kube.write(h2.window_update(0, length) + h2.window_update(h.sid, length))
         if flags & _END_STREAM:
@@ -791,13 +692,7 @@ class _Connection(asyncio.Protocol):
                     if h is not None:
                         out.append(data[start:pos])
                         start = end
-                        code = int.from_bytes(data[pos + 9:end], "big") if length == 4 else 0
-                        h.up_reset = True
-                        why = f"numapin: the runtime reset the stream (HTTP/2 error {code})"
-                        if code == h2.REFUSED_STREAM and not h.response.done():
-                            h.refused = why
-                        h.done(grpc.aio.AioRpcError(_RST_CODES.get(code, grpc.StatusCode.INTERNAL), None, None,
-                                                    why))
+                        h.runtime_reset(int.from_bytes(data[pos + 9:end], "big") if length == 4 else 0)
                     elif self.calls:
                         self._call_ended(sid, grpc.StatusCode.CANCELLED)
                 done = end
@@ -814,7 +709,7 @@ class _Connection(asyncio.Protocol):
     def _check_backlog(self, peer: _Peer) -> None:
         """Frames waiting for ``peer``'s window are bounded by the credit the proxy's own DATA took from it (the
         other side's view of the window is larger by that much): beyond it, the other side broke flow control."""
-        if peer.backlog_size > peer.withhold + MAX_HELD:
+        if peer.backlog_size > peer.withhold + frame_held.MAX_HELD:
             other = "runtime" if peer is self.kube else "kubelet"
             self._fail(f"the {other} sent beyond {peer.name}'s flow-control window "
                        f"({peer.backlog_size} bytes waiting)")
@@ -861,13 +756,7 @@ class _Connection(asyncio.Protocol):
             del self.late[sid]
 
     def _held_response_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
-        if flags & _PADDED:
-            if not payload or payload[0] >= len(payload):
-                raise _ProtocolError("DATA frame: padding longer than the frame")
-            payload = payload[1:len(payload) - payload[0]]
-        h.resp_data.extend(payload)
-        if len(h.resp_data) > MAX_HELD:
-            raise _ProtocolError(f"the runtime's {h.method} answer on stream {h.sid} larger than {MAX_HELD} bytes")
+        h.response_data(flags, payload)
         if length:  # the proxy received it: credit it back to the runtime
             self.rt.write(h2.window_update(0, length) + h2.window_update(h.sid, length))
         if flags & _END_STREAM:
