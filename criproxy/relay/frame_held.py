@@ -16,7 +16,7 @@ from criproxy.relay import h2wire as h2
 from criproxy.relay.frame_headers import _MAX_HEADER_LIST, _metadata, _OverBudget, _ProtocolError
 from criproxy.relay.grpc_relay import MAX_MESSAGE, Interceptor
 
-_END_STREAM, _END_HEADERS, _PADDED = h2.END_STREAM, h2.END_HEADERS, h2.PADDED
+_END_HEADERS, _PADDED = h2.END_HEADERS, h2.PADDED
 # the largest intercepted message (request or answer) held in memory, with gRPC's 5-byte prefix: the gRPC relay's
 # limit; beyond it the connection is closed (the proxy credits held data back at once, so nothing else bounds it)
 MAX_HELD = MAX_MESSAGE + 5

@@ -1,6 +1,20 @@
-"""The frame relay's listening socket (``start_frame_relay_server``, ``FrameRelayServer``): a unix socket born
-0660, each accepted connection a ``frames._Connection`` sharing one ``frames._Server``; a stop tells every
-connection GOAWAY and gives calls in flight their grace."""
+"""The frame relay (``--relay frames``, the default) and its listening socket (``start_frame_relay_server``,
+``FrameRelayServer``: a unix socket born 0660; a stop tells every connection GOAWAY and gives calls in flight their
+grace).
+
+For every connection accepted on the proxy's socket the relay opens one connection to the runtime and copies the
+byte stream across in both directions, whole frames at a time, without gRPC in between: one read and one write
+per burst of frames, no per-call objects on the relayed path. Its modules, one job each:
+
+- ``frame_connection``: one kubelet connection and its runtime connection (``_Connection``): set-up, tear-down, a
+  runtime that cannot be reached; made of the parts below;
+- ``frame_link``: what those parts share (both peers, the calls in flight, the flow-control book, the bounds of
+  what a client may cost) and what the connections of one socket share (``_Server``);
+- ``frame_kubelet``, ``frame_runtime``: kubelet's frames on their way to the runtime, the runtime's to kubelet;
+- ``frame_held``, ``frame_intercept``: an intercepted call held as its frames come, and what the proxy does with
+  it (the interceptor's ``Forward``, the answer to kubelet, the runtime's late frames);
+- ``frame_peer`` (a side's windows and backlog, the frame walk), ``frame_headers`` (routes, statuses, metadata).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +26,8 @@ from collections.abc import Callable
 
 from criproxy.relay import h2wire as h2
 from criproxy.relay.conn_limits import ConnectionLimits
-from criproxy.relay.frames import _Connection, _Server
+from criproxy.relay.frame_connection import _Connection
+from criproxy.relay.frame_link import _Server
 from criproxy.relay.grpc_relay import RelayHandler
 from criproxy.relay.socket_server import SOCKET_MODE, prepare_socket
 
