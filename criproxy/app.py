@@ -18,9 +18,10 @@ from allocator.node import NodeAllocator, NodeConfig, NodeParts, build_node
 from allocator.nrt import build_nrt
 from allocator.topology import Topology
 from criproxy.config import ProxyConfig
+from criproxy.decisions.allocation import PinningOptions
 from criproxy.decisions.cri_pods import rebuild_cri_pods
 from criproxy.decisions.mode_apply import ModeApplier
-from criproxy.decisions.pinning import Pinning, PinningOptions
+from criproxy.decisions.pinning import Pinning
 from criproxy.decisions.pod_watch import NodePodWatch
 from criproxy.decisions.reconcile import ReconcileReport, reconcile
 from criproxy.decisions.registry import Registry, Tracked
