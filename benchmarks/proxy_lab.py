@@ -1,11 +1,12 @@
 """What the proxy benchmarks against a real containerd share (benchmarks/mode_change.py, benchmarks/resize.py): the
 machine's CPUs split into reserved CPUs and the one CPU a pinned container takes, a container's CPUs as the kernel
-shows them, and a ``numapin criproxy`` child process started in front of a lab containerd."""
+shows them, and a ``numapin criproxy`` child process started in front of a lab containerd and stopped again."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -53,3 +54,16 @@ def start_proxy(work: Path, runtime: str, *, log_level: str = "WARNING") -> subp
             raise RuntimeError(f"proxy did not start:\n{(work / 'proxy.log').read_text()[-2000:]}")
         time.sleep(0.02)
     return p
+
+
+def stop_proxy(p: subprocess.Popen[bytes] | None) -> None:
+    """Stop a proxy from ``start_proxy`` (None: none was started) as kubelet's node would: SIGTERM, 20 s to finish
+    its calls and exit, then SIGKILL."""
+    if p is None:
+        return
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
