@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy, stop_proxy  # noqa: E402
+from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy, stop_process  # noqa: E402
 from criproxy.serve.control import call_control  # noqa: E402
 from numapin_lab.cri.client import CRIClient  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
@@ -76,7 +76,7 @@ async def run(shared: int, rounds: int) -> dict:
                     applied.setdefault(key, []).append(float(msg.rsplit("applied in ", 1)[1].split(" ms")[0]))
                     previous = mode
     finally:
-        stop_proxy(proxy)
+        stop_process(proxy)
         lab.stop()
         shutil.rmtree(work, ignore_errors=True)
 

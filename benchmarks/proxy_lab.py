@@ -1,6 +1,7 @@
 """What the proxy benchmarks against a real containerd share (benchmarks/mode_change.py, benchmarks/resize.py): the
 machine's CPUs split into reserved CPUs and the one CPU a pinned container takes, a container's CPUs as the kernel
-shows them, and a ``numapin criproxy`` child process started in front of a lab containerd and stopped again."""
+shows them, and a ``numapin criproxy`` child process started in front of a lab containerd; and how a child process
+is stopped (benchmarks/criproxy.py too)."""
 
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ def start_proxy(work: Path, runtime: str, *, log_level: str = "WARNING") -> subp
     return p
 
 
-def stop_proxy(p: subprocess.Popen[bytes] | None) -> None:
-    """Stop a proxy from ``start_proxy`` (None: none was started) as kubelet's node would: SIGTERM, 20 s to finish
-    its calls and exit, then SIGKILL."""
+def stop_process(p: subprocess.Popen[bytes] | None) -> None:
+    """Stop a child process (a proxy from ``start_proxy``, a runtime; None: none was started): SIGTERM, 20 s to
+    finish its calls and exit, then SIGKILL."""
     if p is None:
         return
     p.send_signal(signal.SIGTERM)

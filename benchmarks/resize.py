@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy, stop_proxy  # noqa: E402
+from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy, stop_process  # noqa: E402
 from numapin_lab.cri.client import CRIClient, pb  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
 
@@ -102,7 +102,7 @@ async def run(shared: int, rounds: int, pause: float) -> dict:
                     name, _, ms = part.rpartition(" ")
                     steps[key].setdefault(name, []).append(float(ms))
     finally:
-        stop_proxy(proxy)
+        stop_process(proxy)
         lab.stop()
         shutil.rmtree(work, ignore_errors=True)
 

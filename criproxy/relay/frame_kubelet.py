@@ -64,13 +64,10 @@ class _FromKubelet(_Intercepting):
                 if ftype == _DATA:
                     h = held.get(sid)
                     if h is None:
-                        if cut is None:
-                            if length <= rt.window:
-                                rt.window -= length
-                            else:  # kubelet counts on credit the proxy's own DATA took (RFC 9113 6.9.1)
-                                out.append(data[start:pos])
-                                start = pos
-                                cut = len(out)
+                        if cut is None and not rt.take(length):  # from here on, frames wait for the window
+                            out.append(data[start:pos])
+                            start = pos
+                            cut = len(out)
                     else:
                         out.append(data[start:pos])
                         start = end

@@ -49,6 +49,14 @@ class _Peer:
         self.backlog: list[tuple[bytes, bool]] = []
         self.backlog_size = 0
 
+    def take(self, length: int) -> bool:
+        """A relayed DATA frame of ``length`` bytes: taken off the connection window when it fits (True); False:
+        beyond the window (its sender counts on credit the proxy's own DATA took, RFC 9113 6.9.1), it must wait."""
+        if length <= self.window:
+            self.window -= length
+            return True
+        return False
+
     def write(self, data: bytes) -> None:
         """The proxy's own frames: after the relayed header block in progress, if any (RFC 9113 6.10: nothing may
         come between a HEADERS frame without END_HEADERS and its CONTINUATION frames), and after the frames

@@ -49,13 +49,10 @@ class _FromRuntime(_Intercepting):
                 if ftype == _DATA:
                     h = held.get(sid)
                     if h is None:
-                        if cut is None:
-                            if length <= kube.window:
-                                kube.window -= length
-                            else:  # the runtime counts on credit the proxy's own DATA took (RFC 9113 6.9.1)
-                                out.append(data[start:pos])
-                                start = pos
-                                cut = len(out)
+                        if cut is None and not kube.take(length):  # from here on, frames wait for the window
+                            out.append(data[start:pos])
+                            start = pos
+                            cut = len(out)
                         if flags & _END_STREAM and self.calls:
                             self._call_ended(sid, grpc.StatusCode.UNKNOWN)
                     else:
