@@ -43,7 +43,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.proxy_lab import stop_process  # noqa: E402
 from numapin_lab.cri.client import CRIClient, pb  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
 
@@ -92,15 +92,6 @@ def start_proxy(workdir: Path, runtime: str, metrics_port: int, *extra: str) -> 
     log.close()
     _wait_socket(sock, p, "proxy")
     return p
-
-
-def stop(p: subprocess.Popen) -> None:
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait()
 
 
 def stats(samples: list[float]) -> dict[str, float]:
@@ -200,7 +191,7 @@ def start_proxies(work: Path, rt_sock: str) -> dict[str, subprocess.Popen]:
             proxies[relay] = start_proxy(work / relay, rt_sock, 0, "--converge-period", "0", "--relay", relay)
     except BaseException:
         for p in proxies.values():
-            stop(p)
+            stop_process(p)
         raise
     return proxies
 
@@ -233,8 +224,8 @@ async def bench_memory(work: Path, n: int) -> dict:
         return {"unary": out, "list_containers_1000": big, "load_average": os.getloadavg()}
     finally:
         for p in proxies.values():
-            stop(p)
-        stop(rt)
+            stop_process(p)
+        stop_process(rt)
 
 
 async def kubelet_load(k: CRIClient, seconds: float) -> int:
@@ -302,8 +293,8 @@ async def bench_steady(work: Path, seconds: float, pods: int = 110) -> dict:
                 "load_average": os.getloadavg()}
     finally:
         for p in proxies.values():
-            stop(p)
-        stop(rt)
+            stop_process(p)
+        stop_process(rt)
 
 
 async def bench_narrow(work: Path, rt_sock: str, shared: int, rounds: int) -> dict:
@@ -340,7 +331,7 @@ async def bench_narrow(work: Path, rt_sock: str, shared: int, rounds: int) -> di
             return {"shared_containers": shared, "narrow": stats(narrow),
                     "exclusive_create_with_narrowing": stats(creates)}
     finally:
-        stop(proxy)
+        stop_process(proxy)
 
 
 def _free_port() -> int:
@@ -377,7 +368,7 @@ async def bench_containerd(work: Path, n: int) -> dict:
         return compare(results["direct"], results["proxy"])
     finally:
         if proxy is not None:
-            stop(proxy)
+            stop_process(proxy)
         await asyncio.to_thread(lab.stop)
 
 
@@ -417,7 +408,7 @@ async def bench_concurrent_pods(work: Path, pods: int, rounds: int) -> dict:
                 "proxy_rounds_ms": [round(w * 1000, 1) for w in walls["proxy"]]}
     finally:
         if proxy is not None:
-            stop(proxy)
+            stop_process(proxy)
         await asyncio.to_thread(lab.stop)
 
 
@@ -566,7 +557,7 @@ async def bench_narrow_containerd(work: Path, shared: int, rounds: int, pause: f
                         key = f"proxy_{writes}" if f"proxy_{writes}" not in out else f"proxy_{writes}_again"
                         out[key] = await _exclusive_rounds(k, direct, port, cgroups, rounds, pause, writes)
                 finally:
-                    stop(proxy)
+                    stop_process(proxy)
             pool = (await direct.container_status(next(iter(cgroups)))).status.resources.linux.cpuset_cpus
             narrow = str(min(int(c) for c in pool.replace("-", ",").split(",")))
             out["anchor_no_proxy"] = await _anchor_updates(direct, cgroups, str(work / "ctrd" / "state" / "runc" /
@@ -619,7 +610,7 @@ async def main() -> None:
             result["narrow_100_shared"] = await bench_narrow(work / "n", str(work / "n" / "rt.sock"), 100,
                                                              5 if args.quick else 20)
         finally:
-            stop(rt)
+            stop_process(rt)
         if not args.no_containerd:
             (work / "c").mkdir()
             result["create_remove_containerd"] = await bench_containerd(work / "c", 10 if args.quick else 40)

@@ -18,9 +18,7 @@ import argparse
 import asyncio
 import json
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy  # noqa: E402
+from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy, stop_process  # noqa: E402
 from criproxy.serve.control import call_control  # noqa: E402
 from numapin_lab.cri.client import CRIClient  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
@@ -78,12 +76,7 @@ async def run(shared: int, rounds: int) -> dict:
                     applied.setdefault(key, []).append(float(msg.rsplit("applied in ", 1)[1].split(" ms")[0]))
                     previous = mode
     finally:
-        if proxy is not None:
-            proxy.send_signal(signal.SIGTERM)
-            try:
-                proxy.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proxy.kill()
+        stop_process(proxy)
         lab.stop()
         shutil.rmtree(work, ignore_errors=True)
 

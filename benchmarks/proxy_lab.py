@@ -1,11 +1,13 @@
 """What the proxy benchmarks against a real containerd share (benchmarks/mode_change.py, benchmarks/resize.py): the
 machine's CPUs split into reserved CPUs and the one CPU a pinned container takes, a container's CPUs as the kernel
-shows them, and a ``numapin criproxy`` child process started in front of a lab containerd."""
+shows them, and a ``numapin criproxy`` child process started in front of a lab containerd; and how a child process
+is stopped (benchmarks/criproxy.py too)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -53,3 +55,16 @@ def start_proxy(work: Path, runtime: str, *, log_level: str = "WARNING") -> subp
             raise RuntimeError(f"proxy did not start:\n{(work / 'proxy.log').read_text()[-2000:]}")
         time.sleep(0.02)
     return p
+
+
+def stop_process(p: subprocess.Popen[bytes] | None) -> None:
+    """Stop a child process (a proxy from ``start_proxy``, a runtime; None: none was started): SIGTERM, 20 s to
+    finish its calls and exit, then SIGKILL."""
+    if p is None:
+        return
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()

@@ -24,9 +24,7 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy  # noqa: E402
+from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy, stop_process  # noqa: E402
 from numapin_lab.cri.client import CRIClient, pb  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
 
@@ -104,12 +102,7 @@ async def run(shared: int, rounds: int, pause: float) -> dict:
                     name, _, ms = part.rpartition(" ")
                     steps[key].setdefault(name, []).append(float(ms))
     finally:
-        if proxy is not None:
-            proxy.send_signal(signal.SIGTERM)
-            try:
-                proxy.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proxy.kill()
+        stop_process(proxy)
         lab.stop()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -18,9 +18,10 @@ from allocator.node import NodeAllocator, NodeConfig, NodeParts, build_node
 from allocator.nrt import build_nrt
 from allocator.topology import Topology
 from criproxy.config import ProxyConfig
+from criproxy.decisions.allocation import PinningOptions
 from criproxy.decisions.cri_pods import rebuild_cri_pods
 from criproxy.decisions.mode_apply import ModeApplier
-from criproxy.decisions.pinning import Pinning, PinningOptions
+from criproxy.decisions.pinning import Pinning
 from criproxy.decisions.pod_watch import NodePodWatch
 from criproxy.decisions.reconcile import ReconcileReport, reconcile
 from criproxy.decisions.registry import Registry, Tracked
@@ -35,7 +36,7 @@ from criproxy.node.kubelet_watch import KubeletWatch
 from criproxy.node.memory_settings import memory_config_of
 from criproxy.relay.conn_limits import ConnectionLimits
 from criproxy.relay.cri_api import RuntimeApi
-from criproxy.relay.frames import FrameRelayServer
+from criproxy.relay.frame_server import FrameRelayServer
 from criproxy.relay.grpc_relay import RelayHandler, Upstream
 from criproxy.relay.relays import start_relay
 from criproxy.relay.socket_server import RelayServer, SocketInUseError, listen_path

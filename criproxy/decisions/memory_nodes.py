@@ -2,8 +2,8 @@
 container it accounts (``memoryManagerPolicy: Static``: Guaranteed pods' containers, Crane-pinned ones by their
 memory limit), else the NUMA nodes of the container's CPUs (its own, or the shared pool's).
 
-Every place that hands a container a cpuset asks here (the create's wire edit and kubelet's updates in
-``pinning.py``, the convergence's decision in ``node/converge.py`` and, as a last word, every push of
+Every place that hands a container a cpuset asks here (the create's wire edit in ``create.py`` and kubelet's
+updates in ``pinning.py``, the convergence's decision in ``node/converge.py`` and, as a last word, every push of
 ``node/cpuset_pusher.py``), so no path puts back the CPUs' nodes over the Memory Manager's.
 """
 

@@ -13,7 +13,7 @@ process has descriptors for (two each: the client's and its runtime connection),
 - **memory**: bytes of a client held by the relay are bounded per connection: what arrives before the runtime
   connection is up (``MAX_PENDING``, reading pauses beyond), a frame larger than the runtime accepts
   (SETTINGS_MAX_FRAME_SIZE) is refused before it is buffered, and the requests of intercepted calls held at once
-  share one ``frames.MAX_HELD``;
+  share one ``frame_held.MAX_HELD``;
 - **frames per second**: a token bucket of ``FRAME_RATE`` frames per second (``FRAME_BURST`` at once) per
   connection; a client beyond it (a PING, SETTINGS or reset flood) is told GOAWAY ENHANCE_YOUR_CALM and closed.
   kubelet sends a few frames per call, thousands of times below it.

@@ -1,6 +1,6 @@
 """What the frame relay reads in header blocks: each ``:path``'s method and interceptor (``_Routes``), a trailer
 block's gRPC status (``_Statuses``, remembered by its bytes: the runtime encodes its blocks without the dynamic
-table, see ``frames``), the metadata of a decoded block, and the errors that close a relayed connection."""
+table, see ``frame_kubelet``), the metadata of a decoded block, and the errors that close a relayed connection."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import hpack
 from criproxy.relay.grpc_relay import CRI_SERVICES, UNARY_METHODS, Interceptor, Metadata
 
 _CACHE_LIMIT = 1024
+# the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
+_MAX_HEADER_LIST = 16 << 20
 
 
 class _ProtocolError(Exception):

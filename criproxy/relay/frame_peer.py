@@ -1,7 +1,8 @@
 """One side of a relayed connection as the frame relay writes to it (``_Peer``): its SETTINGS, its connection
 window and the flow-control backlog (a relayed DATA frame beyond the window waits, split at the window, and what
 follows waits in order behind it), and the proxy's own frames held back while a relayed header block is open
-(RFC 9113 6.10); with ``_frames``, the walk over the whole frames of a read."""
+(RFC 9113 6.10); with ``_frames``, the walk over the whole frames of a read, and ``_pass_on``, what a walk
+kept written to the other side."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ class _Peer:
         # own) took their window when written and the others' DATA takes it as they go (see ``drain``)
         self.backlog: list[tuple[bytes, bool]] = []
         self.backlog_size = 0
+
+    def take(self, length: int) -> bool:
+        """A relayed DATA frame of ``length`` bytes: taken off the connection window when it fits (True); False:
+        beyond the window (its sender counts on credit the proxy's own DATA took, RFC 9113 6.9.1), it must wait."""
+        if length <= self.window:
+            self.window -= length
+            return True
+        return False
 
     def write(self, data: bytes) -> None:
         """The proxy's own frames: after the relayed header block in progress, if any (RFC 9113 6.10: nothing may
@@ -122,3 +131,19 @@ class _Peer:
         t = self.transport
         if t is not None and not t.is_closing():
             t.write(data)
+
+
+def _pass_on(peer: _Peer, data: bytes, start: int, pos: int, out: list[bytes], block_open: bool,
+             cut: int | None) -> None:
+    """Write to ``peer`` what a pass over ``data`` kept (``out``, then ``data[start:pos]``): ``data`` itself when
+    every frame went as it came; ``block_open``: what was kept ends inside a header block; ``cut``: the pieces of
+    ``out`` from there on (and ``data[start:pos]``) wait for ``peer``'s connection window (None: nothing waits)."""
+    if cut is None:
+        if start == 0 and pos == len(data):
+            peer.relay(data, block_open)
+        else:
+            out.append(data[start:pos])
+            peer.relay(b"".join(out), block_open)
+    else:
+        out.append(data[start:pos])
+        peer.relay(b"".join(out[:cut]), block_open, b"".join(out[cut:]))

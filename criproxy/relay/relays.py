@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from criproxy.relay.conn_limits import ConnectionLimits
-from criproxy.relay.frames import DEFAULT_MAX_CONNECTIONS, FrameRelayServer, start_frame_relay_server
+from criproxy.relay.frame_server import DEFAULT_MAX_CONNECTIONS, FrameRelayServer, start_frame_relay_server
 from criproxy.relay.grpc_relay import RelayHandler
 from criproxy.relay.socket_server import RelayServer, start_relay_server
 
 __all__ = ["RELAYS", "start_relay"]
 
-# "frames": HTTP/2 frames copied between kubelet's and the runtime's connections (relay_frames.py);
-# "grpc": a gRPC server and channel in the proxy (relay.py, server.py)
+# "frames": HTTP/2 frames copied between kubelet's and the runtime's connections (frame_server.py);
+# "grpc": a gRPC server and channel in the proxy (grpc_relay.py, socket_server.py)
 RELAYS = ("frames", "grpc")
 
 

@@ -203,15 +203,14 @@ class ContainerdLab:
             "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
             "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"))
 
-    def _config_v3(self) -> str:
-        """containerd 2.x's format: the same settings as ``_config_v2``, in the split CRI plugins; CDI looks only in
-        the lab's own directory."""
+    def _config_head(self, title: str, version: int, *subdirs: str) -> str:
+        """What both formats start with (the lab's directories made, ``subdirs`` too): the config ``version``, root
+        and state, the disabled plugins, the socket, no metrics, and the ``[plugins]`` table opened."""
         d = self.dir
-        for sub in ("root", "state", "opt", "cni/bin", "cni/net.d", "cdi"):
+        for sub in ("root", "state", "opt", "cni/bin", "cni/net.d", *subdirs):
             (d / sub).mkdir(parents=True, exist_ok=True)
-        rt, img = "plugins.'io.containerd.cri.v1.runtime'", "plugins.'io.containerd.cri.v1.images'"
-        return f"""# numapin containerd lab (containerd 2.x)
-version = 3
+        return f"""# {title}
+version = {version}
 root = "{d}/root"
 state = "{d}/state"
 disabled_plugins = [{self._disabled()}]
@@ -223,7 +222,14 @@ disabled_plugins = [{self._disabled()}]
   address = ""
 
 [plugins]
-  [{img}]
+"""
+
+    def _config_v3(self) -> str:
+        """containerd 2.x's format: the same settings as ``_config_v2``, in the split CRI plugins; CDI looks only in
+        the lab's own directory."""
+        d = self.dir
+        rt, img = "plugins.'io.containerd.cri.v1.runtime'", "plugins.'io.containerd.cri.v1.images'"
+        return self._config_head("numapin containerd lab (containerd 2.x)", 3, "cdi") + f"""  [{img}]
     snapshotter = "overlayfs"
     [{img}.pinned_images]
       sandbox = "{PAUSE_IMAGE}"
@@ -254,23 +260,8 @@ disabled_plugins = [{self._disabled()}]
     def _config_v2(self) -> str:
         """containerd 1.6's and 1.7's format."""
         d = self.dir
-        for sub in ("root", "state", "opt", "cni/bin", "cni/net.d"):
-            (d / sub).mkdir(parents=True, exist_ok=True)
         cri = 'plugins."io.containerd.grpc.v1.cri"'
-        return f"""# numapin containerd lab
-version = 2
-root = "{d}/root"
-state = "{d}/state"
-disabled_plugins = [{self._disabled()}]
-
-[grpc]
-  address = "{self.socket}"
-
-[metrics]
-  address = ""
-
-[plugins]
-  [{cri}]
+        return self._config_head("numapin containerd lab", 2) + f"""  [{cri}]
     sandbox_image = "{PAUSE_IMAGE}"
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"

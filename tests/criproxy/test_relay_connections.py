@@ -17,7 +17,7 @@ import pytest
 
 from criproxy.relay import h2wire as h2
 from criproxy.relay.conn_limits import ConnectionLimits, descriptor_cap, raise_descriptor_limit
-from criproxy.relay.frames import FrameRelayServer, start_frame_relay_server
+from criproxy.relay.frame_server import FrameRelayServer, start_frame_relay_server
 from criproxy.relay.grpc_relay import Forward, RelayHandler, Upstream
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.ledger import scratch_dir

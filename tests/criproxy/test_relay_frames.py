@@ -25,7 +25,7 @@ import hpack
 import pytest
 
 from criproxy.relay import h2wire as h2
-from criproxy.relay.frames import FrameRelayServer, start_frame_relay_server
+from criproxy.relay.frame_server import FrameRelayServer, start_frame_relay_server
 from criproxy.relay.grpc_relay import Forward, Interceptor, Rejection, RelayHandler, Upstream
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
@@ -387,8 +387,8 @@ async def test_intercepted_request_beyond_the_held_limit_closes_that_connection(
         short_tmp: Path, runtime: MemoryRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
     """An intercepted request is held in memory until complete, its data credited back at once: one larger than the
     limit (64 MiB + 5 in production, 64 KiB here) closes that connection before the decision; others go on."""
-    from criproxy.relay import frames as relay_frames
-    monkeypatch.setattr(relay_frames, "MAX_HELD", 64 * 1024)
+    from criproxy.relay import frame_held
+    monkeypatch.setattr(frame_held, "MAX_HELD", 64 * 1024)
     entered = asyncio.Event()
 
     async def version(request: bytes, forward: Forward) -> bytes:

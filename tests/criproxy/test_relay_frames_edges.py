@@ -17,7 +17,7 @@ import hpack
 import pytest
 
 from criproxy.relay import h2wire as h2
-from criproxy.relay.frames import start_frame_relay_server
+from criproxy.relay.frame_server import start_frame_relay_server
 from criproxy.relay.grpc_relay import Forward, Rejection, RelayHandler, Upstream
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
