@@ -139,13 +139,21 @@ async def test_state_pair_nrt_and_metrics_follow_admission_and_release(
     node = [n for n, z in zones.items() if z["memory"]["available"] != z["memory"]["allocatable"]]
     assert len(node) == 1
     assert {a["name"]: a["value"] for a in doc["attributes"]}["memoryManagerPolicy"] == "Static"
-    await asyncio.sleep(0.2)  # the NRT loop publishes the metrics
     url = f"http://127.0.0.1:{proxy.metrics_port}/metrics"
-    body = (await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())).decode()
-    assert 'numapin_criproxy_memory_bytes{kind="reserved",numa_node="' in body
-    reserved = [float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-                if line.startswith('numapin_criproxy_memory_bytes{kind="reserved"') and 'resource="memory"' in line]
-    assert sorted(reserved) == [0.0, float(2 * GI)]
+
+    async def reserved_bytes() -> list[float]:
+        body = (await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())).decode()
+        return sorted(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+                      if line.startswith('numapin_criproxy_memory_bytes{kind="reserved"')
+                      and 'resource="memory"' in line)
+
+    # the NRT loop publishes the metrics after the admission: wait for it (a loaded machine may take seconds)
+    deadline = asyncio.get_running_loop().time() + 30
+    reserved = await reserved_bytes()
+    while reserved != [0.0, float(2 * GI)] and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+        reserved = await reserved_bytes()
+    assert reserved == [0.0, float(2 * GI)]
     await kubelet.stop_container(cid)
     await kubelet.stop_pod_sandbox(sid)
     await kubelet.remove_container(cid)
