@@ -182,13 +182,9 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
     the guest's console, goes there). Ctrl-C stops the VM (numa-vm.sh kills
     QEMU) before the KeyboardInterrupt goes on; if this process dies, numa-vm.sh gets SIGTERM and stops the VM
     too."""
-    if spec.init == "systemd":
-        from numapin_lab.systemd_vm import run_in_systemd_vm
-
-        return run_in_systemd_vm(spec, command, stdout=stdout, stderr=stderr, attempts=attempts, cwd=cwd,
-                                 stalled=stalled, on_stall=on_stall, runs_dir=runs_dir)
     if spec.init != "busybox":
-        raise VMError(f"init {spec.init!r}: expected busybox or systemd")
+        raise VMError(f"init {spec.init!r}: numa-vm.sh runs its busybox init (systemd as PID 1: "
+                      f"numapin_lab.systemd_vm.run_in_systemd_vm, or numapin_lab.systemd_vm.run_vm for either)")
     argv = spec.argv(find_numa_vm(), command)
     t0 = time.monotonic()
     cpu0 = children_cpu()

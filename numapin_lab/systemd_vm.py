@@ -22,8 +22,8 @@ Honest failures: a boot whose command has not started within ``boot_timeout`` se
 stderr; the run directory (console, QEMU log, the share) is kept whenever the result is not the command's own.
 A guest where PID 1 is not systemd fails with GUEST_NOT_SYSTEMD rather than running the command.
 
-``run_in_systemd_vm`` has ``numapin_lab.numa_vm.run_in_vm``'s signature and result; ``run_in_vm`` hands a
-``VMSpec(init="systemd")`` to it, so tests/numa's harness boots this shape like the others.
+``run_in_systemd_vm`` has ``numapin_lab.numa_vm.run_in_vm``'s signature and result; ``run_vm`` runs a
+``VMSpec`` with either (``init="systemd"`` here), so tests/numa's harness boots this shape like the others.
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from numapin_lab.numa_vm import (
+    GUEST_STALLED,
     HPET_PRELUDE,
     VM_FAILURE,
     VM_TIMEOUT,
@@ -55,10 +56,12 @@ from numapin_lab.numa_vm import (
     children_cpu,
     die_with_parent,
     find_numa_vm,
+    run_in_vm,
     topology_spec,
 )
 
-__all__ = ["GUEST_NOT_SYSTEMD", "LabAssets", "find_assets", "qemu_argv", "run_in_systemd_vm", "systemd_initramfs"]
+__all__ = ["GUEST_NOT_SYSTEMD", "LabAssets", "find_assets", "qemu_argv", "run_in_systemd_vm", "run_vm",
+           "systemd_initramfs"]
 
 GUEST_NOT_SYSTEMD = 127  # the command did not run: PID 1 in the guest was not systemd
 TARGET = "numalab.target"
@@ -389,8 +392,6 @@ def run_in_systemd_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes]
                       on_stall: Callable[[str], str] | None = None, runs_dir: Path | None = None) -> VMResult:
     """``command`` as the run-once unit of a VM whose PID 1 is systemd; otherwise as ``numa_vm.run_in_vm``. The
     spec's ``cgroup`` must be v2 (systemd 252 on cgroup v1 is not this shape)."""
-    from numapin_lab.numa_vm import GUEST_STALLED
-
     if spec.cgroup != "v2":
         raise VMError(f"a systemd guest runs pure cgroup v2 (spec says {spec.cgroup!r})")
     numa_vm = find_numa_vm()
@@ -445,3 +446,9 @@ def run_in_systemd_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes]
         else:
             shutil.rmtree(run, ignore_errors=True)
     return VMResult(rc, boots, time.monotonic() - t0, children_cpu() - cpu0, stall)
+
+
+def run_vm(spec: VMSpec, command: Sequence[str], **kwargs: Any) -> VMResult:
+    """``run_in_systemd_vm`` for ``VMSpec(init="systemd")``, numa-vm.sh's ``run_in_vm`` otherwise (same keywords)."""
+    runner = run_in_systemd_vm if spec.init == "systemd" else run_in_vm
+    return runner(spec, command, **kwargs)
