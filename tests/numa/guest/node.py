@@ -52,6 +52,7 @@ class NodeConfig:
     reserved: str = "0"
     topology_options: str = ""
     cpu_options: str = ""
+    extra: tuple[str, ...] = ()  # more arguments of ``numapin criproxy``
 
     def args(self) -> list[str]:
         out = ["--topology-manager-policy", self.policy, "--reserved-cpus", self.reserved]
@@ -59,7 +60,7 @@ class NodeConfig:
             out += ["--topology-manager-policy-options", self.topology_options]
         if self.cpu_options:
             out += ["--cpu-manager-policy-options", self.cpu_options]
-        return out
+        return [*out, *self.extra]
 
 
 @dataclass(frozen=True)

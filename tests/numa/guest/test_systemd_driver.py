@@ -3,13 +3,16 @@ pods in kubelet's slices (``kubepods-burstable-pod<uid>.slice``), one story (CPU
 of one core each): pinning narrows the shared pool, in the kernel and in systemd's view of the containers' scopes;
 ``systemctl daemon-reload`` in a loop while exclusive pods come and go never puts a shared container on an
 exclusive CPU (systemd re-applies every scope's ``AllowedCPUs``/``AllowedMemoryNodes`` on a reload: a cpuset
-written behind its back comes back wrong); a mode change and a kill -9 of the proxy keep both views right.
+written behind its back comes back wrong), also while containerd's records lag (a mode change with the shared
+containers' shims stopped); a kill -9 of the proxy and its restart keep both views right.
 
 Judged from the kernel: ``/proc/<pid>/status`` and the scope's ``cpuset.cpus.effective``; systemd's view from
 ``systemctl show``."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -21,11 +24,14 @@ from allocator.topology import Topology
 from tests.numa.guest.node import SETTLE_SECONDS, GuestNode, NodeConfig
 
 RESERVED = CPUSet([0])
-CONFIG = NodeConfig("single-numa-node", str(RESERVED))
+# the proxy's --cgroup-driver (``cgroupfs``: the old way, cpusets written behind systemd's back, to show the hazard)
+DRIVER = os.environ.get("NUMAPIN_VM_CGROUP_DRIVER", "auto")
+CONFIG = NodeConfig("single-numa-node", str(RESERVED), extra=("--cgroup-driver", DRIVER))
 SHARED = ("web", "api")
-ROUNDS = 4          # exclusive pods made and deleted while systemd reloads
-HOLD_SECONDS = 4.0  # each stays this long (several reloads)
+ROUNDS = 2          # exclusive pods made and deleted while systemd reloads
+HOLD_SECONDS = 10.0  # each stays this long (a reload took 5-10 s under emulation)
 SAMPLE_SECONDS = 0.02
+RELOAD_PAUSE = 0.3  # between two reloads (a reload is a burst of work for systemd under emulation)
 
 
 def cgroup_path(pid: int) -> str:
@@ -98,6 +104,7 @@ class Watch:
     violations: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    threads: list[threading.Thread] = field(default_factory=list)
 
     def sample(self) -> None:
         paths = {name: cgroup_path(self.node.pids[(name, "app")]) for name in SHARED}
@@ -105,6 +112,8 @@ class Watch:
             with self.lock:
                 held = self.exclusive
                 for name in SHARED:
+                    if not held:
+                        break
                     k = self.node.kernel(name)
                     effective = CPUSet.parse(Path(f"/sys/fs/cgroup{paths[name]}/cpuset.cpus.effective").read_text())
                     bad = (k.cpus | effective) & held
@@ -117,9 +126,28 @@ class Watch:
     def reload(self) -> None:
         while not self.stop.is_set():
             subprocess.run(["systemctl", "daemon-reload"], timeout=120, check=True)
-            with self.lock:
+            with self.lock:  # a reload re-applies the units' properties as it ends
                 self.reloads += 1
                 self.reloads_while_pinned += bool(self.exclusive)
+            self.stop.wait(RELOAD_PAUSE)
+
+    def __enter__(self) -> Watch:
+        self.threads = [threading.Thread(target=self.sample, daemon=True),
+                        threading.Thread(target=self.reload, daemon=True)]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=150)
+        print(f"samples {self.samples}, reloads {self.reloads} ({self.reloads_while_pinned} while pinned), "
+              f"violations {len(self.violations)}")
+
+    def check(self) -> None:
+        assert not self.violations, "\n".join(self.violations[:20]) + f"\n({len(self.violations)} samples " \
+                                                                        f"of {self.samples})"
 
     def pinned(self, cpus: CPUSet) -> None:
         with self.lock:
@@ -128,55 +156,77 @@ class Watch:
 
 def test_daemon_reload_during_narrowing_never_puts_a_shared_container_on_an_exclusive_cpu(
         node: GuestNode, machine: Topology) -> None:
+    """Exclusive pods come and go while ``systemctl daemon-reload`` runs in a loop; from each one's start to its
+    deletion the kernel never shows a shared container on its CPUs (sampled every 20 ms)."""
     node.delete("db")
-    w = Watch(node)
-    threads = [threading.Thread(target=w.sample, daemon=True), threading.Thread(target=w.reload, daemon=True)]
-    for t in threads:
-        t.start()
-    try:
+    with Watch(node) as w:
         for i in range(ROUNDS):
             node.run(f"x{i}", "2", limit="2")
             w.pinned(node.kernel(f"x{i}").cpus)  # from here until its deletion no shared container may be there
             time.sleep(HOLD_SECONDS)
             w.pinned(CPUSet())
             node.delete(f"x{i}")
-            time.sleep(HOLD_SECONDS / 2)
-    finally:
-        w.stop.set()
-        for t in threads:
-            t.join(timeout=150)
-    print(f"samples {w.samples}, reloads {w.reloads} ({w.reloads_while_pinned} while pinned), violations "
-          f"{len(w.violations)}")
-    assert not w.violations, "\n".join(w.violations[:20]) + f"\n({len(w.violations)} samples of {w.samples})"
-    assert w.reloads_while_pinned >= ROUNDS, f"only {w.reloads_while_pinned} reloads while exclusive CPUs were held"
+    w.check()
+    assert w.reloads_while_pinned >= 1, f"no reload ran whole while exclusive CPUs were held ({w.reloads} in all)"
     everything, all_nodes = machine.all_cpus, CPUSet(machine.numa_nodes)
     for name in SHARED:
         assert (why := agreed(node, name, everything, all_nodes)) is None, why
 
 
-def test_mode_change_moves_the_pod_in_the_kernel_and_in_systemd(node: GuestNode, machine: Topology) -> None:
+def shim_of(pid: int) -> int:
+    """The containerd shim a container's main process runs under (its parent)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no PPid in /proc/{pid}/status")
+
+
+def test_daemon_reload_while_containerds_record_lags_keeps_a_mode_change(node: GuestNode, machine: Topology) -> None:
+    """A pod's mode changes to exclusive while containerd cannot bring the shared containers' records up to date
+    (their shims stopped: each ``UpdateContainerResources`` of theirs hangs, as on a busy node or during an upgrade),
+    and ``systemctl daemon-reload`` runs meanwhile: systemd must not put the shared containers back on the pod's
+    CPU. Then the pod goes back to the shared pool."""
     node.run("app", "1", limit="1", mode="none")
     everything, all_nodes = machine.all_cpus, CPUSet(machine.numa_nodes)
     assert (why := agreed(node, "app", everything, all_nodes)) is None, why
-    answer = node.set_mode("app", "exclusive")
-    assert answer.get("outcome") == "ok", answer
-    one = node.kernel("app").cpus
-    assert len(one) == 1 and not one & RESERVED, one
-    rest = machine.all_cpus - one
-    assert (why := agreed(node, "app", one, machine.numa_of(one))) is None, why
-    for name in SHARED:
-        assert (why := agreed(node, name, rest, machine.numa_of(rest))) is None, why
-    subprocess.run(["systemctl", "daemon-reload"], timeout=120, check=True)
-    for name in SHARED:
-        assert (why := agreed(node, name, rest, machine.numa_of(rest))) is None, f"after daemon-reload: {why}"
+    shims = {shim_of(node.pids[(name, "app")]) for name in SHARED}
+    assert shim_of(node.pids[("app", "app")]) not in shims
+    for pid in shims:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        answer = node.set_mode("app", "exclusive")
+        assert answer.get("outcome") == "changed", answer
+        one = node.kernel("app").cpus
+        assert len(one) == 1 and not one & RESERVED, one
+        rest = machine.all_cpus - one
+        for name in SHARED:  # narrowed in the kernel before any reload
+            k = node.settled(name, rest, machine.numa_of(rest))
+            assert k.cpus == rest and k.cgroup_cpus == rest, f"{name} not narrowed: {k}"
+        with Watch(node) as w:
+            w.pinned(one)
+            deadline = time.monotonic() + 90
+            while w.reloads < 3 and time.monotonic() < deadline:
+                time.sleep(0.5)
+        w.check()
+        assert w.reloads >= 3, f"only {w.reloads} reloads in 90 s"
+        for name in SHARED:
+            k = node.kernel(name)
+            assert not (k.cpus | (k.cgroup_cpus or CPUSet())) & one, f"after daemon-reload: {name}: {k}"
+            sd_cpus, _ = systemd_view(cgroup_path(k.pid).rsplit("/", 1)[-1])
+            assert CPUSet.parse(sd_cpus) == rest, f"{name}: systemd holds AllowedCPUs={sd_cpus!r}, not {rest}"
+    finally:
+        for pid in shims:
+            os.kill(pid, signal.SIGCONT)
     answer = node.set_mode("app", "none")
-    assert answer.get("outcome") == "ok", answer
+    assert answer.get("outcome") == "changed", answer
     for name in (*SHARED, "app"):
         assert (why := agreed(node, name, everything, all_nodes)) is None, why
     node.delete("app")
 
 
 def test_kill_9_of_the_proxy_and_restart_keep_both_views(node: GuestNode, machine: Topology) -> None:
+    if "app" in node.pods:  # left by a failed check before
+        node.delete("app")
     node.run("db", "2", limit="2")
     pinned = machine.cpus_in_numa(1)
     rest = machine.all_cpus - pinned
