@@ -29,7 +29,7 @@ DRIVER = os.environ.get("NUMAPIN_VM_CGROUP_DRIVER", "auto")
 CONFIG = NodeConfig("single-numa-node", str(RESERVED), extra=("--cgroup-driver", DRIVER))
 SHARED = ("web", "api")
 ROUNDS = 2          # exclusive pods made and deleted while systemd reloads
-HOLD_SECONDS = 10.0  # each stays this long (a reload took 5-10 s under emulation)
+PINNED_RELOADS = 2  # reloads run to their end while each holds its CPUs (the loop's come on top)
 SAMPLE_SECONDS = 0.02
 RELOAD_PAUSE = 0.3  # between two reloads (a reload is a burst of work for systemd under emulation)
 
@@ -46,7 +46,8 @@ def systemd_view(unit: str) -> tuple[str, str]:
     out = subprocess.run(["systemctl", "show", "-p", "AllowedCPUs", "-p", "AllowedMemoryNodes", unit],
                          capture_output=True, text=True, timeout=60, check=True).stdout
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return props.get("AllowedCPUs", ""), props.get("AllowedMemoryNodes", "")
+    # systemd separates ranges with spaces ("0 2-3")
+    return props.get("AllowedCPUs", "").replace(" ", ","), props.get("AllowedMemoryNodes", "").replace(" ", ",")
 
 
 def agreed(node: GuestNode, name: str, cpus: CPUSet, mems: CPUSet) -> str | None:
@@ -126,10 +127,13 @@ class Watch:
     def reload(self) -> None:
         while not self.stop.is_set():
             subprocess.run(["systemctl", "daemon-reload"], timeout=120, check=True)
-            with self.lock:  # a reload re-applies the units' properties as it ends
-                self.reloads += 1
-                self.reloads_while_pinned += bool(self.exclusive)
+            self.count_reload()
             self.stop.wait(RELOAD_PAUSE)
+
+    def count_reload(self) -> None:
+        with self.lock:  # a reload re-applies the units' properties as it ends
+            self.reloads += 1
+            self.reloads_while_pinned += bool(self.exclusive)
 
     def __enter__(self) -> Watch:
         self.threads = [threading.Thread(target=self.sample, daemon=True),
@@ -163,11 +167,13 @@ def test_daemon_reload_during_narrowing_never_puts_a_shared_container_on_an_excl
         for i in range(ROUNDS):
             node.run(f"x{i}", "2", limit="2")
             w.pinned(node.kernel(f"x{i}").cpus)  # from here until its deletion no shared container may be there
-            time.sleep(HOLD_SECONDS)
+            for _ in range(PINNED_RELOADS):  # besides the loop's: these surely end while the CPUs are held
+                subprocess.run(["systemctl", "daemon-reload"], timeout=120, check=True)
+                w.count_reload()
             w.pinned(CPUSet())
             node.delete(f"x{i}")
     w.check()
-    assert w.reloads_while_pinned >= 1, f"no reload ran whole while exclusive CPUs were held ({w.reloads} in all)"
+    assert w.reloads_while_pinned >= ROUNDS * PINNED_RELOADS, w.reloads_while_pinned
     everything, all_nodes = machine.all_cpus, CPUSet(machine.numa_nodes)
     for name in SHARED:
         assert (why := agreed(node, name, everything, all_nodes)) is None, why
