@@ -28,7 +28,7 @@ RESERVED = CPUSet([0])
 DRIVER = os.environ.get("NUMAPIN_VM_CGROUP_DRIVER", "auto")
 CONFIG = NodeConfig("single-numa-node", str(RESERVED), extra=("--cgroup-driver", DRIVER))
 SHARED = ("web", "api")
-ROUNDS = 2          # exclusive pods made and deleted while systemd reloads
+ROUNDS = 1          # exclusive pods made and deleted while systemd reloads (each costs ~60 s of VM time)
 PINNED_RELOADS = 2  # reloads run to their end while each holds its CPUs (the loop's come on top)
 SAMPLE_SECONDS = 0.02
 RELOAD_PAUSE = 0.3  # between two reloads (a reload is a burst of work for systemd under emulation)
