@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from numapin_lab.numa_vm import GUEST_STALLED, Heartbeat, VMSpec, run_in_vm
+from numapin_lab.numa_vm import GUEST_STALLED, Heartbeat, VMSpec
+from numapin_lab.systemd_vm import run_vm
 from numapin_lab.vm_postmortem import DUMP_DONE, DUMP_REQUEST, KALLSYMS, collect
 from tests.numa import guest_paths
 from tests.numa.guest_results import RESULTS
@@ -198,7 +199,7 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
                 return "; " + collect(runs_dir, workdir, kept / "post-mortem").summary()
 
             with open(log, "wb") as out:
-                result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                result = run_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
                                    stalled=Heartbeat(workdir / HEARTBEAT, STALL_SECONDS), on_stall=post_mortem,
                                    runs_dir=runs_dir)
             seconds, cpu, boots = seconds + result.seconds, cpu + result.cpu_seconds, boots + result.boots
@@ -241,12 +242,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                  "outcome; exit 0 when all passed")
     parser.add_argument("--topology", default="2s4n", help="numa-vm.sh preset or <S>s<C>c<T>t<N>n (default 2s4n)")
     parser.add_argument("--cgroup", default="v1", choices=("v1", "v2"))
+    parser.add_argument("--init", default="busybox", choices=("busybox", "systemd"),
+                        help="PID 1 of the guest: numa-vm.sh's busybox, or systemd (needs --cgroup v2)")
     parser.add_argument("--timeout", type=int, default=1800, help="whole VM run, seconds (default 1800)")
     parser.add_argument("selection", nargs="+", help="pytest arguments (files, node ids, -k ...)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="numapin-vm-run-", dir="/var/tmp"))
     try:
-        run = run_pytest_in_vm(VMSpec(topology=args.topology, cgroup=args.cgroup, timeout=args.timeout),
+        run = run_pytest_in_vm(VMSpec(topology=args.topology, cgroup=args.cgroup, timeout=args.timeout,
+                                      init=args.init),
                                args.selection, work, test_timeout=args.timeout)
     except guest_paths.GuestPathError as e:
         print(f"numapin: {e}", file=sys.stderr)
