@@ -7,7 +7,8 @@ in-process CRI runtime (``memory_runtime``), a private containerd + runc with a 
 the seeded kubelet-like churn (``churn``).
 ``numapin_lab.demo``: the whole stack as real processes (``stack``), kube-apiserver's side of admission
 (``admission``), kubelet's side of a pod (``pod_runner``) and the demo's story (``play``).
-``numapin_lab.numa_vm``: a throw-away multi-NUMA QEMU VM (numa-lab's numa-vm.sh) to run a command in.
+``numapin_lab.numa_vm``: a throw-away multi-NUMA QEMU VM (numa-lab's numa-vm.sh) to run a command in;
+``numapin_lab.systemd_vm``: the same VM with systemd as PID 1 on pure cgroup v2 (``VMSpec(init="systemd")``).
 
 The product packages (allocator, criproxy, webhook, numapin's commands) never import it at import time
 (tests/architecture/test_lab_apart.py); ``numapin demo`` imports it inside the command.

@@ -101,6 +101,7 @@ class VMSpec:
     boot_timeout: int = 60                 # a boot that has not reached the command by then is retried
     boot_retries: int = 2
     hpet_clock: bool = True                # the guest's clocksource switched to the HPET first (see above)
+    init: str = "busybox"                  # PID 1: numa-vm.sh's busybox init, or "systemd" (numapin_lab.systemd_vm)
 
     def argv(self, numa_vm: Path, command: Sequence[str]) -> list[str]:
         topology_spec(self.topology)
@@ -122,7 +123,7 @@ class VMSpec:
         return [*out, "--", *command]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: SIGTERM when the parent dies (numa-vm.sh traps it and stops QEMU), so no VM outlives a
     killed test run."""
     import ctypes
@@ -181,9 +182,12 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
     the guest's console, goes there). Ctrl-C stops the VM (numa-vm.sh kills
     QEMU) before the KeyboardInterrupt goes on; if this process dies, numa-vm.sh gets SIGTERM and stops the VM
     too."""
+    if spec.init != "busybox":
+        raise VMError(f"init {spec.init!r}: numa-vm.sh runs its busybox init (systemd as PID 1: "
+                      f"numapin_lab.systemd_vm.run_in_systemd_vm, or numapin_lab.systemd_vm.run_vm for either)")
     argv = spec.argv(find_numa_vm(), command)
     t0 = time.monotonic()
-    cpu0 = _children_cpu()
+    cpu0 = children_cpu()
     rc = VM_FAILURE
     boots = 0
     stall = ""
@@ -191,7 +195,7 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
     for _ in range(max(1, attempts)):
         boots += 1
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
-                                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                                env=env, start_new_session=True, preexec_fn=die_with_parent)
         try:
             while True:
                 try:
@@ -211,7 +215,7 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
             raise
         if rc != VM_FAILURE:
             break
-    return VMResult(rc, boots, time.monotonic() - t0, _children_cpu() - cpu0, stall)
+    return VMResult(rc, boots, time.monotonic() - t0, children_cpu() - cpu0, stall)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -226,7 +230,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _children_cpu() -> float:
+def children_cpu() -> float:
     """CPU seconds of this process's finished children and their waited-for descendants (QEMU under numa-vm.sh).
     Only meaningful as a difference, with no other child finishing meanwhile."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)

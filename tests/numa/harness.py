@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from numapin_lab.numa_vm import GUEST_STALLED, Heartbeat, VMSpec, run_in_vm
+from numapin_lab.numa_vm import GUEST_STALLED, Heartbeat, VMSpec
+from numapin_lab.systemd_vm import run_vm
 from numapin_lab.vm_postmortem import DUMP_DONE, DUMP_REQUEST, KALLSYMS, collect
 from tests.numa import guest_paths
 from tests.numa.guest_results import RESULTS
@@ -198,7 +199,7 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
                 return "; " + collect(runs_dir, workdir, kept / "post-mortem").summary()
 
             with open(log, "wb") as out:
-                result = run_in_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                result = run_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
                                    stalled=Heartbeat(workdir / HEARTBEAT, STALL_SECONDS), on_stall=post_mortem,
                                    runs_dir=runs_dir)
             seconds, cpu, boots = seconds + result.seconds, cpu + result.cpu_seconds, boots + result.boots
