@@ -33,6 +33,7 @@ from criproxy.node.kernel import CgroupLayout, KernelRoots
 from criproxy.node.kubelet_drift import KubeletPaths
 from criproxy.node.kubelet_watch import KubeletWatch
 from criproxy.node.memory_settings import memory_config_of
+from criproxy.node.systemd_cpusets import SystemdCpusets
 from criproxy.relay.conn_limits import ConnectionLimits
 from criproxy.relay.cri_api import RuntimeApi
 from criproxy.relay.frames import FrameRelayServer
@@ -180,9 +181,11 @@ class CriProxy:
         # from here to the parts, nothing waits: stop() closes what start() opened, however far it got
         upstream = Upstream(cfg.runtime_endpoint)
         direct = problem is None and cfg.cpuset_writes == "kernel"  # write running containers' cgroups directly
+        through_systemd = cfg.cgroup_driver == "systemd" or (cfg.cgroup_driver == "auto" and layout.unified)
         pusher = CpusetPusher(upstream, self.registry, layout=layout if direct else None,
                               on_resized=lambda: self.converger.kick(), api=self.api,
-                              memory_nodes=allocator.container_mems)
+                              memory_nodes=allocator.container_mems,
+                              systemd=SystemdCpusets() if direct and through_systemd else None)
         converger = Converger(upstream, self.registry, pusher, layout, self.decide,
                               period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
                               on_pass=self.metrics.observe_converge)
@@ -377,4 +380,6 @@ class CriProxy:
             if not await records.settle(5.0):
                 log.warning("stopping with %d containerd records behind the kernel's cpusets (the next start's "
                             "reconcile brings them up to date)", records.pending)
+            if self._parts.pusher.systemd is not None:
+                await self._parts.pusher.systemd.close()
             await self._parts.upstream.close()

@@ -56,6 +56,11 @@ _FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
       "help": "how cpusets of running containers change: kernel = their cgroup files are written directly and "
               "containerd's record follows in the background (default; narrowing 100 containers takes tens of ms); "
               "runtime = only through containerd's UpdateContainerResources, one runc process per container"}),
+    ("--cgroup-driver", "cgroup_driver",
+     {"choices": ("auto", "systemd", "cgroupfs"),
+      "help": "kubelet's cgroup driver: with systemd, a container's cpuset is set through systemd's D-Bus API "
+              "(SetUnitProperties on its scope) before its cgroup is written, so that systemctl daemon-reload "
+              "keeps it; auto (default) = systemd for containers in systemd scopes on cgroup v2"}),
     ("--proc-root", "proc_root", {"help": "the host's /proc, to read container processes (default /proc)"}),
     ("--cgroup-root", "cgroup_root",
      {"help": "the host's cgroup mount, to read container cpusets (default /sys/fs/cgroup)"}),

@@ -56,6 +56,9 @@ class ProxyConfig:
     # kernel: a running container's cgroup cpuset is written directly, containerd's record follows in the
     # background; runtime: only through containerd's UpdateContainerResources (one runc update each)
     cpuset_writes: str = "kernel"
+    # systemd: a container whose cgroup is a systemd scope gets its cpuset through systemd first (SetUnitProperties,
+    # so daemon-reload keeps it); auto: that on cgroup v2; cgroupfs: never (criproxy.node.systemd_cpusets)
+    cgroup_driver: str = "auto"
     proc_root: str = "/proc"       # the host's /proc (hostPID)
     cgroup_root: str = "/sys/fs/cgroup"  # the host's cgroup file systems
     node_name: str = ""
@@ -172,6 +175,10 @@ def _coerce(name: str, value: Any) -> Any:
         if f < 0:
             raise ConfigError(f"{where}: must not be negative, got {value!r}")
         return f
+    if name == "cgroup_driver":
+        if value not in ("auto", "systemd", "cgroupfs"):
+            raise ConfigError(f"{where}: expected auto, systemd or cgroupfs, got {value!r}")
+        return value
     if name == "cpuset_writes":
         if value not in ("kernel", "runtime"):
             raise ConfigError(f"{where}: expected kernel or runtime, got {value!r}")

@@ -394,6 +394,8 @@ def run_in_systemd_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes]
     spec's ``cgroup`` must be v2 (systemd 252 on cgroup v1 is not this shape)."""
     if spec.cgroup != "v2":
         raise VMError(f"a systemd guest runs pure cgroup v2 (spec says {spec.cgroup!r})")
+    if stderr == subprocess.STDOUT:
+        stderr = stdout
     numa_vm = find_numa_vm()
     assets = find_assets(numa_vm)
     cache = Path(os.environ.get(CACHE_ENV, "/var/tmp/numapin-systemd-vm"))

@@ -10,6 +10,11 @@ cgroup. A container that is not running (created, not started: containerd applie
 whose cgroup is not known yet, a write the kernel refuses, or a change of the CFS quota too goes through
 ``UpdateContainerResources`` and is waited for. Only containers whose cpuset changes are touched.
 
+On the systemd cgroup driver (``systemd``: a container whose cgroup is a systemd scope on cgroup v2), systemd is
+told first (criproxy.node.systemd_cpusets: it writes the cgroup and re-applies that value on every
+``daemon-reload``, instead of the stale one it would otherwise put back), then the files are written as above; a
+container systemd refuses goes through ``UpdateContainerResources`` (runc tells systemd too).
+
 Resizing the pool holds the pool gate exclusively (see ``gate``): no shared container starts meanwhile."""
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from criproxy.decisions.gate import PoolGate
 from criproxy.decisions.registry import Registry, Tracked
 from criproxy.node.kernel import CgroupLayout, write_cpusets
 from criproxy.node.records import Record, RecordQueue
+from criproxy.node.systemd_cpusets import SystemdCpusets, unit_of
 from criproxy.relay.cri_api import RuntimeApi
 from criproxy.relay.grpc_relay import Upstream
 from protos import cri_pb2
@@ -51,8 +57,10 @@ class CpusetPusher:
     def __init__(self, upstream: Upstream, registry: Registry, *, layout: CgroupLayout | None = None,
                  timeout: float = 10.0, concurrency: int = 128, record_fanout: int = 4,
                  on_resized: Callable[[], None] | None = None, api: RuntimeApi | None = None,
-                 memory_nodes: Callable[[str, str], CPUSet | None] | None = None) -> None:
+                 memory_nodes: Callable[[str, str], CPUSet | None] | None = None,
+                 systemd: SystemdCpusets | None = None) -> None:
         self.upstream = upstream
+        self.systemd = systemd          # None: never through systemd (the cgroupfs driver, or cgroup v1)
         self.api = api or RuntimeApi()  # the runtime's CRI version
         self.registry = registry
         self.layout = layout            # None: never write the kernel directly
@@ -122,9 +130,12 @@ class CpusetPusher:
         for t, _, _, _ in direct:
             self.records.drop(t.id)
         await asyncio.gather(*(self.records.quiesce(t.id, c, m) for t, c, m, _ in direct))
+        rest = [i for i in todo if i[3] is not None or i[0].id not in self.cgroups]
+        direct, refused = await self._tell_systemd(direct)
+        rest += refused
         errors = await asyncio.to_thread(write_cpusets, layout,
                                          [(self.cgroups[t.id], c, m) for t, c, m, _ in direct])
-        written, rest = [], [i for i in todo if i[3] is not None or i[0].id not in self.cgroups]
+        written: list[Item] = []
         for item, error in zip(direct, errors, strict=True):
             if error is None:
                 written.append(item)
@@ -135,6 +146,24 @@ class CpusetPusher:
             t.cpus, t.mems = c, m
             self.records.put(Record(t, c, m))
         return written, rest
+
+    async def _tell_systemd(self, direct: list[Item]) -> tuple[list[Item], list[Item]]:
+        """systemd's properties of the containers among ``direct`` that are its scopes, set first; returns (the
+        items whose cgroup files are to be written, those systemd refused: through the runtime)."""
+        systemd = self.systemd
+        if systemd is None:
+            return direct, []
+        units = [(i, unit_of(self.cgroups[i[0].id])) for i in direct]
+        told = [(i, u) for i, u in units if u is not None]
+        if not told:
+            return direct, []
+        answers = await asyncio.gather(*(systemd.set(u, c, m) for (_, c, m, _), u in told))
+        refused = {id(i) for (i, _), why in zip(told, answers, strict=True) if why is not None}
+        for (i, u), why in zip(told, answers, strict=True):
+            if why is not None:
+                log.warning("systemd did not take cpus=%s for pod=%s container=%s (%s): %s; through the runtime",
+                            i[1], i[0].pod_ref, i[0].name, u, why)
+        return [i for i in direct if id(i) not in refused], [i for i in direct if id(i) in refused]
 
     async def push(self, items: Iterable[Item], *, force: bool = False) -> PushResult:
         """Apply ``(container, cpus, mems, quota or None)``, skipping containers that already have them by the

@@ -1,4 +1,5 @@
-"""A private, throw-away containerd (CRI plugin + runc, cgroupfs) for tests, the demo and benchmarks.
+"""A private, throw-away containerd (CRI plugin + runc, cgroupfs; systemd's driver on request) for tests, the demo
+and benchmarks.
 
 Everything lives in one directory: config, root, state, logs and the socket. The busybox and pause images
 are built offline from the static busybox binary (Debian's busybox-static) as a docker archive and
@@ -155,8 +156,13 @@ class ContainerdLab:
     """``ContainerdLab(directory).start()`` … ``.stop()``; ``.socket`` is the CRI endpoint. ``bin_dir``: where
     this lab's containerd, shim and ctr are (None: the system's, from PATH)."""
 
-    def __init__(self, directory: str | os.PathLike[str], bin_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, directory: str | os.PathLike[str], bin_dir: str | os.PathLike[str] | None = None, *,
+                 systemd_cgroup: bool = False) -> None:
         self.dir = Path(directory).resolve()
+        # runc's systemd cgroup driver (``SystemdCgroup = true``): pods' cgroup parents are slices
+        # (``kubepods-burstable-pod<uid>.slice``), containers systemd scopes made through its D-Bus API; needs
+        # systemd as PID 1
+        self.systemd_cgroup = systemd_cgroup
         self.bin_dir = Path(bin_dir).resolve() if bin_dir is not None else None
         self.env = dict(os.environ)
         if self.bin_dir is not None:  # containerd finds its shim in PATH
@@ -242,7 +248,7 @@ disabled_plugins = [{self._disabled()}]
       [{rt}.containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
         [{rt}.containerd.runtimes.runc.options]
-          SystemdCgroup = false
+          SystemdCgroup = {"true" if self.systemd_cgroup else "false"}
           Root = "{d}/state/runc"
   [plugins.'io.containerd.grpc.v1.cri']
     stream_server_address = "127.0.0.1"
@@ -288,7 +294,7 @@ disabled_plugins = [{self._disabled()}]
       [{cri}.containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
         [{cri}.containerd.runtimes.runc.options]
-          SystemdCgroup = false
+          SystemdCgroup = {"true" if self.systemd_cgroup else "false"}
           Root = "{d}/state/runc"
   [plugins."io.containerd.internal.v1.opt"]
     path = "{d}/opt"

@@ -1,4 +1,5 @@
-"""Run a v1 Pod object on a CRI runtime the way kubelet (``cpuManagerPolicy: none``, cgroupfs driver) drives it:
+"""Run a v1 Pod object on a CRI runtime the way kubelet (``cpuManagerPolicy: none``, cgroupfs or systemd driver)
+drives it:
 ``RunPodSandbox`` with the pod's metadata, labels and annotations (the webhook's CPU intent included) and a cgroup
 parent named after its QoS class, then per app container ``CreateContainer`` (CPU request as ``cpu_shares``, limit
 as CFS quota, no cpuset) and ``StartContainer``; deletion as kubelet does it (stop, stop sandbox, remove; the pod's
@@ -19,7 +20,7 @@ from allocator.pod import PodInfo
 from allocator.quantity import cpu_milli
 from numapin_lab.cri.client import CRIClient
 
-__all__ = ["PodRunner", "RunningPod", "cgroup_parent"]
+__all__ = ["PodRunner", "RunningPod", "cgroup_parent", "systemd_cgroup_parent"]
 
 QOS_DIR = {"Guaranteed": "", "Burstable": "burstable", "BestEffort": "besteffort"}
 
@@ -28,6 +29,14 @@ def cgroup_parent(root: str, qos: str, uid: str) -> str:
     """kubelet's cgroupfs pod cgroup under ``root``: ``/<root>/kubepods[/burstable|/besteffort]/pod<uid>``."""
     parts = [p for p in (root.strip("/"), "kubepods", QOS_DIR[qos], f"pod{uid}") if p]
     return "/" + "/".join(parts)
+
+
+def systemd_cgroup_parent(qos: str, uid: str) -> str:
+    """kubelet's pod cgroup under the systemd driver: the slice ``kubepods[-burstable|-besteffort]-pod<uid>.slice``
+    (the uid's dashes as underscores: a dash in a slice's name is a level of the hierarchy), whose parents
+    ``kubepods.slice`` and ``kubepods-<qos>.slice`` systemd derives from the name."""
+    parts = [p for p in ("kubepods", QOS_DIR[qos], f"pod{uid.replace('-', '_')}") if p]
+    return "-".join(parts) + ".slice"
 
 
 @dataclass
@@ -52,10 +61,11 @@ def _milli(resources: Mapping[str, Any], kind: str) -> int | None:
 class PodRunner:
     """``PodRunner(client, cgroup_root)``; ``await run(pod)`` -> RunningPod; ``await delete(running)``."""
 
-    def __init__(self, client: CRIClient, cgroup_root: str, *, command: tuple[str, ...] = ("sleep", "86400")
-                 ) -> None:
+    def __init__(self, client: CRIClient, cgroup_root: str, *, command: tuple[str, ...] = ("sleep", "86400"),
+                 systemd: bool = False) -> None:
         self.client = client
-        self.cgroup_root = cgroup_root
+        self.cgroup_root = cgroup_root  # cgroupfs only (the systemd driver's slices hang under the root)
+        self.systemd = systemd
         self.command = command
 
     def sandbox_config(self, pod: Mapping[str, Any]) -> Any:
@@ -64,7 +74,8 @@ class PodRunner:
         return self.client.sandbox_config(
             info.name, info.uid, namespace=info.namespace or "default",
             annotations=meta.get("annotations") or {}, labels=meta.get("labels") or {},
-            cgroup_parent=cgroup_parent(self.cgroup_root, info.qos_class, info.uid))
+            cgroup_parent=systemd_cgroup_parent(info.qos_class, info.uid) if self.systemd
+            else cgroup_parent(self.cgroup_root, info.qos_class, info.uid))
 
     async def run_sandbox(self, pod: Mapping[str, Any]) -> RunningPod:
         info = PodInfo.from_pod(pod)

@@ -36,7 +36,10 @@ GUEST_SETUP_FAILED = 3  # the guest could not be prepared (a path not visible, a
 # step 1: a tmpfs on /tmp with the kept paths bound back (arguments: K, the K paths; the rest is left in "$@")
 TMP_PART = r"""
 fail() { echo "numapin-vm: $*" >&2; exit __SETUP__; }
-t=/run/numapin-tmp
+# staged under a private mount: a mount whose parent propagates (systemd makes / and /run shared) cannot be moved
+s=/run/numapin-stage t=/run/numapin-stage/tmp
+mkdir -p $s && mount -t tmpfs -o mode=755 numapin-stage $s && mount --make-private $s \
+  || fail "cannot mount a private staging tmpfs at $s"
 mkdir -p $t && mount -t tmpfs -o mode=1777 numapin-tmp $t || fail "cannot mount a tmpfs for /tmp"
 k=$1; shift
 while [ "$k" -gt 0 ]; do

@@ -36,6 +36,7 @@ class Shape:
     mem_per_node_mib: int | None = None
     device_node: int | None = None        # a PCI device (virtio-serial port DEVICE_PORT) on this NUMA node
     timeout: int = 1200                   # seconds for the whole VM run (generous: the host may be overloaded)
+    init: str = "busybox"                 # PID 1: numa-vm.sh's busybox, or systemd (numapin_lab.systemd_vm; cgroup v2)
 
     @property
     def smt(self) -> bool:
@@ -59,6 +60,9 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("1s2n-nosmt", "1s2n-nosmt", _CORE, cgroup="v2"),
     # 2 sockets x 4 cores, 8 nodes of one CPU
     Shape("2s4c1t8n", "2s4c1t8n", _CORE, mem_per_node_mib=512),
+    # kubeadm's node: systemd as PID 1, pure cgroup v2, containerd with runc's systemd cgroup driver, pods in
+    # kubelet's slices; 1 socket x 2 cores x 2 threads, 2 nodes
+    Shape("1s2n-systemd", "1s2n", ("test_systemd_driver.py",), cgroup="v2", init="systemd", timeout=900),
 )}
 
 

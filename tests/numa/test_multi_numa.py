@@ -49,7 +49,7 @@ def guest_checks(shape: Shape) -> list[str]:
 def vm_spec(shape: Shape) -> VMSpec:
     qemu = pci_device_args(shape.device_node) if shape.device_node is not None else ()
     return VMSpec(topology=shape.topology, cgroup=shape.cgroup, mem_per_node_mib=shape.mem_per_node_mib,
-                  qemu_args=qemu, timeout=shape.timeout)
+                  qemu_args=qemu, timeout=shape.timeout, init=shape.init)
 
 
 class Boots:

@@ -23,8 +23,8 @@ def machine() -> Topology:
 
 
 @pytest.fixture(scope="session")
-def guest_node() -> Iterator[GuestNode]:
-    n = GuestNode().start()
+def guest_node(shape: Shape) -> Iterator[GuestNode]:
+    n = GuestNode(systemd=shape.init == "systemd").start()
     try:
         yield n
     finally:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -106,10 +107,12 @@ class GuestNode:
     read the kernel; ``stop()``. One event loop and one CRI channel to the proxy (as kubelet's) and one to containerd
     for the whole boot."""
 
-    def __init__(self, work: Path = WORK) -> None:
+    def __init__(self, work: Path = WORK, *, systemd: bool = False) -> None:
         self.work = work
-        self.lab = ContainerdLab(work / "ctrd")
+        self.systemd = systemd  # the systemd cgroup driver (runc's SystemdCgroup, kubelet's slices as pod parents)
+        self.lab = ContainerdLab(work / "ctrd", systemd_cgroup=systemd)
         self.proxy_socket = str(work / "criproxy.sock")
+        self.control_socket = str(work / "control.sock")  # the proxy's default: next to its socket
         self.state_dir = work / "state"
         self.proxy: ManagedProcess | None = None
         self._warm: WarmProxy | None = None  # the next proxy, importing (prepare_proxy)
@@ -241,6 +244,33 @@ class GuestNode:
             self.proxy = None
         self.config = None
 
+    def kill_proxy(self) -> None:
+        """kill -9 of the proxy, then the same command line again on the state it left (not wiped), up to its
+        reconciliation with containerd."""
+        assert self.proxy is not None and self.config is not None, "no proxy to kill"
+        args, config = list(self.proxy.args), self.config
+        if self._kubelet is not None:
+            self._runner.run(self._kubelet.close())
+            self._kubelet = None
+        self.proxy.stop(signal.SIGKILL)
+        t0 = time.monotonic()
+        self.prepare_proxy()
+        assert self._warm is not None
+        self.proxy, self._warm = self._warm, None
+        self._warm_launch(args)
+        self.proxy.wait_for(r"reconcile: ", timeout=120)
+        self.config = config
+        if self._oplog:
+            with open(self._oplog, "a") as f:
+                f.write(f"{time.monotonic() - t0:.2f} proxy restart after kill -9\n")
+
+    def set_mode(self, name: str, mode: str) -> dict[str, Any]:
+        """``numapin mode default/NAME MODE`` through the proxy's control socket; its answer."""
+        from criproxy.serve.control import call_control
+
+        return self._do(f"mode {name} {mode}", lambda: call_control(
+            self.control_socket, {"op": "set-mode", "pod": f"default/{name}", "mode": mode}, timeout=120))
+
     def proxy_log(self) -> str:
         return self.proxy.tail(40) if self.proxy is not None else ""
 
@@ -267,7 +297,7 @@ class GuestNode:
     async def _run(self, pod: dict[str, Any], devices: Sequence[str], command: Sequence[str]
                    ) -> RunningPod | Refusal:
         kubelet = self.kubelet
-        runner = PodRunner(kubelet, CGROUP_ROOT)
+        runner = PodRunner(kubelet, CGROUP_ROOT, systemd=self.systemd)
         running = await runner.run_sandbox(pod)
         sandbox = runner.sandbox_config(pod)
         for c in pod["spec"]["containers"]:
@@ -299,7 +329,7 @@ class GuestNode:
                 del self.pids[key]
 
         async def go() -> None:
-            runner = PodRunner(self.kubelet, CGROUP_ROOT)
+            runner = PodRunner(self.kubelet, CGROUP_ROOT, systemd=self.systemd)
             await asyncio.gather(*(runner.delete(r) for r in gone))
         self._do(f"delete {len(gone)} pod(s)", go)
 
