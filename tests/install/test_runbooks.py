@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 from allocator import CheckpointStore, CPUSet, CPUState
@@ -125,6 +126,8 @@ ELSEWHERE = {
 # what this file plays on a fake host (the install.sh commands and the export, above)
 ON_THE_FAKE_HOST = ("/tmp/numapin-node/share/numapin/install.sh", "/opt/numapin/share/numapin/install.sh",
                     "numapin export-kubelet-state")
+# what only reads the machine: run here as written (below), with this checkout's numapin
+ON_THIS_MACHINE = ("numapin criproxy --help", "numapin topology --sysfs /sys")
 
 
 def node_commands() -> list[tuple[str, str]]:
@@ -150,8 +153,14 @@ def test_every_runbook_command_is_run_by_a_test() -> None:
     """Each command of docs/node.md's runbooks is played on a systemd host (tests/install/test_systemd_host.py, its
     guest story), on the fake host here, or is not a node's command and is covered where ELSEWHERE says."""
     left = [(t, c) for t, c in node_commands() if not guest_plays(c) and not c.startswith(ON_THE_FAKE_HOST)
-            and not c.startswith(tuple(ELSEWHERE))]
+            and not c.startswith(ON_THIS_MACHINE) and not c.startswith(tuple(ELSEWHERE))]
     assert left == []
+    for command in [c for _, c in node_commands() if c.startswith(ON_THIS_MACHINE)]:
+        argv = shlex.split(command)
+        assert argv[0] == "numapin"
+        r = subprocess.run([sys.executable, "-m", "numapin", *argv[1:]], capture_output=True, text=True, timeout=120,
+                           cwd=NODE_MD.parents[1])
+        assert r.returncode == 0 and r.stdout, (command, r.stderr)
     assert all(any(c.startswith(p) for _, c in node_commands()) for p in _guest_prefixes()), "a stale prefix"
     r = subprocess.run(["bash", str(NODE_MD.parents[1] / "scripts/build-node.sh"), "--help"], capture_output=True,
                        text=True, timeout=60)

@@ -214,6 +214,9 @@ class Story:
 @pytest.fixture(scope="module")
 def story() -> Iterator[Story]:
     s = Story(Path(os.environ[TARBALL_ENV]), Topology.from_sysfs("/sys").all_cpus)
+    # the early boot the guest's run-once unit skipped (a node's services run after it): the first service started
+    # with default dependencies would pull it in and systemd-tmpfiles would empty /tmp under the runbook's feet
+    run("systemctl", "start", "sysinit.target")
     # the node's containerd, as Debian's unit runs it: its configuration in /etc/containerd (the lab's settings: a
     # local pause image, no CNI), its state under /run (containerd's overlayfs snapshots need a tmpfs)
     lab = ContainerdLab("/run/numapin-vm-containerd")
@@ -257,14 +260,12 @@ def test_install_by_the_runbook_and_run_pods(story: Story) -> None:
     play(INSTALL, "mkdir -p /tmp/numapin-node && tar", cwd=str(story.tarball.parent))
     r = play(INSTALL, "/tmp/numapin-node/share/numapin/install.sh")
     assert "installed" in r.stderr, r.stderr
-    story.first_release = Path("/tmp/numapin-node/share/numapin/RELEASE").read_text().strip()
-    assert os.readlink("/opt/numapin") == f"/opt/numapin-releases/{story.first_release}"
+    story.first_release = run("cat", "/tmp/numapin-node/share/numapin/RELEASE").stdout.strip()
+    assert story.first_release and os.readlink("/opt/numapin") == f"/opt/numapin-releases/{story.first_release}"
     assert prop("ActiveState") == "active" and prop("UnitFileState") == "enabled"
     assert prop("ActiveState", "containerd.service") == "active", "the proxy's unit did not pull containerd in"
     play(INSTALL, "numapin wait-socket")
     assert "active (running)" in play(INSTALL, "systemctl status").stdout
-    assert "--reserved-cpus" in play(INSTALL, "numapin criproxy --help").stdout
-    assert "NUMA" in play(INSTALL, "numapin topology").stdout
     story.proxy_pid = int(prop("MainPID"))
     play(INSTALL, "systemctl restart")
     story.proxy_pid = wait_restarted(story.proxy_pid)
@@ -281,10 +282,9 @@ def test_install_by_the_runbook_and_run_pods(story: Story) -> None:
 
 def test_upgrade_while_pods_run_and_roll_back(story: Story) -> None:
     # a second build, as the new tarball extracted over /tmp/numapin-node would be: the same install, the next release
-    release_file = Path("/tmp/numapin-node/share/numapin/RELEASE")
     second = story.first_release.replace("0.1.0-", "0.1.1-", 1)
     assert second != story.first_release
-    release_file.write_text(second + "\n")
+    run("sh", "-c", f"echo {second} > /tmp/numapin-node/share/numapin/RELEASE")
     mark = len(proxy_log())
     r = play(UPGRADE, "/tmp/numapin-node/share/numapin/install.sh")
     assert f"restarting {UNIT}" in r.stderr, r.stderr
