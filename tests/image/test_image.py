@@ -225,8 +225,16 @@ async def test_the_installer_daemonsets_command_installs_from_the_image_and_slee
                              "is-active --quiet numapin-criproxy.service", "start numapin-criproxy.service"]
             status = await cri.container_status(cid, verbose=True)
             assert status.status.state == 1  # CONTAINER_RUNNING: it sleeps
-            # and that is all it runs: every process of the container is `sleep infinity`, no proxy in the pod
-            assert _container_commands(int(json.loads(status.info["info"])["pid"])) == ["sleep infinity"]
+            # and then all it runs is `sleep infinity` (once install.sh has returned): no proxy in the pod
+            pid = int(json.loads(status.info["info"])["pid"])
+            seen: list[list[str]] = []
+            for _ in range(300):
+                seen.append(_container_commands(pid))
+                if seen[-1] == ["sleep infinity"]:
+                    break
+                await asyncio.sleep(0.1)
+            assert seen[-1] == ["sleep infinity"], seen[-1]
+            assert not any("criproxy" in c.split() for commands in seen for c in commands), seen
             release = os.readlink(host / "opt/numapin")
             installed = host / release.lstrip("/")
             assert (installed / "share/numapin/RELEASE").read_text().strip() == Path(release).name
