@@ -9,8 +9,9 @@ Like every multi-NUMA VM test (``numa_vm``), it fails, never skips, when no VM c
 with each check. Measured (one boot, 1s2n-nosmt: 4 vCPUs, single-threaded TCG, the machine's load 1-6): 341 s of
 VM, of which 329 s the guest's checks (install with the tarball's extraction and two proxy starts 124 s, upgrade
 and rollback with the four ``numapin status`` 87 s, kill -9 20 s, reboot-equivalent 25 s, the way back 21 s, the
-removal 6 s), plus about 70 s for the build; at load 8-10 the guest's checks took 565 s. Over the 3 minutes asked
-of a CI form: see the report of issue 23 for what would shorten it.
+removal 6 s), plus about 70 s for the build; at load 8-10 the guest's checks took 565 s. That is over the 3 minutes
+asked of a CI form: most of it is emulated work on the 161 MB install (gunzip of the tarball, install.sh's copy per
+release) and the interpreter's start-up (seven proxy starts, one per ``numapin`` command).
 """
 
 from __future__ import annotations
