@@ -71,6 +71,22 @@ def _healthz(port: int, ca: Path) -> str:
         return f"{r.status} {r.read().decode().strip()}"
 
 
+def _container_commands(pid: int) -> list[str]:
+    """The command lines of every process in ``pid``'s cgroup (its container), in every hierarchy it has."""
+    pids: set[str] = set()
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers in ("", "cpuset"):  # the unified hierarchy, or the v1 cpuset one
+            mount = "/sys/fs/cgroup/unified" if controllers == "" and Path("/sys/fs/cgroup/unified").is_dir() \
+                else "/sys/fs/cgroup" + ("/cpuset" if controllers == "cpuset" else "")
+            procs = Path(mount + path, "cgroup.procs")
+            if procs.exists():
+                pids.update(procs.read_text().split())
+    assert pids, f"no cgroup of process {pid} found"
+    return sorted(Path(f"/proc/{p}/cmdline").read_bytes().rstrip(b"\0").replace(b"\0", b" ").decode()
+                  for p in pids if Path(f"/proc/{p}").exists())
+
+
 def test_archive_is_an_oci_image_named_as_the_manifests_say(image_archive: Path) -> None:
     with tarfile.open(image_archive) as tf:
         layout = json.load(tf.extractfile("./oci-layout"))  # type: ignore[arg-type]
@@ -207,8 +223,18 @@ async def test_the_installer_daemonsets_command_installs_from_the_image_and_slee
             calls = (host / "systemctl.log").read_text().splitlines()
             assert calls == ["daemon-reload", "enable numapin-criproxy.service",
                              "is-active --quiet numapin-criproxy.service", "start numapin-criproxy.service"]
-            status = await cri.container_status(cid)
+            status = await cri.container_status(cid, verbose=True)
             assert status.status.state == 1  # CONTAINER_RUNNING: it sleeps
+            # and then all it runs is `sleep infinity` (once install.sh has returned): no proxy in the pod
+            pid = int(json.loads(status.info["info"])["pid"])
+            seen: list[list[str]] = []
+            for _ in range(300):
+                seen.append(_container_commands(pid))
+                if seen[-1] == ["sleep infinity"]:
+                    break
+                await asyncio.sleep(0.1)
+            assert seen[-1] == ["sleep infinity"], seen[-1]
+            assert not any("criproxy" in c.split() for commands in seen for c in commands), seen
             release = os.readlink(host / "opt/numapin")
             installed = host / release.lstrip("/")
             assert (installed / "share/numapin/RELEASE").read_text().strip() == Path(release).name

@@ -98,3 +98,11 @@ def fake_release(dest: Path, release: str) -> Path:
     shutil.copy(DROPIN, meta / DROPIN.name)
     shutil.copy(SETTINGS, meta / SETTINGS.name)
     return dest
+
+
+def second_release(built: Path, dest: Path) -> Path:
+    """The same build as another release (what a new version looks like to the installer and the unit)."""
+    shutil.copytree(built / "opt/numapin", dest, symlinks=True)
+    release = (dest / "share/numapin/RELEASE").read_text().strip()
+    (dest / "share/numapin/RELEASE").write_text(release.replace("0.1.0-", "0.1.1-", 1) + "\n")
+    return dest

@@ -141,3 +141,18 @@ def test_uninstall_is_refused_while_kubelet_uses_the_proxy_then_removes_everythi
     r = host.run("--uninstall", "--purge")
     assert r.returncode == 0, r.stderr
     assert not (host.root / "var/lib/numapin").exists() and not (host.root / "etc/numapin").exists()
+
+
+def test_the_installer_never_runs_the_proxy_itself(host: FakeHost) -> None:
+    """Every start of the proxy goes through the host's systemd: install.sh (the installer pod's only command)
+    executes no program of a release in any action, so the proxy never runs in the installer's pod."""
+    ran = host.tmp / "numapin-ran"
+    for release in ("0.1.0-aaaa", "0.2.0-bbbb"):
+        src = fake_release(host.tmp / "artifacts" / release, release)
+        (src / "bin/numapin").write_text(f"#!/bin/sh\necho \"$0 $*\" >> {ran}\n")
+    _install(host, "0.1.0-aaaa")
+    _install(host, "0.2.0-bbbb")
+    assert host.run("--rollback").returncode == 0
+    assert host.run("--uninstall", "--purge").returncode == 0
+    assert not ran.exists(), ran.read_text()
+    assert [c.split()[0] for c in host.calls() if c.split()[0] in ("start", "restart")]  # systemd was asked

@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 from allocator import CheckpointStore, CPUSet, CPUState
@@ -108,3 +109,59 @@ def test_the_cluster_is_cleared_webhook_configurations_first() -> None:
     order = ["webhook-configurations.yaml", "deployment.yaml", "noderesourcetopologies", "crd-noderesourcetopology"]
     positions = [next(i for i, c in enumerate(deletes) if key in c) for key in order]
     assert positions == sorted(positions), deletes
+
+
+# -- every command of the runbooks is run by a test ----------------------------------------------------------------
+
+RUNBOOKS = ("Installing the proxy on a node", "Switching kubelet to the proxy", "Upgrading numapin on a node",
+            "Back to kubelet's static policy, without a drain", "Removing numapin", "Checking a node")
+GUEST_STORY = Path(__file__).resolve().parents[2] / "tests/numa/guest/test_systemd_install.py"
+# commands that do not run on a node, and the test that covers each instead
+ELSEWHERE = {
+    "scripts/build-node.sh --help": "test_every_runbook_command_is_run_by_a_test (below)",
+    "scripts/build-node.sh --tar": "tests/install/test_build_node.py (the build with --tar and --deb)",
+    "apt-get install ./numapin-node.deb": "tests/install/test_build_node.py (the package's postinst runs install.sh)",
+    "kubectl ": "the cluster's side: tests/webhook/test_manifests.py, test_kustomize.py; the removal's order above",
+}
+# what this file plays on a fake host (the install.sh commands and the export, above)
+ON_THE_FAKE_HOST = ("/tmp/numapin-node/share/numapin/install.sh", "/opt/numapin/share/numapin/install.sh",
+                    "numapin export-kubelet-state")
+# what only reads the machine: run here as written (below), with this checkout's numapin
+ON_THIS_MACHINE = ("numapin criproxy --help", "numapin topology --sysfs /sys")
+
+
+def node_commands() -> list[tuple[str, str]]:
+    """(section, command) of every runbook command, trailing comments dropped."""
+    return [(t, c.split("  #")[0].strip()) for t in RUNBOOKS for c in _sh_commands(_section(t))]
+
+
+def _guest_prefixes() -> list[str]:
+    """The command prefixes the systemd VM's story plays (its ``play(SECTION, "prefix")`` and ``doc(...)`` calls)."""
+    import ast
+
+    tree = ast.parse(GUEST_STORY.read_text())
+    return [node.args[1].value for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("play", "doc")
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)]
+
+
+def guest_plays(command: str) -> bool:
+    return any(command.startswith(p) for p in _guest_prefixes())
+
+
+def test_every_runbook_command_is_run_by_a_test() -> None:
+    """Each command of docs/node.md's runbooks is played on a systemd host (tests/install/test_systemd_host.py, its
+    guest story), on the fake host here, or is not a node's command and is covered where ELSEWHERE says."""
+    left = [(t, c) for t, c in node_commands() if not guest_plays(c) and not c.startswith(ON_THE_FAKE_HOST)
+            and not c.startswith(ON_THIS_MACHINE) and not c.startswith(tuple(ELSEWHERE))]
+    assert left == []
+    for command in [c for _, c in node_commands() if c.startswith(ON_THIS_MACHINE)]:
+        argv = shlex.split(command)
+        assert argv[0] == "numapin"
+        r = subprocess.run([sys.executable, "-m", "numapin", *argv[1:]], capture_output=True, text=True, timeout=120,
+                           cwd=NODE_MD.parents[1])
+        assert r.returncode == 0 and r.stdout, (command, r.stderr)
+    assert all(any(c.startswith(p) for _, c in node_commands()) for p in _guest_prefixes()), "a stale prefix"
+    r = subprocess.run(["bash", str(NODE_MD.parents[1] / "scripts/build-node.sh"), "--help"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "--tar" in r.stdout, r.stderr

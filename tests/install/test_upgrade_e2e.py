@@ -29,7 +29,7 @@ from numapin_lab.cri.containerd import ContainerdLab
 from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.demo.pod_runner import PodRunner, RunningPod
 from numapin_lab.demo.stack import ManagedProcess, cgroup_mounts
-from tests.install.node_host import UNIT, FakeHost, fake_host
+from tests.install.node_host import UNIT, FakeHost, fake_host, second_release
 
 pytestmark = pytest.mark.containerd
 CLEAN_ENV = {"PATH": "/usr/bin:/bin"}
@@ -72,14 +72,6 @@ def scratch() -> Iterator[Path]:
     d = scratch_dir("npupg-")
     yield d
     shutil.rmtree(d, ignore_errors=True)
-
-
-def _second_release(built: Path, dest: Path) -> Path:
-    """The same build as another release (what a new version looks like to the installer and the unit)."""
-    shutil.copytree(built / "opt/numapin", dest, symlinks=True)
-    release = (dest / "share/numapin/RELEASE").read_text().strip()
-    (dest / "share/numapin/RELEASE").write_text(release.replace("0.1.0-", "0.1.1-", 1) + "\n")
-    return dest
 
 
 def test_install_upgrade_kill_and_back_to_kubelet_with_pods_running(built: Path, scratch: Path) -> None:
@@ -130,7 +122,7 @@ def test_install_upgrade_kill_and_back_to_kubelet_with_pods_running(built: Path,
             assert CheckpointStore(scratch / "state/cpu_manager_state").load() == state, what
 
         # an upgrade while the pods run: install.sh switches the release and asks for a restart
-        second = _second_release(built, scratch / "release-2")
+        second = second_release(built, scratch / "release-2")
         r = host.run("--from", str(second), "--config", str(settings), script=second / "share/numapin/install.sh")
         assert r.returncode == 0, r.stderr
         assert host.calls()[-1] == "restart numapin-criproxy.service" and host.release().startswith("0.1.1-")

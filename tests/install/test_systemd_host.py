@@ -1,0 +1,71 @@
+"""numapin's node life on a real systemd host: a VM whose PID 1 is systemd on cgroup v2 (numapin_lab.systemd_vm)
+runs tests/numa/guest/test_systemd_install.py with the tarball of the self-contained install built here
+(scripts/build-node.sh): docs/node.md's runbooks played with the guest's systemctl (install, upgrade while pods run
+and rollback, the checks of a node, the way back to kubelet's static policy, the removal), with a kill -9 (systemd
+restarts the proxy) and a reboot-equivalent between them. Each guest check is reported as its own test here, and the
+runbook commands the guest played are checked against docs/node.md.
+
+Like every multi-NUMA VM test (``numa_vm``), it fails, never skips, when no VM can be run. Its VM time is printed
+with each check. Measured (one boot, 1s2n-nosmt: 4 vCPUs, single-threaded TCG, the machine's load 1-6): 341 s of
+VM, of which 329 s the guest's checks (install with the tarball's extraction and two proxy starts 124 s, upgrade
+and rollback with the four ``numapin status`` 87 s, kill -9 20 s, reboot-equivalent 25 s, the way back 21 s, the
+removal 6 s), plus about 70 s for the build; at load 8-10 the guest's checks took 565 s. That is over the 3 minutes
+asked of a CI form: most of it is emulated work on the 161 MB install (gunzip of the tarball, install.sh's copy per
+release) and the interpreter's start-up (seven proxy starts, one per ``numapin`` command).
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from numapin_lab.numa_vm import VMSpec
+from tests.numa.harness import GuestRun, run_pytest_in_vm
+
+pytestmark = [pytest.mark.numa_vm, pytest.mark.timeout(1800)]  # the build and the boot, in the first check
+
+ROOT = Path(__file__).resolve().parents[2]
+GUEST = ROOT / "tests/numa/guest/test_systemd_install.py"
+TARBALL_ENV = "NUMAPIN_VM_TARBALL"
+CHECKS = [n.name for n in ast.parse(GUEST.read_text()).body
+          if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+SPEC = VMSpec(topology="1s2n-nosmt", cgroup="v2", init="systemd", timeout=900, boot_timeout=120, boot_retries=1)
+
+
+@pytest.fixture(scope="module")
+def guest_run(built: Path) -> Iterator[GuestRun]:
+    """One boot for every check; its directory (in /var/tmp: the guest's /tmp is its own) is kept when a check
+    failed (the failures name its log)."""
+    work = Path(tempfile.mkdtemp(prefix="numapin-vm-install-", dir="/var/tmp"))
+    tarball = work / "numapin-node.tar.gz"
+    shutil.copy(built / "numapin-node.tar.gz", tarball)
+    run = run_pytest_in_vm(SPEC, [str(GUEST)], work / "vm", env={TARBALL_ENV: str(tarball)}, test_timeout=600)
+    yield run
+    tarball.unlink()
+    if run.returncode == 0 and all(c.outcome == "passed" for c in run.cases):
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_on_a_systemd_host(guest_run: GuestRun, check: str) -> None:
+    print(f"VM: {guest_run.seconds:.0f} s on the host ({guest_run.guest_seconds or 0:.0f} s of guest tests), "
+          f"{guest_run.watchdog}, QEMU's CPU {guest_run.cpu_seconds:.0f} s{guest_run.clock_note}")
+    [case] = guest_run.of(f"{GUEST.name}::{check}") or [None]
+    assert case is not None, (f"{check} did not run in the guest (guest pytest exit {guest_run.returncode}); "
+                              f"log {guest_run.log}:\n{guest_run.tail()}")
+    assert case.outcome == "passed", f"{case.outcome}: {case.message}\n(log {guest_run.log}; proxy log beside it)"
+
+
+def test_the_guest_played_the_runbooks(guest_run: GuestRun) -> None:
+    """What the guest ran is docs/node.md's commands as written (they are read there at run time)."""
+    from tests.install.test_runbooks import guest_plays, node_commands
+
+    played = (guest_run.log.parent / "played.txt").read_text().splitlines()
+    commands = {c for _, c in node_commands()}
+    assert played and all(line.split("\t", 1)[1] in commands for line in played), played
+    assert {line.split("\t", 1)[1] for line in played} == {c for _, c in node_commands() if guest_plays(c)}
