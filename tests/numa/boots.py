@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -50,6 +51,9 @@ class Boots:
         self.base = Path(tempfile.mkdtemp(prefix="numapin-vm-", dir="/var/tmp"))
         self.environ = dict(os.environ if environ is None else environ)
         self.runs: dict[str, GuestRun] = {}   # finished boots, in the order they finished
+        self.t0 = time.monotonic()
+        self.spans: dict[str, tuple[float, float]] = {}  # each boot's start and end, seconds after t0
+        self.waited = 0.0  # how long the checks waited for boots still running (the part not overlapped)
         self._jobs: Background[str, GuestRun] = Background(self._boot, name="numapin-vm")
 
     def start(self, names: Iterable[str]) -> None:
@@ -57,7 +61,16 @@ class Boots:
         self._jobs.start(sorted(dict.fromkeys(names), key=lambda n: -SHAPES[n].timeout))
 
     def get(self, name: str) -> GuestRun:
-        return self._jobs.result(name)
+        t = time.monotonic()
+        try:
+            return self._jobs.result(name)
+        finally:
+            self.waited += time.monotonic() - t
+
+    def timeline(self) -> str:
+        """When each boot ran (seconds after the boots were set up) and how long the checks waited for them."""
+        spans = ", ".join(f"{name} {a:.0f}-{b:.0f} s" for name, (a, b) in self.spans.items())
+        return f"in the background beside the other tests: {spans}; the checks waited {self.waited:.0f} s for them"
 
     def close(self) -> None:
         self._jobs.close()
@@ -67,8 +80,10 @@ class Boots:
     def _boot(self, name: str, cancel: threading.Event) -> GuestRun:
         shape = SHAPES[name]
         work = self.base / name
+        begin = time.monotonic() - self.t0
         run = run_pytest_in_vm(vm_spec(shape), [str(f) for f in guest_files(shape)], work,
                                env={SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")},
                                test_timeout=shape.timeout // 2, cancel=cancel, environ=self.environ)
+        self.spans[name] = (begin, time.monotonic() - self.t0)
         self.runs[name] = run
         return run

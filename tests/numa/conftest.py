@@ -84,6 +84,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     if not runs:
         return
     terminalreporter.section("multi-NUMA VMs")
+    boots = config.stash.get(_SESSION_BOOTS, None)
+    if boots is not None:
+        terminalreporter.write_line(f"boots {boots.timeline()}")
     for name, run in runs.items():
         passed = sum(c.outcome == "passed" for c in run.cases)
         tests = f"{run.guest_seconds:.0f} s" if run.guest_seconds is not None else "?"
