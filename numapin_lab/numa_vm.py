@@ -24,6 +24,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
+import shutil
 import signal
 import subprocess
 import time
@@ -121,13 +123,13 @@ class VMSpec:
         return [*out, "--", *command]
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the parent dies (numa-vm.sh traps it and stops QEMU), so no VM outlives a
-    killed test run."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _with_parent_death_signal(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when the thread that started it dies (numa-vm.sh traps it and stops
+    QEMU), so no VM outlives a killed test run: util-linux's ``setpriv --pdeathsig`` (always on Debian). Not a
+    ``preexec_fn``: Python code run between fork and exec is unsafe in a process with other threads running (the
+    boots run in a thread beside the other tests; a child crashed there with SIGSEGV before numa-vm.sh started)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
 
 GUEST_STALLED = 126  # run_in_vm's return code when ``stalled`` said the guest stopped making progress
@@ -194,8 +196,8 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
         env["NUMA_VM_RUNS"] = str(runs_dir)
     for _ in range(max(1, attempts)):
         boots += 1
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
-                                env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(_with_parent_death_signal(argv), stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=stderr, cwd=cwd, env=env, start_new_session=True)
         try:
             while True:
                 used = _reap(proc, 5.0)
@@ -237,17 +239,30 @@ def _stop(proc: subprocess.Popen[bytes]) -> float:
 def _reap(proc: subprocess.Popen[bytes], timeout: float | None) -> float | None:
     """Wait up to ``timeout`` seconds (None: for ever) for ``proc`` to end; then set its returncode and return the
     CPU seconds (user + system) of it and the descendants it waited for (QEMU under numa-vm.sh); None while it
-    runs. ``wait4`` on this one process: other children of the process ending meanwhile are not counted."""
+    runs. ``wait4`` on this one process: other children of the process ending meanwhile are not counted. The
+    wait sleeps on a pidfd (no polling: the thread stays out of the way of the rest of the process)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        try:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        except ChildProcessError:  # reaped elsewhere: its code is lost, as Popen.wait would say
-            proc.returncode = proc.returncode if proc.returncode is not None else 0
-            return 0.0
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            return usage.ru_utime + usage.ru_stime
-        if deadline is not None and time.monotonic() >= deadline:
-            return None
-        time.sleep(0.1)
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:  # already reaped, or no pidfd: poll
+        pidfd = None
+    try:
+        while True:
+            try:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its code is lost, as Popen.wait would say
+                proc.returncode = proc.returncode if proc.returncode is not None else 0
+                return 0.0
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                return usage.ru_utime + usage.ru_stime
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if pidfd is not None:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(0.1 if left is None else min(0.1, left))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)

@@ -3,10 +3,14 @@ here: tests/numa boots them)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -145,7 +149,7 @@ def test_the_cpu_counted_is_the_vms_own_whatever_else_ends_meanwhile(tmp_path: P
     done = tmp_path / "outsider-done"
     vm = tmp_path / "numa-vm.sh"
     vm.write_text(f"#!/bin/sh\nwhile [ ! -e {done} ]; do sleep 0.05; done\n"
-                  f"{sys.executable} -c '{BURN.format(0.3)}'\n")
+                  f"{shlex.quote(sys.executable)} -c '{BURN.format(0.3)}'\n")
     vm.chmod(0o755)
     monkeypatch.setenv(NUMA_VM_ENV, str(vm))
 
@@ -182,3 +186,37 @@ def test_a_watchdog_that_raises_stops_the_vm(tmp_path: Path, monkeypatch: pytest
                   stderr=subprocess.DEVNULL, stalled=cancelled)
     with pytest.raises(ProcessLookupError):
         os.kill(int((tmp_path / "pid").read_text()), 0)
+
+
+def test_a_vm_goes_when_the_process_that_ran_it_is_killed(tmp_path: Path) -> None:
+    """numa-vm.sh (a stand-in here, which stops on SIGTERM as the real one stops QEMU) gets SIGTERM when the process
+    running run_in_vm is killed with SIGKILL (no clean-up of its own runs): the parent-death signal, set without
+    running Python between fork and exec (the boots run in a thread beside other tests)."""
+    vm = tmp_path / "numa-vm.sh"
+    vm.write_text(f"#!/bin/sh\ntrap 'echo TERM > {tmp_path}/term; exit 143' TERM\necho $$ > {tmp_path}/pid.tmp\n"
+                  f"mv {tmp_path}/pid.tmp {tmp_path}/pid\nwhile :; do sleep 0.1; done\n")
+    vm.chmod(0o755)
+    runner = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, threading\n"
+         "from numapin_lab.numa_vm import VMSpec, run_in_vm\n"
+         "t = threading.Thread(target=run_in_vm, args=(VMSpec(topology='2s4n', timeout=600), ['true']))\n"
+         "t.start(); t.join()\n"],
+        cwd=ROOT, env={**os.environ, NUMA_VM_ENV: str(vm)})
+    try:
+        for _ in range(600):
+            if (tmp_path / "pid").exists() or runner.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "pid").exists(), "the stand-in never started"
+    finally:
+        runner.kill()
+        runner.wait()
+    try:
+        for _ in range(600):
+            if (tmp_path / "term").exists():
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "term").read_text() == "TERM\n"
+    finally:  # a stand-in that outlived its parent goes anyway
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
