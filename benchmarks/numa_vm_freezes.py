@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.numa.boots import guest_files, vm_spec
 from tests.numa.guest.node import OPLOG_ENV
 from tests.numa.harness import run_pytest_in_vm
 from tests.numa.shapes import SHAPE_ENV, SHAPES
-from tests.numa.test_multi_numa import guest_files, vm_spec
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import resource
+import select
+import shutil
 import signal
 import subprocess
 import time
@@ -123,13 +124,13 @@ class VMSpec:
         return [*out, "--", *command]
 
 
-def die_with_parent() -> None:
-    """In the child: SIGTERM when the parent dies (numa-vm.sh traps it and stops QEMU), so no VM outlives a
-    killed test run."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def with_parent_death_signal(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when the thread that started it dies (numa-vm.sh traps it and stops
+    QEMU), so no VM outlives a killed test run: util-linux's ``setpriv --pdeathsig`` (always on Debian). Not a
+    ``preexec_fn``: Python code run between fork and exec is unsafe in a process with other threads running (the
+    boots run in a thread beside the other tests; a child crashed there with SIGSEGV before numa-vm.sh started)."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
 
 
 GUEST_STALLED = 126  # run_in_vm's return code when ``stalled`` said the guest stopped making progress
@@ -172,66 +173,100 @@ class Heartbeat:
 def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int | None = None,
               stderr: IO[bytes] | int | None = None, attempts: int = 2, cwd: str | None = None,
               stalled: Callable[[], str | None] | None = None,
-              on_stall: Callable[[str], str] | None = None, runs_dir: Path | None = None) -> VMResult:
+              on_stall: Callable[[str], str] | None = None, runs_dir: Path | None = None,
+              environ: Mapping[str, str] | None = None) -> VMResult:
     """Run ``command`` in a VM of ``spec`` (in ``cwd``, the same path in the guest), its output to ``stdout`` /
     ``stderr`` (default: ours). A VM failure (125) is retried up to ``attempts`` runs in all. ``stalled`` (e.g. a
     ``Heartbeat``) is asked every few seconds; when it gives a reason the VM is stopped and the result is
     GUEST_STALLED with that reason (not retried here: the caller decides); ``on_stall`` (e.g. a post-mortem,
     numapin_lab.vm_postmortem) is called with it first, the VM still running, and what it returns is added to the
-    reason. ``runs_dir`` is numa-vm.sh's ``$NUMA_VM_RUNS`` (its run directory, with QEMU's monitor socket and
-    the guest's console, goes there). Ctrl-C stops the VM (numa-vm.sh kills
-    QEMU) before the KeyboardInterrupt goes on; if this process dies, numa-vm.sh gets SIGTERM and stops the VM
-    too."""
+    reason; an exception raised by ``stalled`` (e.g. the caller cancelling) stops the VM and goes on. ``runs_dir``
+    is numa-vm.sh's ``$NUMA_VM_RUNS`` (its run directory, with QEMU's monitor socket and the guest's console, goes
+    there); ``environ`` is numa-vm.sh's environment (default: ours, as it is now). Ctrl-C stops the VM (numa-vm.sh
+    kills QEMU) before the KeyboardInterrupt goes on; if this process (or the thread that called this) dies,
+    numa-vm.sh gets SIGTERM and stops the VM too. Safe to call from a thread while the rest of the process runs
+    other children: the CPU counted is numa-vm.sh's own process tree's (``wait4``)."""
     if spec.init != "busybox":
         raise VMError(f"init {spec.init!r}: numa-vm.sh runs its busybox init (systemd as PID 1: "
                       f"numapin_lab.systemd_vm.run_in_systemd_vm, or numapin_lab.systemd_vm.run_vm for either)")
     argv = spec.argv(find_numa_vm(), command)
     t0 = time.monotonic()
-    cpu0 = children_cpu()
+    cpu = 0.0
     rc = VM_FAILURE
     boots = 0
     stall = ""
-    env = None if runs_dir is None else {**os.environ, "NUMA_VM_RUNS": str(runs_dir)}
+    env = dict(os.environ if environ is None else environ)
+    if runs_dir is not None:
+        env["NUMA_VM_RUNS"] = str(runs_dir)
     for _ in range(max(1, attempts)):
         boots += 1
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
-                                env=env, start_new_session=True, preexec_fn=die_with_parent)
+        proc = subprocess.Popen(with_parent_death_signal(argv), stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=stderr, cwd=cwd, env=env, start_new_session=True)
         try:
             while True:
-                try:
-                    rc = proc.wait(timeout=5)
+                used = reap(proc, 5.0)
+                if used is not None:
+                    cpu += used
+                    rc = proc.returncode
                     break
-                except subprocess.TimeoutExpired:
-                    why = stalled() if stalled is not None else None
-                    if why:
-                        stall = why
-                        if on_stall is not None:
-                            stall += on_stall(why)
-                        _stop(proc)
-                        rc = GUEST_STALLED
-                        break
+                why = stalled() if stalled is not None else None
+                if why:
+                    stall = why
+                    if on_stall is not None:
+                        stall += on_stall(why)
+                    cpu += _stop(proc)
+                    rc = GUEST_STALLED
+                    break
         except BaseException:
             _stop(proc)
             raise
         if rc != VM_FAILURE:
             break
-    return VMResult(rc, boots, time.monotonic() - t0, children_cpu() - cpu0, stall)
+    return VMResult(rc, boots, time.monotonic() - t0, cpu, stall)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop numa-vm.sh (it traps SIGTERM and stops QEMU), killing its group if it has not within 30 s."""
+def _stop(proc: subprocess.Popen[bytes]) -> float:
+    """Stop numa-vm.sh (it traps SIGTERM and stops QEMU), killing its group if it has not within 30 s; the CPU
+    seconds its process tree used."""
+    if proc.returncode is not None:
+        return 0.0
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
+    used = reap(proc, 30.0)
+    if used is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        used = reap(proc, None)
+    return used or 0.0
 
 
-def children_cpu() -> float:
-    """CPU seconds of this process's finished children and their waited-for descendants (QEMU under numa-vm.sh).
-    Only meaningful as a difference, with no other child finishing meanwhile."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def reap(proc: subprocess.Popen[bytes], timeout: float | None) -> float | None:
+    """Wait up to ``timeout`` seconds (None: for ever) for ``proc`` to end; then set its returncode and return the
+    CPU seconds (user + system) of it and the descendants it waited for (QEMU under numa-vm.sh); None while it
+    runs. ``wait4`` on this one process: other children of the process ending meanwhile are not counted. The
+    wait sleeps on a pidfd (no polling: the thread stays out of the way of the rest of the process)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except OSError:  # already reaped, or no pidfd: poll
+        pidfd = None
+    try:
+        while True:
+            try:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: its code is lost, as Popen.wait would say
+                proc.returncode = proc.returncode if proc.returncode is not None else 0
+                return 0.0
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                return usage.ru_utime + usage.ru_stime
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            if pidfd is not None:
+                select.select([pidfd], [], [], left)
+            else:
+                time.sleep(0.1 if left is None else min(0.1, left))
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)

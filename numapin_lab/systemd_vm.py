@@ -41,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -53,11 +53,11 @@ from numapin_lab.numa_vm import (
     VMError,
     VMResult,
     VMSpec,
-    children_cpu,
-    die_with_parent,
     find_numa_vm,
+    reap,
     run_in_vm,
     topology_spec,
+    with_parent_death_signal,
 )
 
 __all__ = ["GUEST_NOT_SYSTEMD", "LabAssets", "find_assets", "qemu_argv", "run_in_systemd_vm", "run_vm",
@@ -323,15 +323,18 @@ def _ctl(run: Path) -> list[str]:
         return []
 
 
-def _stop_qemu(proc: subprocess.Popen[bytes]) -> None:
+def _stop_qemu(proc: subprocess.Popen[bytes]) -> float:
+    """Stop QEMU (SIGTERM, then SIGKILL after 10 s); the CPU seconds it used."""
+    if proc.returncode is not None:
+        return 0.0
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
+    used = reap(proc, 10.0)
+    if used is None:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
-        proc.wait()
+        used = reap(proc, None)
+    return used or 0.0
 
 
 def _say(msg: str, stderr: IO[bytes] | int | None) -> None:
@@ -347,9 +350,11 @@ def _say(msg: str, stderr: IO[bytes] | int | None) -> None:
 
 
 def _boot(argv: list[str], run: Path, spec: VMSpec, stdout: IO[bytes] | int | None, stderr: IO[bytes] | int | None,
-          stalled: Callable[[], str | None] | None, on_stall: Callable[[str], str] | None
-          ) -> tuple[str, int | None, str]:
-    """One QEMU run: ("hung" | "timeout" | "stalled" | "ended", QEMU's return code, why stalled)."""
+          stalled: Callable[[], str | None] | None, on_stall: Callable[[str], str] | None,
+          environ: Mapping[str, str] | None) -> tuple[str, int | None, str, float]:
+    """One QEMU run: ("hung" | "timeout" | "stalled" | "ended", QEMU's return code, why stalled, QEMU's CPU
+    seconds). Safe in a thread beside other children: no Python runs between fork and exec (the parent-death
+    signal through setpriv), and the CPU counted is QEMU's own (wait4)."""
     for f in ("out", "err", "ctl", "console.log", "qemu.log"):
         (run / f).unlink(missing_ok=True)
     (run / "share" / "exitcode").unlink(missing_ok=True)
@@ -358,16 +363,16 @@ def _boot(argv: list[str], run: Path, spec: VMSpec, stdout: IO[bytes] | int | No
         t.start()
     t0 = time.monotonic()
     with open(run / "qemu.log", "wb") as qlog:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_parent)
-    outcome, why = "ended", ""
+        proc = subprocess.Popen(with_parent_death_signal(argv), stdin=subprocess.DEVNULL, stdout=qlog,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                env=None if environ is None else dict(environ))
+    outcome, why, cpu = "ended", "", 0.0
     try:
         while True:
-            try:
-                proc.wait(timeout=1)
+            used = reap(proc, 1.0)
+            if used is not None:
+                cpu += used
                 break
-            except subprocess.TimeoutExpired:
-                pass
             elapsed = time.monotonic() - t0
             started = any(line.startswith("start ") for line in _ctl(run))
             if not started and elapsed > spec.boot_timeout:
@@ -379,7 +384,7 @@ def _boot(argv: list[str], run: Path, spec: VMSpec, stdout: IO[bytes] | int | No
                 if on_stall is not None:
                     why += on_stall(why)
             if outcome != "ended":
-                _stop_qemu(proc)
+                cpu += _stop_qemu(proc)
                 break
     except BaseException:
         _stop_qemu(proc)
@@ -389,13 +394,14 @@ def _boot(argv: list[str], run: Path, spec: VMSpec, stdout: IO[bytes] | int | No
             t.done.set()
         for t in tails:
             t.join(timeout=10)
-    return outcome, proc.returncode, why
+    return outcome, proc.returncode, why, cpu
 
 
 def run_in_systemd_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int | None = None,
                       stderr: IO[bytes] | int | None = None, attempts: int = 2, cwd: str | None = None,
                       stalled: Callable[[], str | None] | None = None,
-                      on_stall: Callable[[str], str] | None = None, runs_dir: Path | None = None) -> VMResult:
+                      on_stall: Callable[[str], str] | None = None, runs_dir: Path | None = None,
+                      environ: Mapping[str, str] | None = None) -> VMResult:
     """``command`` as the run-once unit of a VM whose PID 1 is systemd; otherwise as ``numa_vm.run_in_vm``. The
     spec's ``cgroup`` must be v2 (systemd 252 on cgroup v1 is not this shape)."""
     if spec.cgroup != "v2":
@@ -412,14 +418,15 @@ def run_in_systemd_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes]
     _write_share(spec, run / "share", command, cwd)
     argv = qemu_argv(numa_vm, spec, run, initramfs, assets.kernel)
     (run / "qemu-cmdline").write_text(shlex.join(argv) + "\n")
-    t0, cpu0 = time.monotonic(), children_cpu()
+    t0, cpu = time.monotonic(), 0.0
     boots, rc, stall = 0, VM_FAILURE, ""
     keep = False
     try:
         for _ in range(max(1, attempts)):
             for _hang in range(spec.boot_retries + 1):
                 boots += 1
-                outcome, qrc, stall = _boot(argv, run, spec, stdout, stderr, stalled, on_stall)
+                outcome, qrc, stall, used = _boot(argv, run, spec, stdout, stderr, stalled, on_stall, environ)
+                cpu += used
                 if outcome != "hung":
                     break
                 kept = runs / f"boot-hang-{time.strftime('%Y%m%d-%H%M%S')}-{boots}.console.log"
@@ -453,7 +460,7 @@ def run_in_systemd_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes]
             _say(f"run directory kept: {run}", stderr)
         else:
             shutil.rmtree(run, ignore_errors=True)
-    return VMResult(rc, boots, time.monotonic() - t0, children_cpu() - cpu0, stall)
+    return VMResult(rc, boots, time.monotonic() - t0, cpu, stall)
 
 
 def run_vm(spec: VMSpec, command: Sequence[str], **kwargs: Any) -> VMResult:

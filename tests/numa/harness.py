@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from numapin_lab.numa_vm import GUEST_STALLED, Heartbeat, VMSpec
 from numapin_lab.systemd_vm import run_vm
 from numapin_lab.vm_postmortem import DUMP_DONE, DUMP_REQUEST, KALLSYMS, collect
 from tests.numa import guest_paths
+from tests.numa.background import Cancelled
 from tests.numa.guest_results import RESULTS
 from tests.numa.guest_script import HEARTBEAT, guest_command
 from tests.numa.shapes import IN_VM_ENV, SHARED_ENV
@@ -147,7 +149,7 @@ def parse_results(path: Path) -> tuple[CaseResult, ...]:
     return tuple(out)
 
 
-def warm_bytecode(selection: Sequence[str]) -> None:
+def warm_bytecode(selection: Sequence[str], environ: Mapping[str, str]) -> None:
     """Compile the source tree and let pytest rewrite the selection's test modules here, on the host, into the
     ``__pycache__`` directories the guest reads: the guest's root is the host's, read-only under a throw-away
     overlay, so whatever it compiles is lost with the boot (compiling costs it 10-20 s of emulated CPU per boot).
@@ -155,27 +157,31 @@ def warm_bytecode(selection: Sequence[str]) -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", *PACKAGES], cwd=ROOT, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, check=False)
     subprocess.run([sys.executable, "-m", "pytest", *GUEST_PYTEST, "--collect-only", "-q", *selection], cwd=ROOT,
-                   env={**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, IN_VM_ENV: "1"},
+                   env={**{k: v for k, v in environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, IN_VM_ENV: "1"},
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    check=False)
 
 
 def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
-                     env: Mapping[str, str] | None = None, test_timeout: int = 600) -> GuestRun:
+                     env: Mapping[str, str] | None = None, test_timeout: int = 600,
+                     cancel: threading.Event | None = None, environ: Mapping[str, str] | None = None) -> GuestRun:
     """Boot ``spec``, run ``python -m pytest SELECTION`` in it (this source tree and virtualenv, seen at the same
     paths in the guest wherever they are, with ``$NUMAPIN_IN_VM=1`` and a tmpfs on /tmp: tests.numa.guest_script),
     return each test's outcome. ``workdir`` (a host directory) is shared with the guest and receives
     ``results.jsonl`` (each test's outcome as it happens) and ``vm.log``. A path the guest cannot see raises
     guest_paths.GuestPathError (its message names the path and why) before any boot. A guest whose heartbeat
     stops is examined (numapin_lab.vm_postmortem, into ``stalled-N/post-mortem``), stopped and booted again, up
-    to RE_BOOTS times."""
+    to RE_BOOTS times. Safe in a thread beside other tests (tests.numa.boots): ``environ`` is the environment of
+    the processes it starts (default: a copy of ours now; a thread passes one taken before the tests began, which
+    may change it), and once ``cancel`` is set the VM is stopped and background.Cancelled raised."""
+    environ = dict(os.environ if environ is None else environ)
     workdir.mkdir(parents=True, exist_ok=True)
     keep = guest_paths.plan(guest_paths.needed_paths(ROOT), [*map(Path, spec.shares), workdir])
     results = workdir / RESULTS
     results.unlink(missing_ok=True)
     pytest_argv = [sys.executable, "-m", "pytest", *GUEST_PYTEST, "-p", "tests.numa.guest_results", "-q", "-rfE",
                    f"--timeout={test_timeout}", *selection]
-    warm_bytecode(selection)
+    warm_bytecode(selection, environ)
     command = guest_command(keep, pytest_argv)
     spec = replace(spec, shares=(*spec.shares, str(workdir)),
                    env={**spec.env, IN_VM_ENV: "1", SHARED_ENV: str(workdir), "PYTHONUNBUFFERED": "1",
@@ -200,8 +206,8 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
 
             with open(log, "wb") as out:
                 result = run_vm(spec, command, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
-                                   stalled=Heartbeat(workdir / HEARTBEAT, STALL_SECONDS), on_stall=post_mortem,
-                                   runs_dir=runs_dir)
+                                stalled=_Watch(Heartbeat(workdir / HEARTBEAT, STALL_SECONDS), cancel),
+                                on_stall=post_mortem, runs_dir=runs_dir, environ=environ)
             seconds, cpu, boots = seconds + result.seconds, cpu + result.cpu_seconds, boots + result.boots
             failures += result.boots - 1
             for hung in sorted(runs_dir.glob("boot-hang-*.console.log")):  # numa-vm.sh's own re-boots
@@ -226,6 +232,20 @@ def run_pytest_in_vm(spec: VMSpec, selection: Sequence[str], workdir: Path, *,
         churn = None
     return GuestRun(result.returncode, boots + hangs, seconds, parse_results(results), log, guest_seconds(workdir),
                     cpu, tuple(stalls), churn, hangs, failures)
+
+
+class _Watch:
+    """The heartbeat watchdog, which also stops the VM when ``cancel`` is set (run_in_vm stops it on the
+    exception and lets it go on)."""
+
+    def __init__(self, heartbeat: Heartbeat, cancel: threading.Event | None) -> None:
+        self.heartbeat = heartbeat
+        self.cancel = cancel
+
+    def __call__(self) -> str | None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise Cancelled("the test session ended before this VM's tests finished: the VM was stopped")
+        return self.heartbeat()
 
 
 def guest_seconds(workdir: Path) -> float | None:

@@ -2,37 +2,28 @@
 (numapin_lab.numa_vm), the checks of tests/numa/guest run inside it against a private containerd and ``numapin
 criproxy``, and every check is reported here as its own test with its own failure.
 
-These tests FAIL (never skip) when no VM can be run (numa-vm.sh or QEMU missing: scripts/test.sh installs the
-packages). A VM that hangs while booting is booted again (numapin_lab.numa_vm); one that cannot be run at all fails
-every check of its shape with numa-vm.sh's message.
+The boots run in the background from the session's start, one VM at a time, and these checks run last, each
+waiting for its shape's boot (tests/numa/conftest.py, tests.numa.boots). These tests FAIL (never skip) when no VM
+can be run (numa-vm.sh or QEMU missing: scripts/test.sh installs the packages). A VM that hangs while booting is
+booted again (numapin_lab.numa_vm); one that cannot be run at all fails every check of its shape with numa-vm.sh's
+message.
 """
 
 from __future__ import annotations
 
 import ast
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from numapin_lab.numa_vm import GUEST_STALLED, VM_FAILURE, VM_TIMEOUT, VMSpec, pci_device_args
-from tests.numa.conftest import BOOTS
-from tests.numa.guest.node import OPLOG_ENV
+from numapin_lab.numa_vm import GUEST_STALLED, VM_FAILURE, VM_TIMEOUT
+from tests.numa.background import Cancelled
+from tests.numa.boots import Boots, guest_files
 from tests.numa.guest_paths import GuestPathError
 from tests.numa.guest_script import GUEST_SETUP_FAILED
-from tests.numa.harness import GuestRun, run_pytest_in_vm
-from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape
+from tests.numa.harness import GuestRun
+from tests.numa.shapes import SHAPES, Shape
 
 pytestmark = pytest.mark.numa_vm
-
-GUEST = Path(__file__).parent / "guest"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def guest_files(shape: Shape) -> list[Path]:
-    return [GUEST / f for f in shape.guest_tests] + [ROOT / f for f in shape.more_tests]
 
 
 def guest_checks(shape: Shape) -> list[str]:
@@ -44,40 +35,6 @@ def guest_checks(shape: Shape) -> list[str]:
         out += [f"{f.name}::{n.name}" for n in tree.body
                 if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name.startswith("test_")]
     return out
-
-
-def vm_spec(shape: Shape) -> VMSpec:
-    qemu = pci_device_args(shape.device_node) if shape.device_node is not None else ()
-    return VMSpec(topology=shape.topology, cgroup=shape.cgroup, mem_per_node_mib=shape.mem_per_node_mib,
-                  qemu_args=qemu, timeout=shape.timeout, init=shape.init)
-
-
-class Boots:
-    """One boot per shape for the whole session, run when its first check needs it."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.runs: dict[str, GuestRun] = {}
-
-    def get(self, name: str) -> GuestRun:
-        if name not in self.runs:
-            shape = SHAPES[name]
-            work = self.base / name
-            self.runs[name] = run_pytest_in_vm(vm_spec(shape), [str(f) for f in guest_files(shape)], work,
-                                               env={SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")},
-                                               test_timeout=shape.timeout // 2)
-        return self.runs[name]
-
-
-@pytest.fixture(scope="session")
-def boots(pytestconfig: pytest.Config) -> Iterator[Boots]:
-    """The boots' shared directories live in /var/tmp (the guest has its own tmpfs /tmp); kept when a boot had a
-    failure (the failures name their logs there) or a guest froze (the summary names its post-mortem there)."""
-    b = Boots(Path(tempfile.mkdtemp(prefix="numapin-vm-", dir="/var/tmp")))
-    pytestconfig.stash[BOOTS] = b.runs
-    yield b
-    if all(r.returncode == 0 and not r.stalls for r in b.runs.values()):
-        shutil.rmtree(b.base, ignore_errors=True)
 
 
 CHECKS = [pytest.param(name, check, id=f"{name}:{check}") for name, s in SHAPES.items() for check in guest_checks(s)]
@@ -103,6 +60,8 @@ def test_in_vm(boots: Boots, shape: str, check: str, record_property: pytest.Rec
     try:
         run = boots.get(shape)
     except GuestPathError as e:  # before any boot: the guest could not see this checkout
+        pytest.fail(f"{shape}: {e}", pytrace=False)
+    except Cancelled as e:  # the session is ending (interrupted)
         pytest.fail(f"{shape}: {e}", pytrace=False)
     record_property("vm_seconds", round(run.seconds, 1))
     cases = run.of(check)

@@ -3,9 +3,14 @@ here: tests/numa boots them)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +136,87 @@ def test_a_frozen_guest_is_examined_before_it_is_stopped(tmp_path: Path, monkeyp
     assert (tmp_path / "runs").read_text().strip() == str(tmp_path / "qemu-runs")
     assert len(seen) == 1 and "heartbeat" in seen[0][0] and seen[0][1]
     assert result.returncode == GUEST_STALLED and result.stall.endswith("; examined")
+
+
+BURN = "import time\nwhile time.process_time() < {0}: pass\n"
+
+
+def test_the_cpu_counted_is_the_vms_own_whatever_else_ends_meanwhile(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The boots run in a thread beside other tests (tests/numa/boots.py): the CPU seconds reported are numa-vm.sh's
+    process tree's (a stand-in here, burning 0.3 s in a child it waits for, as QEMU under numa-vm.sh), not those of
+    another child of this process that burned 3 s and ended while the VM ran."""
+    done = tmp_path / "outsider-done"
+    vm = tmp_path / "numa-vm.sh"
+    vm.write_text(f"#!/bin/sh\nwhile [ ! -e {done} ]; do sleep 0.05; done\n"
+                  f"{shlex.quote(sys.executable)} -c '{BURN.format(0.3)}'\n")
+    vm.chmod(0o755)
+    monkeypatch.setenv(NUMA_VM_ENV, str(vm))
+
+    def outsider() -> None:
+        subprocess.run([sys.executable, "-c", BURN.format(3.0)], check=True)
+        done.touch()
+
+    thread = threading.Thread(target=outsider)
+    thread.start()
+    try:
+        result = run_in_vm(VMSpec(topology="2s4n", timeout=600), ["true"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    finally:
+        thread.join()
+    assert result.returncode == 0 and result.boots == 1
+    assert 0.3 <= result.cpu_seconds < 3.0, result.cpu_seconds
+
+
+def test_a_watchdog_that_raises_stops_the_vm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """How a session's end stops a boot running in the background (tests/numa/harness.py): the ``stalled`` callable
+    raises, run_in_vm stops numa-vm.sh (a stand-in here) and lets the exception go on."""
+    vm = tmp_path / "numa-vm.sh"
+    vm.write_text(f"#!/bin/sh\necho $$ > {tmp_path}/pid.tmp; mv {tmp_path}/pid.tmp {tmp_path}/pid\nexec sleep 600\n")
+    vm.chmod(0o755)
+    monkeypatch.setenv(NUMA_VM_ENV, str(vm))
+
+    def cancelled() -> str | None:
+        if (tmp_path / "pid").exists():
+            raise KeyError("the session ended")
+        return None
+
+    with pytest.raises(KeyError, match="the session ended"):
+        run_in_vm(VMSpec(topology="2s4n", timeout=600), ["true"], stdout=subprocess.DEVNULL,
+                  stderr=subprocess.DEVNULL, stalled=cancelled)
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "pid").read_text()), 0)
+
+
+def test_a_vm_goes_when_the_process_that_ran_it_is_killed(tmp_path: Path) -> None:
+    """numa-vm.sh (a stand-in here, which stops on SIGTERM as the real one stops QEMU) gets SIGTERM when the process
+    running run_in_vm is killed with SIGKILL (no clean-up of its own runs): the parent-death signal, set without
+    running Python between fork and exec (the boots run in a thread beside other tests)."""
+    vm = tmp_path / "numa-vm.sh"
+    vm.write_text(f"#!/bin/sh\ntrap 'echo TERM > {tmp_path}/term; exit 143' TERM\necho $$ > {tmp_path}/pid.tmp\n"
+                  f"mv {tmp_path}/pid.tmp {tmp_path}/pid\nwhile :; do sleep 0.1; done\n")
+    vm.chmod(0o755)
+    runner = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, threading\n"
+         "from numapin_lab.numa_vm import VMSpec, run_in_vm\n"
+         "t = threading.Thread(target=run_in_vm, args=(VMSpec(topology='2s4n', timeout=600), ['true']))\n"
+         "t.start(); t.join()\n"],
+        cwd=ROOT, env={**os.environ, NUMA_VM_ENV: str(vm)})
+    try:
+        for _ in range(600):
+            if (tmp_path / "pid").exists() or runner.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "pid").exists(), "the stand-in never started"
+    finally:
+        runner.kill()
+        runner.wait()
+    try:
+        for _ in range(600):
+            if (tmp_path / "term").exists():
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "term").read_text() == "TERM\n"
+    finally:  # a stand-in that outlived its parent goes anyway
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)

@@ -1,0 +1,89 @@
+"""The session's boots of the multi-NUMA shapes (tests/numa/shapes.py): one boot per shape, run in the background.
+
+When the session's selection holds checks of tests/numa/test_multi_numa.py, tests/numa/conftest.py starts their
+shapes' boots as soon as the collection is done (the longest first, one VM at a time: tests.numa.background) and
+moves those checks to the end of the session, so the boots run while the rest of the suite does; each check then
+waits for its shape's boot. The environment of the boots is the one the session started with (tests may change
+the process's own meanwhile). A boot that raised (no numa-vm.sh, a checkout the guest cannot see) fails every
+check of its shape with its error; the session's end stops a boot still running (its checks, if any still to run,
+fail as cancelled).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from numapin_lab.numa_vm import VMSpec, pci_device_args
+from tests.numa.background import Background
+from tests.numa.guest.node import OPLOG_ENV
+from tests.numa.harness import GuestRun, run_pytest_in_vm
+from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape
+
+__all__ = ["Boots", "guest_files", "vm_spec"]
+
+GUEST = Path(__file__).parent / "guest"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def guest_files(shape: Shape) -> list[Path]:
+    return [GUEST / f for f in shape.guest_tests] + [ROOT / f for f in shape.more_tests]
+
+
+def vm_spec(shape: Shape) -> VMSpec:
+    qemu = pci_device_args(shape.device_node) if shape.device_node is not None else ()
+    return VMSpec(topology=shape.topology, cgroup=shape.cgroup, mem_per_node_mib=shape.mem_per_node_mib,
+                  qemu_args=qemu, timeout=shape.timeout, init=shape.init)
+
+
+class Boots:
+    """One boot per shape for the whole session, in a background thread; ``get`` waits for a shape's (starting
+    it now if nothing started it). The boots' shared directories live in /var/tmp (the guest has its own tmpfs
+    /tmp); ``close`` removes them unless a boot had a failure (the failures name their logs there) or a guest
+    froze (the summary names its post-mortem there)."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="numapin-vm-", dir="/var/tmp"))
+        self.environ = dict(os.environ if environ is None else environ)
+        self.runs: dict[str, GuestRun] = {}   # finished boots, in the order they finished
+        self.t0 = time.monotonic()
+        self.spans: dict[str, tuple[float, float]] = {}  # each boot's start and end, seconds after t0
+        self.waited = 0.0  # how long the checks waited for boots still running (the part not overlapped)
+        self._jobs: Background[str, GuestRun] = Background(self._boot, name="numapin-vm")
+
+    def start(self, names: Iterable[str]) -> None:
+        """Queue these shapes' boots, the longest (by its time limit) first."""
+        self._jobs.start(sorted(dict.fromkeys(names), key=lambda n: -SHAPES[n].timeout))
+
+    def get(self, name: str) -> GuestRun:
+        t = time.monotonic()
+        try:
+            return self._jobs.result(name)
+        finally:
+            self.waited += time.monotonic() - t
+
+    def timeline(self) -> str:
+        """When each boot ran (seconds after the boots were set up) and how long the checks waited for them."""
+        spans = ", ".join(f"{name} {a:.0f}-{b:.0f} s" for name, (a, b) in self.spans.items())
+        return f"in the background beside the other tests: {spans}; the checks waited {self.waited:.0f} s for them"
+
+    def close(self) -> None:
+        self._jobs.close()
+        if all(r.returncode == 0 and not r.stalls for r in self.runs.values()):
+            shutil.rmtree(self.base, ignore_errors=True)
+
+    def _boot(self, name: str, cancel: threading.Event) -> GuestRun:
+        shape = SHAPES[name]
+        work = self.base / name
+        begin = time.monotonic() - self.t0
+        run = run_pytest_in_vm(vm_spec(shape), [str(f) for f in guest_files(shape)], work,
+                               env={SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")},
+                               test_timeout=shape.timeout // 2, cancel=cancel, environ=self.environ)
+        self.spans[name] = (begin, time.monotonic() - self.t0)
+        self.runs[name] = run
+        return run
