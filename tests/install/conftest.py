@@ -3,20 +3,14 @@ machine) for the tests that run it."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.install.node_build import build_node
 
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A build directory: ``opt/numapin`` (the install), ``numapin-node.tar.gz`` and ``numapin-node.deb``."""
-    out = tmp_path_factory.mktemp("node-build")
-    r = subprocess.run(["bash", str(ROOT / "scripts/build-node.sh"), "--prefix", str(out / "opt/numapin"),
-                        "--tar", str(out / "numapin-node.tar.gz"), "--deb", str(out / "numapin-node.deb")],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"build-node.sh failed:\n{r.stderr[-5000:]}"
-    return out
+    return build_node(tmp_path_factory.mktemp("node-build"))

@@ -17,17 +17,20 @@ release) and the interpreter's start-up (seven proxy starts, one per ``numapin``
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from numapin_lab.numa_vm import VMSpec
+from tests.install.node_build import build_node
 from tests.numa.harness import GuestRun, run_pytest_in_vm
 
-pytestmark = [pytest.mark.numa_vm, pytest.mark.timeout(1800)]  # the build and the boot, in the first check
+pytestmark = [pytest.mark.numa_vm, pytest.mark.timeout(1800)]  # waits for the build and the boot
 
 ROOT = Path(__file__).resolve().parents[2]
 GUEST = ROOT / "tests/numa/guest/test_systemd_install.py"
@@ -37,16 +40,40 @@ CHECKS = [n.name for n in ast.parse(GUEST.read_text()).body
 SPEC = VMSpec(topology="1s2n-nosmt", cgroup="v2", init="systemd", timeout=900, boot_timeout=120, boot_retries=1)
 
 
-@pytest.fixture(scope="module")
-def guest_run(built: Path) -> Iterator[GuestRun]:
-    """One boot for every check; its directory (in /var/tmp: the guest's /tmp is its own) is kept when a check
-    failed (the failures name its log)."""
-    work = Path(tempfile.mkdtemp(prefix="numapin-vm-install-", dir="/var/tmp"))
+def boot_systemd_host(work: Path, cancel: threading.Event, environ: Mapping[str, str]) -> GuestRun:
+    """Build the node install (tarball only) and play the story in one boot; the directory is kept when a check
+    failed (the failures name its log). A tests.numa.boots.VMJob: the session's boots run it in the background,
+    beside the rest of the suite."""
+    work.mkdir(parents=True, exist_ok=True)
+    build_node(work / "build", deb=False, environ=environ)
     tarball = work / "numapin-node.tar.gz"
-    shutil.copy(built / "numapin-node.tar.gz", tarball)
-    run = run_pytest_in_vm(SPEC, [str(GUEST)], work / "vm", env={TARBALL_ENV: str(tarball)}, test_timeout=600)
-    yield run
+    shutil.move(work / "build" / "numapin-node.tar.gz", tarball)
+    shutil.rmtree(work / "build", ignore_errors=True)
+    run = run_pytest_in_vm(SPEC, [str(GUEST)], work / "vm", env={TARBALL_ENV: str(tarball)}, test_timeout=600,
+                           cancel=cancel, environ=environ)
     tarball.unlink()
+    return run
+
+
+VM_JOB = ("systemd-host", boot_systemd_host)
+
+
+def _numa_conftest_loaded(config: pytest.Config) -> bool:
+    return any(getattr(p, "__name__", "") == "tests.numa.conftest" for p in config.pluginmanager.get_plugins())
+
+
+@pytest.fixture(scope="module")
+def guest_run(request: pytest.FixtureRequest) -> Iterator[GuestRun]:
+    """The story's one boot: the session's background boots' (tests/numa/conftest.py started it with the shapes'
+    when the collection was done) or, when this module runs without tests/numa, one run here."""
+    if _numa_conftest_loaded(request.config):
+        from tests.numa.conftest import session_boots
+
+        yield session_boots(request.config).get_extra(*VM_JOB)
+        return
+    work = Path(tempfile.mkdtemp(prefix="numapin-vm-install-", dir="/var/tmp"))
+    run = boot_systemd_host(work, threading.Event(), dict(os.environ))
+    yield run
     if run.returncode == 0 and all(c.outcome == "passed" for c in run.cases):
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,13 +1,16 @@
-"""Jobs run one at a time in a background thread, in the order they were started, their results waited for by key.
+"""Jobs run in background threads (``lanes`` at a time, one by default), in the order they were started, their
+results waited for by key.
 
 The multi-NUMA boots (tests.numa.boots) run this way so that they overlap the rest of the test session: each boot
 keeps one host core busy (single-threaded TCG) while most other tests wait on containerd, sockets and
-subprocesses. One at a time, as when they ran in the foreground: two VMs at once would take both cores of a 2-core
-machine. A job's exception is raised again to everyone waiting for its result, so a test waiting on a boot fails
+subprocesses. Two lanes for the boots: the suite's VM work (five boots, about 20 minutes of one core) is longer than
+the rest of the suite (about 11 minutes at 45% of one core), so one VM at a time would make the VMs the critical
+path; two VMs and the rest together ask about 2.4 cores of a 2-core machine. A job's exception is raised again to
+everyone waiting for its result, so a test waiting on a boot fails
 with the boot's own error.
 
 ``close()`` drops the jobs not begun, sets the ``cancel`` event every job receives (a job should stop soon once it
-is set: the harness stops its VM) and waits for the running one.
+is set: the harness stops its VM) and waits for the running ones.
 """
 
 from __future__ import annotations
@@ -28,10 +31,10 @@ class Cancelled(RuntimeError):
 
 
 class Background(Generic[K, T]):
-    def __init__(self, job: Callable[[K, threading.Event], T], name: str = "background") -> None:
+    def __init__(self, job: Callable[[K, threading.Event], T], name: str = "background", lanes: int = 1) -> None:
         self._job = job
         self._cancel = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, lanes), thread_name_prefix=name)
         self._futures: dict[K, Future[T]] = {}
         self._lock = threading.Lock()
 
@@ -57,7 +60,7 @@ class Background(Generic[K, T]):
             return list(self._futures)
 
     def close(self) -> None:
-        """Drop the jobs not begun, tell the running one to stop, wait for it."""
+        """Drop the jobs not begun, tell the running ones to stop, wait for them."""
         with self._lock:
             self._cancel.set()
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from numapin_lab.numa_vm import VMSpec, pci_device_args
@@ -25,7 +25,14 @@ from tests.numa.guest.node import OPLOG_ENV
 from tests.numa.harness import GuestRun, run_pytest_in_vm
 from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape
 
-__all__ = ["Boots", "guest_files", "vm_spec"]
+__all__ = ["BOOT_LANES", "Boots", "VMJob", "guest_files", "vm_spec"]
+
+BOOT_LANES = 2  # VMs at once (tests.numa.background says why)
+
+# A boot that is not a shape of tests/numa/shapes.py (e.g. tests/install/test_systemd_host.py's systemd host): its
+# work directory, the cancel event and the session's environment in, its GuestRun out. A test module offers one
+# as its ``VM_JOB = (name, job)``; tests/numa/conftest.py queues it with the shapes' boots.
+VMJob = Callable[[Path, threading.Event, Mapping[str, str]], GuestRun]
 
 GUEST = Path(__file__).parent / "guest"
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,11 +61,20 @@ class Boots:
         self.t0 = time.monotonic()
         self.spans: dict[str, tuple[float, float]] = {}  # each boot's start and end, seconds after t0
         self.waited = 0.0  # how long the checks waited for boots still running (the part not overlapped)
-        self._jobs: Background[str, GuestRun] = Background(self._boot, name="numapin-vm")
+        self.extra: dict[str, VMJob] = {}
+        self._jobs: Background[str, GuestRun] = Background(self._boot, name="numapin-vm", lanes=BOOT_LANES)
 
-    def start(self, names: Iterable[str]) -> None:
-        """Queue these shapes' boots, the longest (by its time limit) first."""
-        self._jobs.start(sorted(dict.fromkeys(names), key=lambda n: -SHAPES[n].timeout))
+    def start(self, names: Iterable[str], extra: Mapping[str, VMJob] | None = None) -> None:
+        """Queue these shapes' boots and the ``extra`` jobs, the longest (by its time limit; an extra job counts as
+        the longest) first."""
+        self.extra.update(extra or {})
+        keys = list(dict.fromkeys([*names, *(extra or {})]))
+        self._jobs.start(sorted(keys, key=lambda n: -SHAPES[n].timeout if n in SHAPES else -10**6))
+
+    def get_extra(self, name: str, job: VMJob) -> GuestRun:
+        """An extra job's run (queued now if the collection did not start it), waiting for it."""
+        self.extra.setdefault(name, job)
+        return self.get(name)
 
     def get(self, name: str) -> GuestRun:
         t = time.monotonic()
@@ -78,9 +94,14 @@ class Boots:
             shutil.rmtree(self.base, ignore_errors=True)
 
     def _boot(self, name: str, cancel: threading.Event) -> GuestRun:
-        shape = SHAPES[name]
         work = self.base / name
         begin = time.monotonic() - self.t0
+        if name not in SHAPES:
+            run = self.extra[name](work, cancel, self.environ)
+            self.spans[name] = (begin, time.monotonic() - self.t0)
+            self.runs[name] = run
+            return run
+        shape = SHAPES[name]
         run = run_pytest_in_vm(vm_spec(shape), [str(f) for f in guest_files(shape)], work,
                                env={SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")},
                                test_timeout=shape.timeout // 2, cancel=cancel, environ=self.environ)

@@ -2,7 +2,8 @@
 collected only there ($NUMAPIN_IN_VM=1), never on the host.
 
 On the host: once the collection is done, the boots of the shapes whose checks are selected start in the
-background (tests.numa.boots: one VM at a time, beside the rest of the suite) and those checks move to the end of
+background (tests.numa.boots: two VMs at a time, beside the rest of the suite; with them the boots other test
+modules offer as ``VM_JOB``, e.g. tests/install/test_systemd_host.py) and those checks move to the end of
 the session, where each waits for its shape's boot; the session's end stops a boot still running. After the run,
 the terminal summary gives what each boot cost (host seconds, of which the guest's tests by the guest's clock) and
 the churn's headline figures."""
@@ -53,13 +54,26 @@ def boots(pytestconfig: pytest.Config) -> Boots:
     return session_boots(pytestconfig)
 
 
+def vm_job(item: pytest.Item) -> tuple[str, Any] | None:
+    """The extra boot (tests.numa.boots.VMJob) this test waits for: its module's ``VM_JOB``, else None."""
+    module = getattr(item, "module", None)
+    job = getattr(module, "VM_JOB", None)
+    if job is None or item.get_closest_marker("numa_vm") is None:
+        return None
+    return job  # type: ignore[no-any-return]
+
+
+def _waits(item: pytest.Item) -> bool:
+    return vm_shape(item) is not None or vm_job(item) is not None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The checks that wait for a boot go last (in their order), after everything that can run meanwhile."""
     if IN_VM:
         return
-    waiting = [i for i in items if vm_shape(i) is not None]
+    waiting = [i for i in items if _waits(i)]
     if waiting:
-        items[:] = [i for i in items if vm_shape(i) is None] + waiting
+        items[:] = [i for i in items if not _waits(i)] + waiting
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -67,8 +81,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if IN_VM or session.config.option.collectonly:
         return
     shapes = [s for s in map(vm_shape, session.items) if s is not None]
-    if shapes:
-        session_boots(session.config).start(shapes)
+    extra = dict(j for j in map(vm_job, session.items) if j is not None)
+    if shapes or extra:
+        session_boots(session.config).start(shapes, extra)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
