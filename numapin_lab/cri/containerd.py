@@ -211,7 +211,8 @@ class ContainerdLab:
 
     def _config_head(self, title: str, version: int, *subdirs: str) -> str:
         """What both formats start with (the lab's directories made, ``subdirs`` too): the config ``version``, root
-        and state, the disabled plugins, the socket, no metrics, and the ``[plugins]`` table opened."""
+        and state, the disabled plugins, the socket, no metrics, a patient shim reload, and the ``[plugins]`` table
+        opened."""
         d = self.dir
         for sub in ("root", "state", "opt", "cni/bin", "cni/net.d", *subdirs):
             (d / sub).mkdir(parents=True, exist_ok=True)
@@ -226,6 +227,12 @@ disabled_plugins = [{self._disabled()}]
 
 [metrics]
   address = ""
+
+# containerd gives a shim 5 s to answer when it reloads its tasks at start; one slower than that (a loaded test
+# machine: two VMs beside the suite) is taken for dead and its container killed (containerd/containerd#3378), which
+# the tests' containerd restarts must not see
+[timeouts]
+  "io.containerd.timeout.shim.load" = "60s"
 
 [plugins]
 """
