@@ -23,12 +23,16 @@ import tempfile
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from numapin_lab.numa_vm import VMSpec
-from tests.install.node_build import build_node
+from tests.install.node_build import SessionBuild, session_build
 from tests.numa.harness import GuestRun, run_pytest_in_vm
+
+if TYPE_CHECKING:
+    from tests.numa.boots import VMJob
 
 pytestmark = [pytest.mark.numa_vm, pytest.mark.timeout(1800)]  # waits for the build and the boot
 
@@ -40,22 +44,24 @@ CHECKS = [n.name for n in ast.parse(GUEST.read_text()).body
 SPEC = VMSpec(topology="1s2n-nosmt", cgroup="v2", init="systemd", timeout=900, boot_timeout=120, boot_retries=1)
 
 
-def boot_systemd_host(work: Path, cancel: threading.Event, environ: Mapping[str, str]) -> GuestRun:
-    """Build the node install (tarball only) and play the story in one boot; the directory is kept when a check
-    failed (the failures name its log). A tests.numa.boots.VMJob: the session's boots run it in the background,
-    beside the rest of the suite."""
+def boot_systemd_host(work: Path, cancel: threading.Event, environ: Mapping[str, str], build: SessionBuild
+                      ) -> GuestRun:
+    """Play the story in one boot with the session's node build (built now if nothing did yet); the directory is
+    kept when a check failed (the failures name its log)."""
     work.mkdir(parents=True, exist_ok=True)
-    build_node(work / "build", deb=False, environ=environ)
-    tarball = work / "numapin-node.tar.gz"
-    shutil.move(work / "build" / "numapin-node.tar.gz", tarball)
-    shutil.rmtree(work / "build", ignore_errors=True)
-    run = run_pytest_in_vm(SPEC, [str(GUEST)], work / "vm", env={TARBALL_ENV: str(tarball)}, test_timeout=600,
-                           cancel=cancel, environ=environ)
-    tarball.unlink()
-    return run
+    tarball = build.get() / "numapin-node.tar.gz"
+    return run_pytest_in_vm(SPEC, [str(GUEST)], work / "vm", env={TARBALL_ENV: str(tarball)}, test_timeout=600,
+                            cancel=cancel, environ=environ)
 
 
-VM_JOB = ("systemd-host", boot_systemd_host)
+def vm_job(config: pytest.Config) -> VMJob:
+    """The story as a tests.numa.boots.VMJob: the session's boots run it in the background, beside the rest of the
+    suite, with the session's build (which the tests of this host's install wait for if they come first)."""
+    build = session_build(config)
+    return lambda work, cancel, environ: boot_systemd_host(work, cancel, environ, build)
+
+
+VM_JOB = ("systemd-host", vm_job)
 
 
 def _numa_conftest_loaded(config: pytest.Config) -> bool:
@@ -69,10 +75,11 @@ def guest_run(request: pytest.FixtureRequest) -> Iterator[GuestRun]:
     if _numa_conftest_loaded(request.config):
         from tests.numa.conftest import session_boots
 
-        yield session_boots(request.config).get_extra(*VM_JOB)
+        name, make_job = VM_JOB
+        yield session_boots(request.config).get_extra(name, make_job(request.config))
         return
     work = Path(tempfile.mkdtemp(prefix="numapin-vm-install-", dir="/var/tmp"))
-    run = boot_systemd_host(work, threading.Event(), dict(os.environ))
+    run = boot_systemd_host(work, threading.Event(), dict(os.environ), session_build(request.config))
     yield run
     if run.returncode == 0 and all(c.outcome == "passed" for c in run.cases):
         shutil.rmtree(work, ignore_errors=True)

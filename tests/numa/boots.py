@@ -28,14 +28,17 @@ from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape
 __all__ = ["BOOT_LANES", "Boots", "VMJob", "guest_files", "vm_spec"]
 
 BOOT_LANES = 2  # VMs at once (tests.numa.background says why)
-# The boots' threads (and so the VMs and builds they start, which inherit a thread's nice value on Linux) run at a
-# lower priority than the rest of the suite: the VMs have minutes of slack (they finished about 230 s before the
-# rest in the first run with two lanes), the other tests' containerds and proxies have timing to keep.
-BOOT_NICE = 5
+# The boots' threads (and so the VMs and builds they start, which inherit a thread's nice value on Linux) run at the
+# lowest priority: the VMs are CPU-bound background work with minutes of slack, the rest of the suite is the
+# session's critical path and mostly waits (for containerd, shims, sockets), so each of its wake-ups should get a
+# core at once. At nice 5 the rest took 870-925 s beside two VMs (about 680 s beside one); nice 19 gives a VM about
+# 1.5% of a core another task wants, and all of it when that task waits.
+BOOT_NICE = 19
 
 # A boot that is not a shape of tests/numa/shapes.py (e.g. tests/install/test_systemd_host.py's systemd host): its
 # work directory, the cancel event and the session's environment in, its GuestRun out. A test module offers one
-# as its ``VM_JOB = (name, job)``; tests/numa/conftest.py queues it with the shapes' boots.
+# as its ``VM_JOB = (name, make)``, ``make(config)`` giving the job; tests/numa/conftest.py queues it with the
+# shapes' boots.
 VMJob = Callable[[Path, threading.Event, Mapping[str, str]], GuestRun]
 
 GUEST = Path(__file__).parent / "guest"
