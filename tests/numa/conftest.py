@@ -57,22 +57,12 @@ def boots(pytestconfig: pytest.Config) -> Boots:
 def vm_job(item: pytest.Item) -> tuple[str, Any] | None:
     """The extra boot this test waits for: its module's ``VM_JOB = (name, make)``, ``make(config)`` giving the
     tests.numa.boots.VMJob; else None."""
-    module = getattr(item, "module", None)
-    job = getattr(module, "VM_JOB", None)
-    if job is None or item.get_closest_marker("numa_vm") is None:
-        return None
-    name, make = job
-    return name, make(item.config)
-
-
-def vm_job_name(item: pytest.Item) -> str | None:
-    """The name of the extra boot this test waits for (its module's ``VM_JOB``), else None."""
     job = getattr(getattr(item, "module", None), "VM_JOB", None)
-    return None if job is None or item.get_closest_marker("numa_vm") is None else str(job[0])
+    return None if job is None or item.get_closest_marker("numa_vm") is None else job  # type: ignore[no-any-return]
 
 
 def _waits(item: pytest.Item) -> bool:
-    return vm_shape(item) is not None or vm_job_name(item) is not None
+    return vm_shape(item) is not None or vm_job(item) is not None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -89,8 +79,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if IN_VM or session.config.option.collectonly:
         return
     shapes = [s for s in map(vm_shape, session.items) if s is not None]
-    modules = {getattr(i, "module", None): i for i in session.items if vm_job_name(i) is not None}
-    extra = dict(j for j in map(vm_job, modules.values()) if j is not None)
+    jobs = dict(j for j in map(vm_job, session.items) if j is not None)
+    extra = {name: make(session.config) for name, make in jobs.items()}
     if shapes or extra:
         session_boots(session.config).start(shapes, extra)
 
