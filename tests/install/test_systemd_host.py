@@ -103,3 +103,10 @@ def test_the_guest_played_the_runbooks(guest_run: GuestRun) -> None:
     commands = {c for _, c in node_commands()}
     assert played and all(line.split("\t", 1)[1] in commands for line in played), played
     assert {line.split("\t", 1)[1] for line in played} == {c for _, c in node_commands() if guest_plays(c)}
+
+
+def test_the_guest_session_ended_clean(guest_run: GuestRun) -> None:
+    """The guest's pytest exited 0: no check failed and its session's end check found nothing the story left
+    behind (its pods, cgroups, processes), which the checks' own outcomes do not show."""
+    assert guest_run.returncode == 0, (f"guest pytest exit {guest_run.returncode}; log {guest_run.log}:\n"
+                                       f"{guest_run.tail()}")

@@ -248,6 +248,15 @@ def story() -> Iterator[Story]:
             Path(shared, "proxy.log").write_text(proxy_log())
             Path(shared, "played.txt").write_text(
                 "".join(f"{t}\t{c}\n" for t, commands in PLAYED.items() for c in commands))
+        if s.running:  # the pods the story leaves running (they outlive numapin): deleted as kubelet would
+            async def delete(runner: PodRunner) -> None:
+                for r in s.running:
+                    await runner.delete(r)
+
+            async def go() -> None:
+                async with CRIClient(CONTAINERD_SOCKET, timeout=120) as client:
+                    await delete(PodRunner(client, CGROUP_ROOT))
+            asyncio.run(go())
 
 
 INSTALL, SWITCH, UPGRADE, CHECK = ("Installing the proxy on a node", "Switching kubelet to the proxy",
