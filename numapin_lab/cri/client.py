@@ -28,10 +28,17 @@ M = TypeVar("M", bound=Message)
 
 BUSYBOX = "localhost/busybox:latest"
 
+# Each client stands for a process of its own (kubelet, crictl, a second kubelet after a restart), so it keeps its
+# connections to itself: by default gRPC shares a target's connection ("subchannel") among all channels of a process
+# with the same options, and a new client then inherits another's failed connect and its back-off. Seen: a client
+# made right after the proxy came back failed at once with the "connection refused" an older client had met while
+# the proxy was down.
+LAB_CHANNEL_OPTIONS = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+
 
 class CRIClient:
     def __init__(self, endpoint: str, *, api: str = "runtime.v1", timeout: float | None = 30.0) -> None:
-        self.channel = grpc.aio.insecure_channel(normalize_endpoint(endpoint), options=CHANNEL_OPTIONS)
+        self.channel = grpc.aio.insecure_channel(normalize_endpoint(endpoint), options=LAB_CHANNEL_OPTIONS)
         self.api = api
         self.timeout = timeout
         self.cgroup_parents: dict[str, str] = {}  # sandbox id -> the pod cgroup it was run in (removed with it)
