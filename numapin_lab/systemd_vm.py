@@ -60,10 +60,13 @@ from numapin_lab.numa_vm import (
     with_parent_death_signal,
 )
 
-__all__ = ["GUEST_NOT_SYSTEMD", "LabAssets", "find_assets", "qemu_argv", "run_in_systemd_vm", "run_vm",
+__all__ = ["GUEST_NOT_SYSTEMD", "THREAD_PREFIX", "LabAssets", "find_assets", "qemu_argv", "run_in_systemd_vm", "run_vm",
            "systemd_initramfs"]
 
 GUEST_NOT_SYSTEMD = 127  # the command did not run: PID 1 in the guest was not systemd
+# the names of the threads a boot runs beside QEMU (and of tests/numa/boots.py's boot lanes): a test that counts a
+# process's threads can tell a VM booting in the background from its own
+THREAD_PREFIX = "numapin-vm"
 TARGET = "numalab.target"
 SERVICE = "numalab-run.service"
 CACHE_ENV = "NUMAPIN_SYSTEMD_VM_CACHE"
@@ -288,7 +291,7 @@ class _Tail(threading.Thread):
     """Copies what QEMU appends to a chardev file to ``sink`` (an IO, a file descriptor, or None: ours)."""
 
     def __init__(self, path: Path, sink: IO[bytes] | int | None, fallback: int) -> None:
-        super().__init__(daemon=True)
+        super().__init__(daemon=True, name=f"{THREAD_PREFIX}-tail-{path.name}")
         self.path, self.sink, self.fallback = path, sink, fallback
         self.done = threading.Event()
 

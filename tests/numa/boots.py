@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from numapin_lab.numa_vm import VMSpec, pci_device_args
+from numapin_lab.systemd_vm import THREAD_PREFIX
 from tests.numa.background import Background
 from tests.numa.guest.node import OPLOG_ENV
 from tests.numa.harness import GuestRun, run_pytest_in_vm
@@ -69,7 +70,7 @@ class Boots:
         self.spans: dict[str, tuple[float, float]] = {}  # each boot's start and end, seconds after t0
         self.waited = 0.0  # how long the checks waited for boots still running (the part not overlapped)
         self.extra: dict[str, VMJob] = {}
-        self._jobs: Background[str, GuestRun] = Background(self._boot, name="numapin-vm", lanes=BOOT_LANES)
+        self._jobs: Background[str, GuestRun] = Background(self._boot, name=THREAD_PREFIX, lanes=BOOT_LANES)
 
     def start(self, names: Iterable[str], extra: Mapping[str, VMJob] | None = None) -> None:
         """Queue these shapes' boots and the ``extra`` jobs, the longest (by its time limit; an extra job counts as

@@ -59,7 +59,9 @@ def test_settle_freezes_what_is_alive_out_of_collections() -> None:
     kept = [Node() for _ in range(100)]
     try:
         settled = settle()
-        assert settled.frozen_objects >= 100 and gc.get_freeze_count() == settled.frozen_objects
+        # what it froze, counted right after; other threads of this process (the VM boots' in the whole suite) may
+        # free frozen objects since, and nothing but settle freezes, so the count can only have fallen
+        assert settled.frozen_objects >= 100 and 0 < gc.get_freeze_count() <= settled.frozen_objects
         tracked = {id(o) for o in gc.get_objects()}
         assert not any(id(k) in tracked for k in kept)  # full passes no longer visit them
         young = Node()
