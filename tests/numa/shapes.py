@@ -37,6 +37,9 @@ class Shape:
     device_node: int | None = None        # a PCI device (virtio-serial port DEVICE_PORT) on this NUMA node
     timeout: int = 1200                   # seconds for the whole VM run (generous: the host may be overloaded)
     init: str = "busybox"                 # PID 1: numa-vm.sh's busybox, or systemd (numapin_lab.systemd_vm; cgroup v2)
+    # about how long its boot takes on the host beside the rest of the suite (2 CPUs; the summary's `boots` line):
+    # the boots are queued longest first, so the two lanes end close together
+    seconds: int = 85
 
     @property
     def smt(self) -> bool:
@@ -55,14 +58,15 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     Shape("2s4n", "2s4n", ("test_machine.py", "test_resize.py", "test_single_numa_node.py", "test_device.py",
                            "test_spread.py", "test_prefer_closest.py", "test_restricted_refuses.py",
                            "test_memory.py", "test_full_pcpus.py", "test_churn.py"),
-          device_node=2, timeout=2700),
+          device_node=2, timeout=2700, seconds=600),
     # 1 socket x 4 cores, no SMT, 2 nodes; pure cgroup v2 (the host and the other shapes are v1)
     Shape("1s2n-nosmt", "1s2n-nosmt", _CORE, cgroup="v2"),
     # 2 sockets x 4 cores, 8 nodes of one CPU
     Shape("2s4c1t8n", "2s4c1t8n", _CORE, mem_per_node_mib=512),
     # kubeadm's node: systemd as PID 1, pure cgroup v2, containerd with runc's systemd cgroup driver, pods in
     # kubelet's slices; 1 socket x 2 cores x 2 threads, 2 nodes
-    Shape("1s2n-systemd", "1s2n", ("test_systemd_driver.py",), cgroup="v2", init="systemd", timeout=900),
+    Shape("1s2n-systemd", "1s2n", ("test_systemd_driver.py",), cgroup="v2", init="systemd", timeout=900,
+          seconds=155),
 )}
 
 
