@@ -22,6 +22,7 @@ read costs about 2 µs more than the TSC's under emulation), unless ``VMSpec.hpe
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import select
@@ -244,10 +245,14 @@ def reap(proc: subprocess.Popen[bytes], timeout: float | None) -> float | None:
     """Wait up to ``timeout`` seconds (None: for ever) for ``proc`` to end; then set its returncode and return the
     CPU seconds (user + system) of it and the descendants it waited for (QEMU under numa-vm.sh); None while it
     runs. ``wait4`` on this one process: other children of the process ending meanwhile are not counted. The
-    wait sleeps on a pidfd (no polling: the thread stays out of the way of the rest of the process)."""
+    wait sleeps on a pidfd (no polling: the thread stays out of the way of the rest of the process), with poll(2):
+    the process (a whole test session) may hold a thousand descriptors at the time, and select(2) takes none
+    numbered past 1023 (a boot failed so beside tests/criproxy/test_relay_connections.py's 400 connections)."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    waiter = select.poll()
     try:
         pidfd = os.pidfd_open(proc.pid)
+        waiter.register(pidfd, select.POLLIN)
     except OSError:  # already reaped, or no pidfd: poll
         pidfd = None
     try:
@@ -264,7 +269,7 @@ def reap(proc: subprocess.Popen[bytes], timeout: float | None) -> float | None:
             if left is not None and left <= 0:
                 return None
             if pidfd is not None:
-                select.select([pidfd], [], [], left)
+                waiter.poll(None if left is None else math.ceil(left * 1000))
             else:
                 time.sleep(0.1 if left is None else min(0.1, left))
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shlex
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from numapin_lab.numa_vm import (
     VMSpec,
     find_numa_vm,
     pci_device_args,
+    reap,
     run_in_vm,
     topology_spec,
 )
@@ -220,3 +222,24 @@ def test_a_vm_goes_when_the_process_that_ran_it_is_killed(tmp_path: Path) -> Non
     finally:  # a stand-in that outlived its parent goes anyway
         with contextlib.suppress(ProcessLookupError):
             os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
+
+
+def test_reap_waits_when_the_process_holds_descriptors_past_1023() -> None:
+    """A boot thread waits for its VM while the rest of the session may hold a thousand descriptors (a relay test's
+    400 connections): the wait works whatever the number its pidfd gets (select(2) took none past 1023: a boot of
+    a whole CI run failed so)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1200, hard), hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1100:  # every lower number taken: the next descriptor opened is past 1023
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        proc = subprocess.Popen(["sleep", "0.3"])
+        assert reap(proc, 0.05) is None and proc.returncode is None  # still running after the timeout
+        used = reap(proc, 30)
+        assert used is not None and proc.returncode == 0
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
