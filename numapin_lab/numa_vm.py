@@ -175,10 +175,10 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
               stderr: IO[bytes] | int | None = None, attempts: int = 2, cwd: str | None = None,
               stalled: Callable[[], str | None] | None = None,
               on_stall: Callable[[str], str] | None = None, runs_dir: Path | None = None,
-              environ: Mapping[str, str] | None = None) -> VMResult:
+              environ: Mapping[str, str] | None = None, check_every: float = 5.0) -> VMResult:
     """Run ``command`` in a VM of ``spec`` (in ``cwd``, the same path in the guest), its output to ``stdout`` /
     ``stderr`` (default: ours). A VM failure (125) is retried up to ``attempts`` runs in all. ``stalled`` (e.g. a
-    ``Heartbeat``) is asked every few seconds; when it gives a reason the VM is stopped and the result is
+    ``Heartbeat``) is asked every ``check_every`` seconds; when it gives a reason the VM is stopped and the result is
     GUEST_STALLED with that reason (not retried here: the caller decides); ``on_stall`` (e.g. a post-mortem,
     numapin_lab.vm_postmortem) is called with it first, the VM still running, and what it returns is added to the
     reason; an exception raised by ``stalled`` (e.g. the caller cancelling) stops the VM and goes on. ``runs_dir``
@@ -205,7 +205,7 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
                                 stderr=stderr, cwd=cwd, env=env, start_new_session=True)
         try:
             while True:
-                used = reap(proc, 5.0)
+                used = reap(proc, check_every)
                 if used is not None:
                     cpu += used
                     rc = proc.returncode

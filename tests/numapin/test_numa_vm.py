@@ -112,7 +112,8 @@ def test_a_frozen_guest_is_stopped_and_said_so(tmp_path: Path, monkeypatch: pyte
     vm.chmod(0o755)
     monkeypatch.setenv(NUMA_VM_ENV, str(vm))
     result = run_in_vm(VMSpec(topology="2s4n", timeout=600), ["true"], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, stalled=Heartbeat(tmp_path / "heartbeat", limit=1.0))
+                       stderr=subprocess.DEVNULL, stalled=Heartbeat(tmp_path / "heartbeat", limit=1.0),
+                       check_every=0.1)
     assert (tmp_path / "started").exists()
     assert result.returncode == GUEST_STALLED and result.boots == 1 and "heartbeat" in result.stall
 
@@ -134,7 +135,7 @@ def test_a_frozen_guest_is_examined_before_it_is_stopped(tmp_path: Path, monkeyp
 
     result = run_in_vm(VMSpec(topology="2s4n", timeout=600), ["true"], stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, stalled=Heartbeat(tmp_path / "heartbeat", limit=1.0),
-                       on_stall=examine, runs_dir=tmp_path / "qemu-runs")
+                       check_every=0.1, on_stall=examine, runs_dir=tmp_path / "qemu-runs")
     assert (tmp_path / "runs").read_text().strip() == str(tmp_path / "qemu-runs")
     assert len(seen) == 1 and "heartbeat" in seen[0][0] and seen[0][1]
     assert result.returncode == GUEST_STALLED and result.stall.endswith("; examined")
@@ -185,7 +186,7 @@ def test_a_watchdog_that_raises_stops_the_vm(tmp_path: Path, monkeypatch: pytest
 
     with pytest.raises(KeyError, match="the session ended"):
         run_in_vm(VMSpec(topology="2s4n", timeout=600), ["true"], stdout=subprocess.DEVNULL,
-                  stderr=subprocess.DEVNULL, stalled=cancelled)
+                  stderr=subprocess.DEVNULL, stalled=cancelled, check_every=0.1)
     with pytest.raises(ProcessLookupError):
         os.kill(int((tmp_path / "pid").read_text()), 0)
 
