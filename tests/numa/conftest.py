@@ -108,6 +108,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.write_line(f"{name}: {run.seconds:.0f} s on the host, {run.watchdog}; boot and shutdown "
                                     f"{boot}, guest tests {tests}; QEMU's CPU {run.cpu_seconds:.0f} s; "
                                     f"{passed}/{len(run.cases)} passed{run.clock_note}{run.stall_note}")
+        if run.cases:
+            terminalreporter.write_line(f"  slowest in the guest: {run.slowest()}")
         if run.churn is not None:  # read at the end of the boot: a passing run's directory is gone by now
             doc = run.churn
             keys = ("ops", "seconds", "exclusiveAdmissions", "exclusiveNUMANodes", "proxyKills",

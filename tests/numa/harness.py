@@ -95,6 +95,12 @@ class GuestRun:
         """Everything but the guest's pytest: boots (retries included), shutdown."""
         return None if self.guest_seconds is None else self.seconds - self.guest_seconds
 
+    def slowest(self, count: int = 3) -> str:
+        """The ``count`` checks that took longest in the guest (by its clock, all phases), slowest first: where a
+        shape's time goes, printed in every summary so that a slow run's log says it."""
+        ranked = sorted(self.cases, key=lambda c: c.seconds, reverse=True)[:count]
+        return ", ".join(f"{c.nodeid} {c.seconds:.0f} s" for c in ranked)
+
     @property
     def clock_note(self) -> str:
         """A warning when the guest's clock ran faster than the host's (its timeouts were shorter than written)."""
