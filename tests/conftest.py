@@ -6,12 +6,19 @@ The end check: the lab notes what it makes in a ledger (``numapin_lab.cri.ledger
 path in the environment so that child processes note too). When the session ends, anything the ledger names that is
 still there (a pod's cgroup in any hierarchy, a containerd, shim, runc, proxy or container process, a mount, a lab or
 scratch directory) FAILS the run, named one per line; it is then removed, so a failed run leaves the machine clean.
+
+SIGTERM (a CI runner's time limit, ``kill``, systemd stopping the job) ends the session as Ctrl-C does, so that end
+check still runs: the running test is interrupted, the background VMs are stopped (tests/numa), the end check sweeps
+what the lab made; then the process dies of SIGTERM, as asked. A second SIGTERM kills at once.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -23,6 +30,7 @@ from tests.leak_check import find_leftovers, sweep
 __all__ = ["sysfs_machine"]
 
 _LEDGER_KEY = pytest.StashKey[Path]()
+_SIGTERM_KEY = pytest.StashKey[list[int]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -32,6 +40,36 @@ def pytest_configure(config: pytest.Config) -> None:
     os.close(fd)
     os.environ[ledger.ENV] = path
     config.stash[_LEDGER_KEY] = Path(path)
+    _interrupt_on_sigterm(config)
+
+
+def _interrupt_on_sigterm(config: pytest.Config) -> None:
+    """Turn the first SIGTERM into KeyboardInterrupt in the main thread (pytest's Ctrl-C path: the session ends and
+    pytest_sessionfinish runs), unless someone else already handles SIGTERM."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    received: list[int] = []
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        received.append(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one kills at once
+        raise KeyboardInterrupt("SIGTERM: ending the session (the end check still runs)")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    config.stash[_SIGTERM_KEY] = received
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """After a SIGTERM and the session's end: die of that signal, so a caller sees what happened (status 143 in a
+    shell, not pytest's 2 for Ctrl-C)."""
+    if config.stash.get(_SIGTERM_KEY, None):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
