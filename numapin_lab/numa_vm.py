@@ -187,6 +187,8 @@ def run_in_vm(spec: VMSpec, command: Sequence[str], *, stdout: IO[bytes] | int |
     kills QEMU) before the KeyboardInterrupt goes on; if this process (or the thread that called this) dies,
     numa-vm.sh gets SIGTERM and stops the VM too. Safe to call from a thread while the rest of the process runs
     other children: the CPU counted is numa-vm.sh's own process tree's (``wait4``)."""
+    if not check_every > 0:  # 0 would ask the watchdog in a busy loop beside the tests
+        raise ValueError(f"check_every must be a positive number of seconds, not {check_every!r}")
     if spec.init != "busybox":
         raise VMError(f"init {spec.init!r}: numa-vm.sh runs its busybox init (systemd as PID 1: "
                       f"numapin_lab.systemd_vm.run_in_systemd_vm, or numapin_lab.systemd_vm.run_vm for either)")

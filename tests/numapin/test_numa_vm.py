@@ -69,6 +69,12 @@ def test_missing_numa_vm_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> No
         find_numa_vm()
 
 
+@pytest.mark.parametrize("every", [0, -1.0, float("nan")])
+def test_a_watchdog_period_that_would_spin_is_refused(every: float) -> None:
+    with pytest.raises(ValueError, match="check_every must be a positive number of seconds"):
+        run_in_vm(VMSpec(), ["true"], stalled=lambda: None, check_every=every)
+
+
 def _demo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "numapin", "demo", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
