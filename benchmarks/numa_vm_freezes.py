@@ -2,9 +2,11 @@
 the churn) run again and again, alternating QEMU's TCG threading modes (numa-vm.sh's ``NUMA_VM_TCG_THREAD``:
 single, multi), one VM at a time. A frozen boot is examined and booted again by the harness as in the test run;
 here every boot is counted. Prints one JSON line per run (mode, host seconds, boots, freezes, the post-mortem's
-summary, the tests' outcomes), then a JSON summary per mode.
+summary, the tests' outcomes), then a JSON summary per mode. A run's work directory (its guest logs, QEMU's runs,
+the operations log) is kept under /var/tmp when the run was not green, and named in its line; a green run's is
+removed (``--keep``: every run's is kept).
 
-    .venv/bin/python benchmarks/numa_vm_freezes.py --runs 4 [--modes single,multi] [--shape 2s4n]
+    .venv/bin/python benchmarks/numa_vm_freezes.py --runs 4 [--modes single,multi] [--shape 2s4n] [--keep]
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -28,10 +31,15 @@ from tests.numa.shapes import SHAPE_ENV, SHAPES
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
-    parser.add_argument("--runs", type=int, default=3, help="runs per mode")
-    parser.add_argument("--modes", default="single,multi")
+    parser.add_argument("--runs", type=int, default=3, help="runs per mode (at least 1)")
+    parser.add_argument("--modes", default="single,multi", help="NUMA_VM_TCG_THREAD values, comma-separated")
     parser.add_argument("--shape", default="2s4n", choices=sorted(SHAPES))
+    parser.add_argument("--keep", action="store_true", help="keep every run's work directory (default: the red ones)")
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    if not set(args.modes.split(",")) <= {"single", "multi"}:
+        parser.error(f"--modes takes single and/or multi, not {args.modes!r}")
     shape = SHAPES[args.shape]
     modes = args.modes.split(",")
     totals = {m: {"runs": 0, "boots": 0, "boot_hangs": 0, "freezes": 0, "green": 0, "seconds": 0.0, "cpu": 0.0}
@@ -54,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             t["green"] += green
             t["seconds"] += run.seconds
             t["cpu"] += run.cpu_seconds
+            kept = args.keep or not green
+            if not kept:
+                shutil.rmtree(work, ignore_errors=True)
             print(json.dumps({"run": i + 1, "mode": mode, "start": time.strftime("%H:%M:%S", time.gmtime(t0)),
                               "seconds": round(run.seconds), "cpu": round(run.cpu_seconds),
                               "guest_seconds": round(run.guest_seconds or 0), "returncode": run.returncode,
@@ -61,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "watchdog": run.watchdog, "stalls": run.stalls,
                               "passed": passed, "cases": len(run.cases),
                               "not_passed": [f"{c.nodeid} {c.outcome}" for c in run.cases if c.outcome != "passed"],
-                              "load": os.getloadavg()[0], "dir": str(work)}), flush=True)
+                              "load": os.getloadavg()[0], "dir": str(work) if kept else None}), flush=True)
     print(json.dumps({"summary": totals}), flush=True)
     return 0
 
