@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy, stop_process  # noqa: E402
+from benchmarks.timing import stats_ms as stats  # noqa: E402
 from numapin_lab.cri.client import CRIClient, pb  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
 
@@ -105,11 +106,6 @@ async def run(shared: int, rounds: int, pause: float) -> dict:
         stop_process(proxy)
         lab.stop()
         shutil.rmtree(work, ignore_errors=True)
-
-    def stats(xs: list[float]) -> dict[str, float]:
-        xs = sorted(xs)
-        return {"n": len(xs), "p50_ms": round(statistics.median(xs), 2),
-                "p99_ms": round(xs[min(len(xs) - 1, int(len(xs) * 0.99))], 2), "max_ms": round(xs[-1], 2)}
 
     return {
         "machine_cpus": str(ALL), "shared_containers": shared, "rounds": rounds, "pause_s": pause,
