@@ -104,6 +104,12 @@ def own_namespace() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from webhook.https.workers import end_with_supervisor
+
+    why = end_with_supervisor()  # a worker of --workers: first of all (before the imports), end with the supervisor
+    if why is not None:
+        return _fail(why)
+
     from allocator.bypass import BypassPolicy, parse_names, parse_service_accounts
     from allocator.errors import ConfigError
     from webhook.app import WebhookApp, WebhookOptions

@@ -215,6 +215,36 @@ def workers_listening(supervisor: subprocess.Popen[str], port: int, count: int) 
     return workers
 
 
+_WORKER_START = """
+import ctypes, os
+from webhook.https.workers import SUPERVISOR_ENV, end_with_supervisor
+why = end_with_supervisor()
+sig = ctypes.c_int(-1)
+ctypes.CDLL(None).prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG
+print(f"{why}|{sig.value}|{SUPERVISOR_ENV in os.environ}")
+"""
+
+
+def _worker_start(supervisor: str | None) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k != "NUMAPIN_WEBHOOK_SUPERVISOR"}
+    if supervisor is not None:
+        env["NUMAPIN_WEBHOOK_SUPERVISOR"] = supervisor
+    out = subprocess.run([sys.executable, "-c", _WORKER_START], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={**env, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split("|")
+
+
+def test_a_worker_ends_with_its_supervisor_and_refuses_to_start_without_it() -> None:
+    """The first thing a worker does: SIGTERM when its parent dies, then the parent checked to be the supervisor
+    (one that died before that request would leave the worker running for ever); the variable is not passed on."""
+    assert _worker_start(str(os.getpid())) == ["None", str(int(signal.SIGTERM)), "False"]
+    why, _, passed_on = _worker_start("1")  # a parent that is not pid 1: as if the supervisor were gone
+    assert why == "the supervisor (pid 1) ended before this worker started" and passed_on == "False"
+    assert _worker_start("12a")[0] == "$NUMAPIN_WEBHOOK_SUPERVISOR='12a' is not a process id"
+    assert _worker_start(None) == ["None", "0", "False"]  # a webhook on its own: nothing asked of the kernel
+
+
 def test_webhook_workers_share_the_port_and_stop_together(tmp_path: Path) -> None:
     """--workers 2: two webhook processes listen on one port (the kernel spreads connections over them: the
     benchmark shows the throughput); SIGTERM stops both (status 0); a worker killed with -9 makes the supervisor stop

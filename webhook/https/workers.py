@@ -11,7 +11,10 @@ node's last published free CPUs (the node proxy remains the backstop, as with re
 supervisor makes (and removes), and the worker a scrape lands on merges them (``worker_metrics``).
 
 The supervisor forwards SIGTERM and SIGINT to the workers and waits for them; a supervisor killed outright takes its
-workers along (the kernel sends them SIGTERM: PR_SET_PDEATHSIG). When a worker ends on its own, the
+workers along: each worker, first thing, asks the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG) and then
+checks that its parent is still the supervisor named in ``$NUMAPIN_WEBHOOK_SUPERVISOR`` (it may have died before the
+request), in its own code rather than between fork and exec (Python run there is unsafe in a process with threads,
+and costs subprocess its fast spawn). When a worker ends on its own, the
 supervisor stops the others and exits with that worker's status, so the container restarts whole (a half-sized
 webhook would go on answering, slower, with nobody noticing).
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -28,11 +32,12 @@ import tempfile
 import time
 from types import FrameType
 
-__all__ = ["supervise", "worker_command"]
+__all__ = ["SUPERVISOR_ENV", "end_with_supervisor", "supervise", "worker_command"]
 
 log = logging.getLogger("numapin.webhook.workers")
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+SUPERVISOR_ENV = "NUMAPIN_WEBHOOK_SUPERVISOR"  # set by the supervisor for its workers: its pid
 
 
 def worker_command(argv: list[str]) -> list[str]:
@@ -53,10 +58,22 @@ def worker_command(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "numapin", "webhook", *out, "--reuse-port"]
 
 
-def _end_with_parent() -> None:
-    """In a new worker: the kernel sends it SIGTERM when the supervisor dies (even by SIGKILL)."""
+def end_with_supervisor() -> str | None:
+    """In a worker (``$NUMAPIN_WEBHOOK_SUPERVISOR`` names its supervisor; taken out of the environment, so the
+    worker's own children do not see it): have the kernel send this process SIGTERM when its parent dies (even by
+    SIGKILL), then make sure the parent is still that supervisor. Why the worker must not start, or None (also for a
+    webhook that is no worker)."""
+    value = os.environ.pop(SUPERVISOR_ENV, None)
+    if value is None:
+        return None
+    if not value.isdigit():
+        return f"${SUPERVISOR_ENV}={value!r} is not a process id"
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        return f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}"
+    if os.getppid() != int(value):
+        return f"the supervisor (pid {value}) ended before this worker started"
+    return None
 
 
 def supervise(command: list[str], workers: int, *, poll_seconds: float = 0.2) -> int:
@@ -70,7 +87,8 @@ def supervise(command: list[str], workers: int, *, poll_seconds: float = 0.2) ->
 
 
 def _supervise(command: list[str], workers: int, poll_seconds: float) -> int:
-    procs = [subprocess.Popen(command, preexec_fn=_end_with_parent) for _ in range(workers)]
+    env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
+    procs = [subprocess.Popen(command, env=env) for _ in range(workers)]
     log.info("started %d webhook workers: pids %s", workers, " ".join(str(p.pid) for p in procs))
     stopping: list[int] = []
 
