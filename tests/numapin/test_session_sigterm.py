@@ -27,7 +27,12 @@ def slow_teardown():
     if os.environ.get("SLOW_TEARDOWN"):
         with open(os.environ["REPORT"], "a") as f:
             f.write("tearing down\\n")
-        time.sleep(120)
+        try:
+            time.sleep(120)
+        except KeyboardInterrupt:  # the second SIGTERM was handled, not fatal
+            with open(os.environ["REPORT"], "a") as f:
+                f.write("interrupted again\\n")
+            time.sleep(120)
 
 def test_makes_a_scratch_directory_and_waits(slow_teardown):
     d = ledger.scratch_dir("npx-sigterm-")
@@ -46,8 +51,19 @@ def _session(tmp_path: Path, **extra_env: str) -> tuple[subprocess.Popen[str], P
     child = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider", "-q", str(test)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for_lines(child, report, 2)
+    try:
+        _wait_for_lines(child, report, 2)
+    except BaseException:
+        _stop(child)
+        raise
     return child, report
+
+
+def _stop(child: subprocess.Popen[str]) -> None:
+    """A child a failed check left running (it would sleep for minutes) goes."""
+    if child.poll() is None:
+        child.kill()
+        child.communicate()
 
 
 def _wait_for_lines(child: subprocess.Popen[str], report: Path, n: int) -> None:
@@ -58,8 +74,9 @@ def _wait_for_lines(child: subprocess.Popen[str], report: Path, n: int) -> None:
         time.sleep(0.05)
 
 
-def _remove(scratch: str, ledger_file: str) -> None:
-    """What the child made, if it is still there (the rule under test failed, or was not meant to run)."""
+def _remove(child: subprocess.Popen[str], scratch: str, ledger_file: str) -> None:
+    """The child, and what it made, if still there (the rule under test failed, or was not meant to run)."""
+    _stop(child)
     if Path(scratch).exists():
         Path(scratch).rmdir()
     Path(ledger_file).unlink(missing_ok=True)
@@ -77,7 +94,7 @@ def test_sigterm_ends_the_session_through_the_end_check_and_then_kills(tmp_path:
         assert not Path(scratch).exists(), out
         assert not Path(ledger_file).exists(), out
     finally:
-        _remove(scratch, ledger_file)
+        _remove(child, scratch, ledger_file)
 
 
 def test_a_second_sigterm_kills_at_once(tmp_path: Path) -> None:
@@ -87,9 +104,10 @@ def test_a_second_sigterm_kills_at_once(tmp_path: Path) -> None:
     scratch, ledger_file = report.read_text().split()
     try:
         child.send_signal(signal.SIGTERM)
-        _wait_for_lines(child, report, 3)  # the test was interrupted; its fixture's teardown now sleeps
+        _wait_for_lines(child, report, 3)  # the test was interrupted, the end check ran; a teardown now sleeps
         child.send_signal(signal.SIGTERM)
         out, _ = child.communicate(timeout=30)
+        assert child.returncode == -signal.SIGTERM, out
+        assert "interrupted again" not in report.read_text(), out  # killed where it stood, not interrupted once more
     finally:
-        _remove(scratch, ledger_file)
-    assert child.returncode == -signal.SIGTERM, out
+        _remove(child, scratch, ledger_file)
