@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the Python code of numapin's protos with grpcio-tools (messages only: the proxy relays
 # raw bytes and needs no generated service stubs). Reproducible: same grpcio-tools, same output.
-#   scripts/gen-protos.sh            write protos/cri_pb2.py and numapin_lab/cri/cri_full_pb2.py
+#   scripts/gen-protos.sh            write protos/{cri,nri,ttrpc}_pb2.py and numapin_lab/cri/cri_full_pb2.py
 #   scripts/gen-protos.sh OUTDIR     write them under OUTDIR instead (used by the test that checks
 #                                    the committed code is current)
 set -euo pipefail
@@ -20,4 +20,6 @@ gen() {  # $1 = proto dir, $2 = proto file name
     { echo "# ruff: noqa"; cat "$py"; } > "$py.tmp" && mv "$py.tmp" "$py"
 }
 gen protos cri.proto
+gen protos nri.proto
+gen protos ttrpc.proto
 gen numapin_lab/cri cri_full.proto

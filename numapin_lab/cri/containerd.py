@@ -12,7 +12,9 @@ Needs root and the Debian packages containerd, runc and busybox-static (``script
 them); ``LabError`` says what is missing. ``bin_dir`` runs another containerd (its ``containerd``,
 ``containerd-shim-runc-v2`` and ``ctr``; ``containerd_versions`` unpacks newer Debian suites' there) with the
 system's runc; containerd 2.x gets its own configuration format (version 3: the CRI plugin split into
-``io.containerd.cri.v1.runtime`` and ``io.containerd.cri.v1.images``).
+``io.containerd.cri.v1.runtime`` and ``io.containerd.cri.v1.images``). ``nri=True`` (containerd >= 1.7) switches
+NRI on with its socket (``nri_socket``) and plugin directories in the lab's directory; without it NRI is switched off
+on >= 1.7 (2.x would otherwise listen on the machine-wide ``/var/run/nri/nri.sock``).
 """
 
 from __future__ import annotations
@@ -157,8 +159,13 @@ class ContainerdLab:
     this lab's containerd, shim and ctr are (None: the system's, from PATH)."""
 
     def __init__(self, directory: str | os.PathLike[str], bin_dir: str | os.PathLike[str] | None = None, *,
-                 systemd_cgroup: bool = False) -> None:
+                 systemd_cgroup: bool = False, nri: bool = False) -> None:
         self.dir = Path(directory).resolve()
+        # NRI (containerd >= 1.7): on with ``nri``, its socket ``nri_socket`` and plugin dirs in the lab's directory;
+        # otherwise switched off explicitly on >= 1.7 (2.x turns it on by default, on the machine-wide
+        # /var/run/nri/nri.sock, running /opt/nri/plugins)
+        self.nri = nri
+        self.nri_socket = str(self.dir / "nri.sock")
         # runc's systemd cgroup driver (``SystemdCgroup = true``): pods' cgroup parents are slices
         # (``kubepods-burstable-pod<uid>.slice``), containers systemd scopes made through its D-Bus API; needs
         # systemd as PID 1
@@ -200,8 +207,39 @@ class ContainerdLab:
         except ValueError:
             raise LabError(f"containerd's version {self.version!r} has no major number") from None
 
+    @property
+    def minor(self) -> int:
+        try:
+            return int(self.version.split(".")[1])
+        except (IndexError, ValueError):
+            raise LabError(f"containerd's version {self.version!r} has no minor number") from None
+
+    @property
+    def has_nri(self) -> bool:
+        """Whether this containerd has NRI (1.7 and later)."""
+        return (self.major, self.minor) >= (1, 7)
+
     def _write_config(self) -> None:
-        self.config.write_text(self._config_v3() if self.major >= 2 else self._config_v2())
+        if self.nri and not self.has_nri:
+            raise LabError(f"containerd {self.version} has no NRI (1.7 and later have): nri=True needs a newer one")
+        self.config.write_text((self._config_v3() if self.major >= 2 else self._config_v2()) + self._config_nri())
+
+    def _config_nri(self) -> str:
+        """The NRI plugin's section (the same plugin id in both formats; nothing for 1.6, which has none)."""
+        if not self.has_nri:
+            return ""
+        d = self.dir
+        for sub in ("nri/plugins", "nri/conf.d"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        return f"""  [plugins."io.containerd.nri.v1.nri"]
+    disable = {"false" if self.nri else "true"}
+    disable_connections = false
+    socket_path = "{self.nri_socket}"
+    plugin_path = "{d}/nri/plugins"
+    plugin_config_path = "{d}/nri/conf.d"
+    plugin_registration_timeout = "5s"
+    plugin_request_timeout = "2s"
+"""
 
     def _disabled(self) -> str:
         return ", ".join(f'"{p}"' for p in (
@@ -341,6 +379,10 @@ disabled_plugins = [{self._disabled()}]
             time.sleep(0.05)
         else:
             raise LabError(f"containerd did not answer within {START_SECONDS} s: {self._log_tail()}")
+        while self.nri and not os.path.exists(self.nri_socket):
+            if time.monotonic() > deadline:
+                raise LabError(f"containerd's NRI socket {self.nri_socket} did not appear: {self._log_tail()}")
+            time.sleep(0.05)
         plugins = self._ctr("plugins", "ls").stdout
         if not any(line.split()[:2] == ["io.containerd.grpc.v1", "cri"] and line.split()[-1] == "ok"
                    for line in plugins.splitlines() if line.strip()):
@@ -482,7 +524,7 @@ disabled_plugins = [{self._disabled()}]
             subprocess.run(["umount", "-l", m], check=False, capture_output=True)
         if (self.dir / MARKER).exists():
             shutil.rmtree(self.dir, ignore_errors=True)
-        for p in (self.socket, self.socket + ".ttrpc"):
+        for p in (self.socket, self.socket + ".ttrpc", self.nri_socket):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(p)
         for cgroup in sorted(self.pod_cgroups):
@@ -522,12 +564,12 @@ def _pod_cgroup(sandbox_cgroup: str, sandbox_id: str) -> str | None:
 
 
 @contextlib.contextmanager
-def scratch_lab(prefix: str, bin_dir: Path | None = None) -> Iterator[ContainerdLab]:
+def scratch_lab(prefix: str, bin_dir: Path | None = None, *, nri: bool = False) -> Iterator[ContainerdLab]:
     """A started lab in a new directory ``/tmp/<prefix>*`` (short: unix socket paths), stopped and the directory
-    removed afterwards; ``bin_dir`` as for ``ContainerdLab``."""
+    removed afterwards; ``bin_dir`` and ``nri`` as for ``ContainerdLab``."""
     d = ledger.scratch_dir(prefix)
     try:
-        with ContainerdLab(d / "ctrd", bin_dir) as lab:
+        with ContainerdLab(d / "ctrd", bin_dir, nri=nri) as lab:
             yield lab
     finally:
         shutil.rmtree(d, ignore_errors=True)

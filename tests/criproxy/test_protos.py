@@ -21,7 +21,8 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
     env_python = {"PYTHON": sys.executable}
     subprocess.run(["bash", str(ROOT / "scripts" / "gen-protos.sh"), str(tmp_path)], check=True, cwd=ROOT,
                    env={"PATH": "/usr/bin:/bin", **env_python})
-    for rel in ("protos/cri_pb2.py", "numapin_lab/cri/cri_full_pb2.py"):
+    for rel in ("protos/cri_pb2.py", "protos/nri_pb2.py", "protos/ttrpc_pb2.py",
+                "numapin_lab/cri/cri_full_pb2.py"):
         assert (tmp_path / rel).read_text() == (ROOT / rel).read_text(), f"{rel} is stale: run scripts/gen-protos.sh"
 
 
