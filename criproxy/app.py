@@ -28,6 +28,7 @@ from criproxy.decisions.registry import Registry, Tracked
 from criproxy.decisions.resize import Resizer
 from criproxy.decisions.starts import StartGuard
 from criproxy.decisions.state_files import StateFiles
+from criproxy.intercept.cri_runtime import CriRuntime
 from criproxy.node.converge import Converger, Decider, Decision
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.kernel import CgroupLayout, KernelRoots
@@ -45,6 +46,7 @@ from criproxy.serve.control import ControlServer
 from criproxy.serve.metrics import ProxyMetrics
 from criproxy.serve.nrt import ApiPublisher, nrt_memory_of, write_nrt
 from criproxy.serve.status import status_document
+from nodeagent.ports import RuntimeCallError
 
 if TYPE_CHECKING:
     from criproxy.serve.http_server import ProxyHttpServer
@@ -79,6 +81,7 @@ class ProxyParts:
     store: CheckpointStore
     allocator: NodeAllocator
     upstream: Upstream
+    runtime: CriRuntime
     pusher: CpusetPusher
     converger: Converger
     starts: StartGuard
@@ -183,11 +186,12 @@ class CriProxy:
         upstream = Upstream(cfg.runtime_endpoint)
         direct = problem is None and cfg.cpuset_writes == "kernel"  # write running containers' cgroups directly
         through_systemd = cfg.cgroup_driver == "systemd" or (cfg.cgroup_driver == "auto" and layout.unified)
-        pusher = CpusetPusher(upstream, self.registry, layout=layout if direct else None,
-                              on_resized=lambda: self.converger.kick(), api=self.api,
+        runtime = CriRuntime(upstream, self.api)  # the node agent's ports: reads and record writes
+        pusher = CpusetPusher(runtime, self.registry, layout=layout if direct else None,
+                              on_resized=lambda: self.converger.kick(),
                               memory_nodes=allocator.container_mems,
                               systemd=SystemdCpusets() if direct and through_systemd else None)
-        converger = Converger(upstream, self.registry, pusher, layout, self.decide,
+        converger = Converger(runtime, self.registry, pusher, layout, self.decide,
                               period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
                               on_pass=self.metrics.observe_converge)
         starts = StartGuard(self.registry, converger, self.decide, on_refusal=self.metrics.observe_start_refusal)
@@ -195,21 +199,21 @@ class CriProxy:
             node_config, allocator, store, pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid, bypass=cfg.bypass, cdi_spec_dirs=cfg.cdi_dirs),
-            api=self.api, memory_store=files.memory,
+            runtime=runtime, api=self.api, memory_store=files.memory,
             ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._state_changed, on_admitted=self.metrics.observe_admission,
             on_rejected=self.metrics.observe_rejection, on_bypass_ignored=self.metrics.observe_bypass_ignored,
             on_narrow=self.metrics.observe_narrowing, on_cdi_problem=self.metrics.observe_cdi_problem,
             refuse_exclusive=self.kubelet.refusal)
-        modes = ModeApplier(pinning, upstream, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
+        modes = ModeApplier(pinning, runtime, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
                             on_refusal=self.metrics.observe_mode_refusal,
                             on_rollback=self.metrics.observe_mode_rollback)
         resizer = Resizer(pinning, converger, lift_cfs_quota=cfg.lift_cfs_quota, on_resize=self.metrics.observe_resize)
         pinning.resize = resizer.update_container_resources  # kubelet's in-place resizes (it holds the pool gate)
         modes.resized = resizer.models.get  # a mode changed after a resize works on the resized pod
-        self._parts = ProxyParts(node_config, store, allocator, upstream, pusher, converger, starts, pinning, modes,
-                                 Decider(allocator, node_config.topology), resizer)
+        self._parts = ProxyParts(node_config, store, allocator, upstream, runtime, pusher, converger, starts, pinning,
+                                 modes, Decider(allocator, node_config.topology), resizer)
         interceptors = dict(self.pinning.interceptors())
         interceptors["StartContainer"] = self.starts.start_container
         # what kubelet reads back of a pinned container's CPU limit (it runs without a CFS quota)
@@ -288,14 +292,14 @@ class CriProxy:
             await self.api.detect(self.upstream.call)  # the CRI version the proxy's own calls use
         async with self.pinning.lock:
             report = await reconcile(
-                self.upstream, self.node_config.topology, self.allocator, self.registry, self.pusher,
+                self._started().runtime, self.node_config.topology, self.allocator, self.registry, self.pusher,
                 converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota,
-                bypass=self.pinning.bypass, api=self.api, creating=self.pinning.creating)
+                bypass=self.pinning.bypass, creating=self.pinning.creating)
             gone = self.modes.prune({uid for uid in self.registry.sandboxes.values()})
             self.resizer.prune(set(self.registry.sandboxes.values()))
             await self.pinning.save()
             if not self.reconciled.is_set():  # start-up: the CRI pod models (init-container reuse) too
-                await rebuild_cri_pods(self.upstream, self.api, self.allocator, self.registry, self.pinning.bypass)
+                await rebuild_cri_pods(self._started().runtime, self.allocator, self.registry, self.pinning.bypass)
         if gone:
             log.info("reconcile: forgot the CPU mode set while running of pods gone: %s", ", ".join(gone))
         log.info("reconcile: %s", report)  # after the state is on disk
@@ -312,7 +316,7 @@ class CriProxy:
                 self.reconciled.set()
                 self._spawn(self.converger.run(), "converge")
                 break
-            except grpc.aio.AioRpcError as e:
+            except (grpc.aio.AioRpcError, RuntimeCallError) as e:
                 log.warning("reconcile: runtime not reachable (%s: %s); retrying in %.1f s", e.code().name,
                             e.details(), backoff)
             await asyncio.sleep(backoff)
@@ -322,7 +326,7 @@ class CriProxy:
             await asyncio.sleep(period)
             try:
                 await self.reconcile_once()
-            except grpc.aio.AioRpcError as e:
+            except (grpc.aio.AioRpcError, RuntimeCallError) as e:
                 log.warning("reconcile: runtime not reachable (%s: %s)", e.code().name, e.details())
 
     def nrt_document(self) -> dict[str, Any]:

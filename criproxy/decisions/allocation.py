@@ -30,6 +30,7 @@ from criproxy.node.cdi import DEFAULT_SPEC_DIRS
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.relay.cri_api import RuntimeApi
 from criproxy.relay.grpc_relay import Interceptor
+from nodeagent.ports import RuntimeReader
 
 __all__ = ["PinningOptions"]
 
@@ -60,6 +61,7 @@ class _Allocation:
 
     def __init__(self, config: NodeConfig, allocator: NodeAllocator, store: CheckpointStore, pusher: CpusetPusher,
                  registry: Registry, options: PinningOptions = PinningOptions(), *,
+                 runtime: RuntimeReader,
                  api: RuntimeApi | None = None,
                  memory_store: MemoryCheckpointStore | None = None,
                  ready: asyncio.Event | None = None,
@@ -78,6 +80,7 @@ class _Allocation:
         self.registry = registry
         self.options = options
         self.api = api or RuntimeApi()
+        self.runtime = runtime  # what the decisions read of the runtime (a pod's containers, a sandbox)
         self.bypass = BypassRule(SelfPod(options.self_pod, options.self_pod_uid), options.bypass)
         # set once the start-up reconcile has a complete picture: no admission is decided before
         self.ready = ready if ready is not None else _set_event()

@@ -44,7 +44,9 @@ from criproxy.relay.cri_api import (
     CREATE_RESOURCES,
     UNLIMITED_QUOTA,
 )
-from criproxy.relay.grpc_relay import Forward, Rejection
+from criproxy.relay.grpc_relay import Forward
+from nodeagent.ports import RuntimeCallError
+from nodeagent.rejection import Rejection
 from protos import cri_pb2
 
 __all__ = ["Placement"]
@@ -206,16 +208,15 @@ class _Creates(_Allocation):
     async def _instances(self, sandbox_id: str, cri_pod: CriPod) -> dict[str, Instance]:
         """The latest instance of each container of the sandbox (exit codes of the exited ones whose role is
         still open); empty when the runtime cannot tell (their roles then stay open: no CPU reuse)."""
-        req = cri_pb2.ListContainersRequest(filter=cri_pb2.ContainerFilter(pod_sandbox_id=sandbox_id))
         try:
-            raw = await self.pusher.upstream.call(self.api.method("ListContainers"), req.SerializeToString(),
-                                                  timeout=10.0)
-        except grpc.aio.AioRpcError as e:
+            listed = await self.runtime.list_containers(cri_pb2.ContainerFilter(pod_sandbox_id=sandbox_id),
+                                                        timeout=10.0)
+        except RuntimeCallError as e:
             log.warning("cannot list the containers of sandbox %s (%s): their roles stay open", sandbox_id[:13],
                         e.code().name)
             return {}
         latest: dict[str, cri_pb2.Container] = {}
-        for c in cri_pb2.ListContainersResponse.FromString(raw).containers:
+        for c in listed:
             seen = latest.get(c.metadata.name)
             if seen is None or (c.metadata.attempt, c.created_at) > (seen.metadata.attempt, seen.created_at):
                 latest[c.metadata.name] = c
@@ -233,12 +234,10 @@ class _Creates(_Allocation):
         return out
 
     async def _status(self, cid: str) -> cri_pb2.ContainerStatus | None:
-        req = cri_pb2.ContainerStatusRequest(container_id=cid).SerializeToString()
         try:
-            raw = await self.pusher.upstream.call(self.api.method("ContainerStatus"), req, timeout=10.0)
-        except grpc.aio.AioRpcError:
+            return (await self.runtime.container_status(cid, timeout=10.0)).status
+        except RuntimeCallError:
             return None
-        return cri_pb2.ContainerStatusResponse.FromString(raw).status
 
     async def _devices(self, req: cri_pb2.CreateContainerRequest) -> dict[str, frozenset[int]]:
         paths = [d.host_path for d in req.config.devices]

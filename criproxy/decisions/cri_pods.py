@@ -18,8 +18,7 @@ from criproxy.decisions.bypass import BypassRule
 from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance, replay
 from criproxy.decisions.registry import CriPod, Registry
 from criproxy.node.runtime_reads import container_statuses
-from criproxy.relay.cri_api import RuntimeApi
-from criproxy.relay.grpc_relay import Upstream
+from nodeagent.ports import RuntimeReader
 from protos import cri_pb2
 
 __all__ = ["rebuild_cri_pods"]
@@ -29,25 +28,23 @@ log = logging.getLogger("numapin.criproxy")
 _PERIOD = 100000
 
 
-async def rebuild_cri_pods(upstream: Upstream, api: RuntimeApi, allocator: NodeAllocator, registry: Registry,
+async def rebuild_cri_pods(reader: RuntimeReader, allocator: NodeAllocator, registry: Registry,
                            bypass: BypassRule, *, timeout: float = 30.0) -> int:
     """Fill ``registry.pods`` for every ready pod that carries no intent annotation; returns how many. Raises
-    AioRpcError when the runtime cannot be listed."""
-    sb_raw = await upstream.call(api.method("ListPodSandbox"), cri_pb2.ListPodSandboxRequest().SerializeToString(),
-                                 timeout=timeout)
-    ct_raw = await upstream.call(api.method("ListContainers"), cri_pb2.ListContainersRequest().SerializeToString(),
-                                 timeout=timeout)
-    sandboxes = {s.id: s for s in cri_pb2.ListPodSandboxResponse.FromString(sb_raw).items
+    RuntimeCallError when the runtime cannot be listed."""
+    listed = await reader.list_sandboxes(timeout=timeout)
+    all_containers = await reader.list_containers(timeout=timeout)
+    sandboxes = {s.id: s for s in listed
                  if s.state == cri_pb2.SANDBOX_READY and INTENT_ANNOTATION not in s.annotations
                  and not bypass.honours(s.metadata.uid, s.metadata.namespace, s.metadata.name, s.annotations)}
     by_sandbox: dict[str, list[cri_pb2.Container]] = {}
-    for c in cri_pb2.ListContainersResponse.FromString(ct_raw).containers:
+    for c in all_containers:
         if c.pod_sandbox_id in sandboxes:
             by_sandbox.setdefault(c.pod_sandbox_id, []).append(c)
     rebuilt = 0
     for sid, items in by_sandbox.items():
         uid = sandboxes[sid].metadata.uid
-        statuses = await container_statuses(upstream, api, (c.id for c in items), timeout=timeout)
+        statuses = await container_statuses(reader, (c.id for c in items), timeout=timeout)
         pod = CriPod()
         instances: list[Instance] = []
         latest: dict[str, tuple[int, int]] = {}

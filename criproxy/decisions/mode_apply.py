@@ -38,9 +38,6 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-import grpc
-import grpc.aio
-
 from allocator.cpuset import CPUSet
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
@@ -52,10 +49,9 @@ from criproxy.decisions.cri_intent import container_from_cri, qos_from_cgroup_pa
 from criproxy.decisions.mode_request import ModeAnswer, ModeRequest
 from criproxy.decisions.pinning import Pinning
 from criproxy.decisions.registry import Registry, Tracked, TrackedMode
-from criproxy.node.cfs import milli_cpu_to_quota
+from criproxy.node.cfs import UNLIMITED_QUOTA, milli_cpu_to_quota
 from criproxy.node.converge import Converger
-from criproxy.relay.cri_api import UNLIMITED_QUOTA
-from criproxy.relay.grpc_relay import Upstream
+from nodeagent.ports import RuntimeCallError, RuntimeReader
 from protos import cri_pb2
 
 __all__ = ["ROLLED_BACK", "ModeApplier"]
@@ -77,14 +73,14 @@ class _NarrowingFailed(Exception):
 
 
 class ModeApplier:
-    def __init__(self, pinning: Pinning, upstream: Upstream, registry: Registry, converger: Converger, *,
+    def __init__(self, pinning: Pinning, runtime: RuntimeReader, registry: Registry, converger: Converger, *,
                  lift_cfs_quota: bool = True, retry_seconds: float = 10.0,
                  on_transition: Callable[[str, str], None] | None = None,
                  on_refusal: Callable[[str], None] | None = None,
                  on_rollback: Callable[[str, str], None] | None = None) -> None:
         self.pinning = pinning
         self.allocator = pinning.allocator
-        self.upstream = upstream
+        self.runtime = runtime
         self.registry = registry
         self.converger = converger
         self.lift_cfs_quota = lift_cfs_quota
@@ -106,7 +102,7 @@ class ModeApplier:
         """Apply ``req`` (the sink of the watch and of the control socket)."""
         try:
             answer = await self._request(req)
-        except grpc.aio.AioRpcError as e:
+        except RuntimeCallError as e:
             answer = ModeAnswer("error", f"pod {req.ref}: the runtime cannot be reached ({e.code().name}: "
                                          f"{e.details()}); mode {req.mode} not applied")
         except PodSpecError as e:
@@ -174,10 +170,8 @@ class ModeApplier:
                                      f"{seconds * 1000:.0f} ms)", change=change.to_dict())
 
     async def _sandbox(self, req: ModeRequest) -> cri_pb2.PodSandbox | None:
-        raw = await self.upstream.call(self.pinning.api.method("ListPodSandbox"), cri_pb2.ListPodSandboxRequest(
-            filter=cri_pb2.PodSandboxFilter(state=cri_pb2.PodSandboxStateValue(state=cri_pb2.SANDBOX_READY))
-        ).SerializeToString(), timeout=10.0)
-        for sb in cri_pb2.ListPodSandboxResponse.FromString(raw).items:
+        ready = cri_pb2.PodSandboxFilter(state=cri_pb2.PodSandboxStateValue(state=cri_pb2.SANDBOX_READY))
+        for sb in await self.runtime.list_sandboxes(ready, timeout=10.0):
             if req.uid and sb.metadata.uid == req.uid:
                 return sb
             if not req.uid and (sb.metadata.namespace, sb.metadata.name) == (req.namespace, req.name):
@@ -227,11 +221,10 @@ class ModeApplier:
     async def _qos_of(self, uid: str) -> QOSClass | None:
         """The pod's QoS class from its containers' cgroup path (kubelet's ``kubepods/<class>/pod<uid>``)."""
         for t in self.registry.of_pod(uid):
-            req = cri_pb2.ContainerStatusRequest(container_id=t.id, verbose=True).SerializeToString()
             try:
-                raw = await self.upstream.call(self.pinning.api.method("ContainerStatus"), req, timeout=10.0)
-                info = json.loads(cri_pb2.ContainerStatusResponse.FromString(raw).info.get("info", "{}"))
-            except (grpc.aio.AioRpcError, ValueError):
+                resp = await self.runtime.container_status(t.id, verbose=True, timeout=10.0)
+                info = json.loads(resp.info.get("info", "{}"))
+            except (RuntimeCallError, ValueError):
                 continue
             spec = info.get("runtimeSpec") if isinstance(info, dict) else None
             path = ((spec or {}).get("linux") or {}).get("cgroupsPath") if isinstance(spec, dict) else None

@@ -26,8 +26,7 @@ from criproxy.decisions.registry import Registry, Tracked
 from criproxy.node.converge import Converger
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.runtime_reads import container_statuses
-from criproxy.relay.cri_api import RuntimeApi
-from criproxy.relay.grpc_relay import Upstream
+from nodeagent.ports import RuntimeReader
 from protos import cri_pb2
 
 __all__ = ["ReconcileReport", "reconcile"]
@@ -74,22 +73,17 @@ def _parse_cpus(text: str) -> CPUSet | None:
         return None
 
 
-async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAllocator, registry: Registry,
+async def reconcile(reader: RuntimeReader, topology: Topology, allocator: NodeAllocator, registry: Registry,
                     pusher: CpusetPusher, *, converger: Converger | None = None,
                     lift_cfs_quota: bool = True, bypass: BypassRule | None = None,
-                    api: RuntimeApi | None = None, creating: Collection[tuple[str, str]] = (),
+                    creating: Collection[tuple[str, str]] = (),
                     timeout: float = 30.0) -> ReconcileReport:
     """Call with the allocation lock held (no decision is taken meanwhile). ``creating``: (pod uid, container)
-    whose CPUs are decided and whose create is at the runtime (they keep their CPUs). Raises AioRpcError when the
+    whose CPUs are decided and whose create is at the runtime (they keep their CPUs). Raises RuntimeCallError when the
     runtime cannot be listed; nothing is changed then."""
-    api = api or RuntimeApi()
     bypass = bypass or BypassRule()
-    sb_raw = await upstream.call(api.method("ListPodSandbox"), cri_pb2.ListPodSandboxRequest().SerializeToString(),
-                                 timeout=timeout)
-    ct_raw = await upstream.call(api.method("ListContainers"), cri_pb2.ListContainersRequest().SerializeToString(),
-                                 timeout=timeout)
-    sandboxes = {s.id: s for s in cri_pb2.ListPodSandboxResponse.FromString(sb_raw).items}
-    containers = list(cri_pb2.ListContainersResponse.FromString(ct_raw).containers)
+    sandboxes = {s.id: s for s in await reader.list_sandboxes(timeout=timeout)}
+    containers = list(await reader.list_containers(timeout=timeout))
 
     # 1. drop what is gone: assignments without a container, pods whose sandboxes are all stopped
     present: set[tuple[str, str]] = set()
@@ -151,7 +145,7 @@ async def reconcile(upstream: Upstream, topology: Topology, allocator: NodeAlloc
         adopted += 1
         if not (exited or untouched):
             live.append((t, cpus))
-    statuses = await container_statuses(upstream, api, (t.id for t, _ in live), timeout=timeout)
+    statuses = await container_statuses(reader, (t.id for t, _ in live), timeout=timeout)
     for (t, cpus), st in zip(live, statuses, strict=True):
         if st is None:
             registry.remove(t.id)

@@ -73,7 +73,9 @@ from criproxy.relay.cri_api import (
     UNLIMITED_QUOTA,
     UPDATE_RESOURCES,
 )
-from criproxy.relay.grpc_relay import Forward, Rejection
+from criproxy.relay.grpc_relay import Forward
+from nodeagent.ports import RuntimeCallError
+from nodeagent.rejection import Rejection
 from protos import cri_pb2
 
 __all__ = ["ResizeRecord", "Resizer"]
@@ -382,16 +384,15 @@ class Resizer:
         sb = self._sandboxes.get(t.sandbox_id)
         if sb is not None:
             return sb
-        req = cri_pb2.ListPodSandboxRequest(filter=cri_pb2.PodSandboxFilter(id=t.sandbox_id))
         try:
-            raw = await self.pinning.pusher.upstream.call(self.pinning.api.method("ListPodSandbox"),
-                                                          req.SerializeToString(), timeout=10.0)
-        except grpc.aio.AioRpcError as e:
+            listed = await self.pinning.runtime.list_sandboxes(cri_pb2.PodSandboxFilter(id=t.sandbox_id),
+                                                               timeout=10.0)
+        except RuntimeCallError as e:
             raise Rejection(grpc.StatusCode.UNAVAILABLE,
                             f"numapin: pod {t.pod_ref}: its sandbox cannot be read from the runtime "
                             f"({e.code().name}); resize retried on kubelet's next sync") from None
         # the pod is the registry's (its uid decides whose CPUs these are); the sandbox adds names and annotations
-        item = next((i for i in cri_pb2.ListPodSandboxResponse.FromString(raw).items if i.id == t.sandbox_id), None)
+        item = next((i for i in listed if i.id == t.sandbox_id), None)
         ns, _, name = t.pod_ref.partition("/")
         if item is None:
             sb = _Sandbox(t.pod_uid, ns, name, {})

@@ -27,7 +27,8 @@ from criproxy.decisions.registry import Registry, Tracked
 from criproxy.node.converge import Converger, Decision
 from criproxy.node.kernel import KernelView
 from criproxy.relay import wire
-from criproxy.relay.grpc_relay import Forward, Interceptor, Rejection
+from criproxy.relay.grpc_relay import Forward, Interceptor
+from nodeagent.rejection import Rejection
 
 __all__ = ["StartGuard"]
 

@@ -13,6 +13,7 @@ __all__ = [
     "MIN_SHARES",
     "QUOTA_PERIOD",
     "SHARES_PER_CPU",
+    "UNLIMITED_QUOTA",
     "milli_cpu_to_quota",
     "milli_cpu_to_shares",
     "quota_to_milli_cpu",
@@ -25,6 +26,7 @@ SHARES_PER_CPU = 1024
 MILLI_CPU_TO_CPU = 1000
 QUOTA_PERIOD = 100000  # microseconds
 MIN_QUOTA_PERIOD = 1000
+UNLIMITED_QUOTA = -1  # CRI's cpu_quota of a container without a CFS quota
 
 
 def milli_cpu_to_shares(milli: int) -> int:

@@ -24,17 +24,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import grpc
-import grpc.aio
-
 from allocator.cpuset import CPUSet
 from allocator.node import NodeAllocator
 from allocator.topology import Topology
 from criproxy.decisions.registry import Registry, Tracked
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.kernel import CgroupLayout, KernelReader, KernelView, cgroup_of_pid, cgroup_of_spec
-from criproxy.relay.grpc_relay import Upstream
-from protos import cri_pb2
+from nodeagent.ports import RuntimeCallError, RuntimeReader
 
 __all__ = ["ConvergeReport", "Converger", "Decider", "Decision", "Repair"]
 
@@ -99,11 +95,11 @@ class ConvergeReport:
 
 
 class Converger:
-    def __init__(self, upstream: Upstream, registry: Registry, pusher: CpusetPusher, layout: CgroupLayout,
+    def __init__(self, reader: RuntimeReader, registry: Registry, pusher: CpusetPusher, layout: CgroupLayout,
                  decide: Callable[[Tracked], Decision | None], *, period: float = 1.0, timeout: float = 10.0,
                  on_repair: Callable[[str, bool], None] | None = None,
                  on_pass: Callable[[float], None] | None = None) -> None:
-        self.upstream = upstream
+        self.runtime = reader
         self.registry = registry
         self.pusher = pusher
         self.layout = layout
@@ -120,14 +116,11 @@ class Converger:
 
     # -- finding and reading -------------------------------------------------------------------------
     async def _locate_one(self, t: Tracked) -> tuple[str, str | None, int]:
-        req = cri_pb2.ContainerStatusRequest(container_id=t.id, verbose=True).SerializeToString()
         try:
             async with self._slots:
-                raw = await self.upstream.call(self.pusher.api.method("ContainerStatus"), req,
-                                               timeout=self.timeout)
-        except grpc.aio.AioRpcError:
+                resp = await self.runtime.container_status(t.id, verbose=True, timeout=self.timeout)
+        except RuntimeCallError:
             return t.id, None, 0
-        resp = cri_pb2.ContainerStatusResponse.FromString(raw)
         try:
             info = json.loads(resp.info.get("info", "{}"))
         except ValueError:
@@ -255,7 +248,7 @@ class Converger:
             self._kick.clear()
             try:
                 await self.converge_once(trigger)
-            except grpc.aio.AioRpcError as e:
+            except RuntimeCallError as e:
                 log.warning("converge: runtime not reachable (%s: %s); next pass in %.1f s", e.code().name,
                             e.details(), self.period)
             except OSError as e:

@@ -15,7 +15,14 @@ told first (criproxy.node.systemd_cpusets: it writes the cgroup and re-applies t
 ``daemon-reload``, instead of the stale one it would otherwise put back), then the files are written as above; a
 container systemd refuses goes through ``UpdateContainerResources`` (runc tells systemd too).
 
-Resizing the pool holds the pool gate exclusively (see ``gate``): no shared container starts meanwhile."""
+Resizing the pool holds the pool gate exclusively (see ``gate``): no shared container starts meanwhile.
+
+The runtime is reached only through the ``RecordWriter`` port (``nodeagent.ports``): the proxy's writer calls
+``UpdateContainerResources``. A door that must not call the runtime while it answers an event (NRI: containerd
+applies the updates a plugin returns with its answer, and a call from inside the handler deadlocks) supplies a writer
+that collects the ``(container id, resources)`` it is given and returns at once, with ``layout`` None (nothing
+written in the kernel directly); every push then goes to the writer, in order, and the door puts the collected
+updates in its answer to the event (the pool's new cpusets before the new container's own)."""
 
 from __future__ import annotations
 
@@ -26,7 +33,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
-import grpc.aio
 
 from allocator.cpuset import CPUSet
 from criproxy.decisions.gate import PoolGate
@@ -34,8 +40,7 @@ from criproxy.decisions.registry import Registry, Tracked
 from criproxy.node.kernel import CgroupLayout, write_cpusets
 from criproxy.node.records import Record, RecordQueue
 from criproxy.node.systemd_cpusets import SystemdCpusets, unit_of
-from criproxy.relay.cri_api import RuntimeApi
-from criproxy.relay.grpc_relay import Upstream
+from nodeagent.ports import RecordWriter, RuntimeCallError
 from protos import cri_pb2
 
 __all__ = ["CpusetPusher", "PushResult"]
@@ -54,14 +59,13 @@ class PushResult:
 
 
 class CpusetPusher:
-    def __init__(self, upstream: Upstream, registry: Registry, *, layout: CgroupLayout | None = None,
+    def __init__(self, writer: RecordWriter, registry: Registry, *, layout: CgroupLayout | None = None,
                  timeout: float = 10.0, concurrency: int = 128, record_fanout: int = 4,
-                 on_resized: Callable[[], None] | None = None, api: RuntimeApi | None = None,
+                 on_resized: Callable[[], None] | None = None,
                  memory_nodes: Callable[[str, str], CPUSet | None] | None = None,
                  systemd: SystemdCpusets | None = None) -> None:
-        self.upstream = upstream
+        self.writer = writer            # the runtime's record of a container's resources
         self.systemd = systemd          # None: never through systemd (the cgroupfs driver, or cgroup v1)
-        self.api = api or RuntimeApi()  # the runtime's CRI version
         self.registry = registry
         self.layout = layout            # None: never write the kernel directly
         self.timeout = timeout
@@ -83,11 +87,10 @@ class CpusetPusher:
         res = cri_pb2.LinuxContainerResources(cpuset_cpus=str(cpus), cpuset_mems=str(mems) if mems else "")
         if quota is not None:
             res.cpu_quota = quota
-        req = cri_pb2.UpdateContainerResourcesRequest(container_id=t.id, linux=res).SerializeToString()
         try:
             async with self._slots:
-                await self.upstream.call(self.api.method("UpdateContainerResources"), req, timeout=self.timeout)
-        except grpc.aio.AioRpcError as e:
+                await self.writer.update_resources(t.id, res, timeout=self.timeout)
+        except RuntimeCallError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 self.registry.remove(t.id)  # gone meanwhile: nothing to narrow
                 return None
