@@ -29,6 +29,7 @@ from criproxy.decisions.resize import Resizer
 from criproxy.decisions.starts import StartGuard
 from criproxy.decisions.state_files import StateFiles
 from criproxy.intercept.cri_runtime import CriRuntime
+from criproxy.intercept.interceptors import ProxyInterceptors
 from criproxy.node.converge import Converger, Decider, Decision
 from criproxy.node.cpuset_pusher import CpusetPusher
 from criproxy.node.kernel import CgroupLayout, KernelRoots
@@ -199,7 +200,7 @@ class CriProxy:
             node_config, allocator, store, pusher, self.registry,
             PinningOptions(lift_cfs_quota=cfg.lift_cfs_quota, sysfs=cfg.sysfs, self_pod=cfg.self_pod,
                            self_pod_uid=cfg.self_pod_uid, bypass=cfg.bypass, cdi_spec_dirs=cfg.cdi_dirs),
-            runtime=runtime, api=self.api, memory_store=files.memory,
+            runtime=runtime, memory_store=files.memory,
             ready=self.reconciled,  # admissions wait for the start-up reconcile
             on_change=self._state_changed, on_admitted=self.metrics.observe_admission,
             on_rejected=self.metrics.observe_rejection, on_bypass_ignored=self.metrics.observe_bypass_ignored,
@@ -210,14 +211,10 @@ class CriProxy:
                             on_refusal=self.metrics.observe_mode_refusal,
                             on_rollback=self.metrics.observe_mode_rollback)
         resizer = Resizer(pinning, converger, lift_cfs_quota=cfg.lift_cfs_quota, on_resize=self.metrics.observe_resize)
-        pinning.resize = resizer.update_container_resources  # kubelet's in-place resizes (it holds the pool gate)
         modes.resized = resizer.models.get  # a mode changed after a resize works on the resized pod
         self._parts = ProxyParts(node_config, store, allocator, upstream, runtime, pusher, converger, starts, pinning,
                                  modes, Decider(allocator, node_config.topology), resizer)
-        interceptors = dict(self.pinning.interceptors())
-        interceptors["StartContainer"] = self.starts.start_container
-        # what kubelet reads back of a pinned container's CPU limit (it runs without a CFS quota)
-        interceptors["ContainerStatus"] = resizer.container_status
+        interceptors = ProxyInterceptors(pinning, resizer, starts, self.api).table()
         handler = RelayHandler(self.upstream, interceptors, observe=self.metrics.observe_call)
         if cfg.publish_nrt or cfg.kubeconfig:
             self._api = ApiPublisher(cfg.kubeconfig)

@@ -1,9 +1,9 @@
-"""What the proxy's interceptors share (``_Allocation``, the base of ``create._Creates`` and ``pinning.Pinning``): the
+"""What the node agent's decisions share (``_Allocation``, the base of ``create._Creates`` and ``pinning.Pinning``): the
 allocator's node facade under one asyncio lock, the state pair on disk, the registry, the cpuset pusher and the
 shared pool's narrowing, the options and the callbacks that count, and background work.
 
 Every change of the allocation happens under the one lock (the relay of other methods never takes it), is written
-to the checkpoint before anything is forwarded, and is undone and written again when the runtime refuses the
+to the checkpoint before the runtime hears of it, and is undone and written again when the runtime refuses the
 container. Before an exclusive container is created every container of the shared pool has been narrowed; released
 CPUs widen the pool again.
 """
@@ -28,8 +28,6 @@ from criproxy.decisions.registry import Registry, TrackedMode
 from criproxy.decisions.state_files import save_pair
 from criproxy.node.cdi import DEFAULT_SPEC_DIRS
 from criproxy.node.cpuset_pusher import CpusetPusher
-from criproxy.relay.cri_api import RuntimeApi
-from criproxy.relay.grpc_relay import Interceptor
 from nodeagent.ports import RuntimeReader
 
 __all__ = ["PinningOptions"]
@@ -62,7 +60,6 @@ class _Allocation:
     def __init__(self, config: NodeConfig, allocator: NodeAllocator, store: CheckpointStore, pusher: CpusetPusher,
                  registry: Registry, options: PinningOptions = PinningOptions(), *,
                  runtime: RuntimeReader,
-                 api: RuntimeApi | None = None,
                  memory_store: MemoryCheckpointStore | None = None,
                  ready: asyncio.Event | None = None,
                  on_change: Callable[[], None] | None = None,
@@ -79,7 +76,6 @@ class _Allocation:
         self.pusher = pusher
         self.registry = registry
         self.options = options
-        self.api = api or RuntimeApi()
         self.runtime = runtime  # what the decisions read of the runtime (a pod's containers, a sandbox)
         self.bypass = BypassRule(SelfPod(options.self_pod, options.self_pod_uid), options.bypass)
         # set once the start-up reconcile has a complete picture: no admission is decided before
@@ -95,9 +91,6 @@ class _Allocation:
         self.on_admitted = on_admitted or (lambda mode: None)  # a container created, with its mode
         self.on_rejected = on_rejected or (lambda reason: None)  # a create refused, with kubelet's reason
         self.on_narrow = on_narrow or (lambda seconds: None)
-        # kubelet's in-place resizes (criproxy.decisions.resize, wired by the app): UpdateContainerResources goes
-        # there when set
-        self.resize: Interceptor | None = None
         # container id -> (cpu_period, cpu_quota) kubelet asked for a pinned container (which runs without a quota)
         self.kubelet_cfs: dict[str, tuple[int, int]] = {}
         # a bypass annotation the proxy ignored (outside --bypass-namespaces), with the pod's namespace

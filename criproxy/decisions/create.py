@@ -1,8 +1,11 @@
-"""CreateContainer (``_Creates.create_container``, a part of ``pinning.Pinning``), one step per method: wait for
-the start-up reconcile, build the pod (the intent annotation, else CRI), decide and commit under the allocation
-lock (allocator, checkpoint, narrowing), wait for in-flight shared creates that may hold the CPUs the pool lost,
-edit the wire message, forward or give the CPUs back, track the container. A bypassed pod's container passes
-through untouched.
+"""CreateContainer, door-neutral (``_Creates``, a part of ``pinning.Pinning``), one step per method: ``admit``
+waits for the start-up reconcile, builds the pod (the intent annotation, else CRI), decides and commits under the
+allocation lock (allocator, checkpoint, narrowing) and waits for in-flight shared creates that may hold the CPUs the
+pool lost; the door then puts ``Admission.target`` on the container and has the runtime create it, and calls
+``register`` with the container's id (or ``give_back`` when the runtime refuses it, ``abandon`` when its caller gives
+up). The CRI proxy edits the wire message and forwards it between the two (``criproxy.intercept``); the NRI plugin
+knows the id at once and calls ``register`` right after ``admit``. A bypassed pod's container passes through
+untouched.
 """
 
 from __future__ import annotations
@@ -10,10 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
-import grpc.aio
 
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, PodSpecError
@@ -33,23 +35,15 @@ from criproxy.decisions.cri_intent import (
 from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance
 from criproxy.decisions.registry import CriPod, Tracked, TrackedMode
 from criproxy.decisions.resized_pod import with_cri_size
+from criproxy.decisions.target import TargetResources
 from criproxy.node.cdi import cdi_numa_nodes
 from criproxy.node.cfs import QUOTA_PERIOD
 from criproxy.node.devices import devices_numa_nodes
-from criproxy.relay import wire
-from criproxy.relay.cri_api import (
-    CPU_QUOTA,
-    CPUSET_CPUS,
-    CPUSET_MEMS,
-    CREATE_RESOURCES,
-    UNLIMITED_QUOTA,
-)
-from criproxy.relay.grpc_relay import Forward
 from nodeagent.ports import RuntimeCallError
 from nodeagent.rejection import Rejection
 from protos import cri_pb2
 
-__all__ = ["Placement"]
+__all__ = ["Admission", "Placement"]
 
 log = logging.getLogger("numapin.criproxy")
 
@@ -74,8 +68,29 @@ class Placement:
         return "reused" if self.had_cpus else "allocated" if self.pinned else "shared pool"
 
 
+@dataclass(eq=False)
+class _Ticket:
+    """What an admission holds until it is settled: its pod's create slot and its shared create's flight."""
+
+    pod_lock: asyncio.Lock
+    flight: _Flight | None
+    settled: bool = False
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A container admitted (``_Creates.admit``): its pod, its name, where it runs (``placement``, None: a bypassed
+    pod's container, passed through untouched) and the resources to put on it (``target``)."""
+
+    ident: PodIdentity
+    name: str
+    placement: Placement | None
+    target: TargetResources | None
+    ticket: _Ticket | None = field(default=None, repr=False, compare=False)
+
+
 class _Creates(_Allocation):
-    """The CreateContainer interceptor and its steps."""
+    """CreateContainer, door-neutral: ``admit``, then ``register`` or ``give_back`` (or ``abandon``)."""
 
     def _pod_lock(self, uid: str) -> asyncio.Lock:
         """The pod's lock; every call is paired with one ``_drop_pod_lock`` (the lock goes with its last user)."""
@@ -92,78 +107,123 @@ class _Creates(_Allocation):
         else:
             self._pod_locks[uid] = (lock, users - 1)
 
-    async def create_container(self, request: bytes, forward: Forward) -> bytes:
-        """Admit the container's pod and commit the decision (state on disk, shared pool narrowed) under the
-        allocation lock; then, without it, put the cpuset on the wire message and forward it (creates of other
-        pods go on meanwhile); a create the runtime refuses gives its CPUs back.
+    async def admit(self, req: cri_pb2.CreateContainerRequest, timeout: float | None) -> Admission:
+        """Admit the container's pod and commit the decision (state on disk, shared pool narrowed through the
+        pusher) under the allocation lock; then, without it, wait for the in-flight shared creates that may hold
+        the CPUs the pool lost. ``timeout``: the seconds the caller still has (None: no deadline). Raises
+        Rejection (nothing held then).
+
+        The admission holds the pod's create slot until ``register`` (the runtime created the container),
+        ``give_back`` (it did not), ``abandon`` (the caller gave up) or ``settle`` (none of these) is called. A
+        bypassed pod's container (``placement`` None) passes through untouched.
 
         Zero isolation window: a shared container whose create is in flight was decided with the pool of that
         moment; an admission that shrinks the pool narrows the registered shared containers under the lock and
         waits (without it) until every in-flight shared create that may hold the removed CPUs has registered
-        and been narrowed, before its own container reaches the runtime."""
-        self.api.learn(forward.method)
-        req = cri_pb2.CreateContainerRequest.FromString(request)
+        and been narrowed, before it returns (before its own container reaches the runtime)."""
         ident = identity_of(req.sandbox_config)
         name = req.config.metadata.name
         verdict = self.bypass.verdict(ident.uid, ident.namespace, ident.name, ident.annotations)
         if verdict in ("self", "untouched"):
-            return await self._pass_through(request, forward, req, ident)
+            return Admission(ident, name, None, None)
         if verdict == "ignored":
             self.on_bypass_ignored(ident.namespace)
             log.warning("pod=%s container=%s: %s; the annotation is ignored, the pod is treated by its QoS class and "
                         "mode", ident.ref, name, self.bypass.policy.denial(ident.namespace, None))
-        await self._await_ready(forward, ident, name)
+        await self._await_ready(timeout, ident, name)
         pod_lock = self._pod_lock(ident.uid)
         try:
-            async with pod_lock:
-                reallocate: tuple[str, ...] = ()
-                if verdict == "shared":
-                    pod = _bypassed_model(req, ident)
-                else:
-                    pod, reallocate = await self._pod_model(req, ident, forward)
-                    pod = self.bypass.model(pod)
-                devices = await self._devices(req)
-                async with self.lock:
-                    placement, flights = await self._decide(pod, ident, name, devices, reallocate,
-                                                            req.pod_sandbox_id)
-                    flight = self._take_off(placement)
-                    self.creating.add((ident.uid, name))
-                created: bytes | None = None
-                try:
-                    await self._await_flights(flights, forward, ident, name, placement)
-                    edited = self._edit(request, placement)
-                    response = created = await self._forward_or_release(edited, forward, ident, name, placement)
-                    await self._register(req, ident, placement, response)
-                except asyncio.CancelledError:
-                    # the caller gave up (its deadline passed): a container not created yet gives its CPUs back
-                    # (kubelet creates it again; nothing leaks); one the runtime created is tracked all the same,
-                    # so that its removal releases them
-                    self._in_background(self._give_back(ident, name, placement, "the caller gave up")
-                                        if created is None else self._register(req, ident, placement, created))
-                    raise
-                finally:
-                    self.creating.discard((ident.uid, name))
-                    if flight is not None:
-                        self._land(flight)
-        finally:
+            await pod_lock.acquire()
+        except BaseException:
             self._drop_pod_lock(ident.uid)
-        return response
+            raise
+        try:
+            reallocate: tuple[str, ...] = ()
+            if verdict == "shared":
+                pod = _bypassed_model(req, ident)
+            else:
+                pod, reallocate = await self._pod_model(req, ident)
+                pod = self.bypass.model(pod)
+            devices = await self._devices(req)
+            async with self.lock:
+                placement, flights = await self._decide(pod, ident, name, devices, reallocate, req.pod_sandbox_id)
+                flight = self._take_off(placement)
+                self.creating.add((ident.uid, name))
+        except BaseException:
+            pod_lock.release()
+            self._drop_pod_lock(ident.uid)
+            raise
+        lift = placement.pinned and self.options.lift_cfs_quota
+        admission = Admission(ident, name, placement, TargetResources(placement.cpus, placement.mems, lift),
+                              _Ticket(pod_lock, flight))
+        try:
+            await self._await_flights(flights, timeout, ident, name, placement)
+        except asyncio.CancelledError:
+            self.abandon(req, admission, None)
+            raise
+        except BaseException:
+            self.settle(admission)
+            raise
+        return admission
 
-    async def _pass_through(self, request: bytes, forward: Forward, req: cri_pb2.CreateContainerRequest,
-                            ident: PodIdentity) -> bytes:
-        response = await forward(request)
-        cid = cri_pb2.CreateContainerResponse.FromString(response).container_id
+    async def register(self, req: cri_pb2.CreateContainerRequest, container_id: str, admission: Admission) -> None:
+        """The runtime created the container ``container_id`` as admitted: it is tracked (a shared one brought to
+        the pool of now, which may have changed while it was created), and the admission settled."""
+        try:
+            if admission.placement is None:
+                self._pass_through(req, container_id, admission.ident)
+            else:
+                await self._register(req, admission.ident, admission.placement, container_id)
+        finally:
+            self.settle(admission)
+
+    async def give_back(self, admission: Admission, why: str) -> None:
+        """The container will not be created (the runtime refused it): CPUs allocated for it go back and the pool
+        widens; the admission is settled."""
+        try:
+            if admission.placement is not None:
+                await self._give_back(admission.ident, admission.name, admission.placement, why)
+        finally:
+            self.settle(admission)
+
+    def abandon(self, req: cri_pb2.CreateContainerRequest, admission: Admission, container_id: str | None) -> None:
+        """The caller gave up (its deadline passed): the admission is settled now; a container not created yet
+        (``container_id`` None) gives its CPUs back in the background (kubelet creates it again; nothing leaks),
+        one the runtime created is tracked all the same, so that its removal releases them."""
+        self.settle(admission)
+        placement = admission.placement
+        if placement is None:
+            return
+        if container_id is None:
+            self._in_background(self._give_back(admission.ident, admission.name, placement, "the caller gave up"))
+        else:
+            self._in_background(self._register(req, admission.ident, placement, container_id))
+
+    def settle(self, admission: Admission) -> None:
+        """The create is over, one way or the other: the pod's next create may go. ``register``, ``give_back`` and
+        ``abandon`` settle; a door whose create failed otherwise (its outcome unknown: the next reconcile decides)
+        settles alone. Once per admission; later calls do nothing."""
+        ticket = admission.ticket
+        if ticket is None or ticket.settled:
+            return
+        ticket.settled = True
+        self.creating.discard((admission.ident.uid, admission.name))
+        if ticket.flight is not None:
+            self._land(ticket.flight)
+        ticket.pod_lock.release()
+        self._drop_pod_lock(admission.ident.uid)
+
+    def _pass_through(self, req: cri_pb2.CreateContainerRequest, cid: str, ident: PodIdentity) -> None:
         name = req.config.metadata.name
         self.registry.add(Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, "bypass"))
         log.info("decision pod=%s container=%s mode=bypass (passed through untouched)", ident.ref, name)
-        return response
 
-    async def _await_ready(self, forward: Forward, ident: PodIdentity, name: str) -> None:
+    async def _await_ready(self, timeout: float | None, ident: PodIdentity, name: str) -> None:
         """Admissions wait for the start-up reconcile (bounded by the call's deadline): never decided on an
         empty picture of the node."""
         if self.ready.is_set():
             return
-        budget = _GATE_NO_DEADLINE if forward.timeout is None else forward.timeout - _GATE_MARGIN
+        budget = _GATE_NO_DEADLINE if timeout is None else timeout - _GATE_MARGIN
         log.info("pod=%s container=%s waits for the start-up reconcile (at most %.1f s)", ident.ref, name,
                  max(budget, 0.0))
         try:
@@ -175,8 +235,8 @@ class _Creates(_Allocation):
                             "has not finished its start-up reconcile with the runtime (is the runtime reachable? "
                             "see the proxy's log); no CPUs are decided on an incomplete picture, retry") from None
 
-    async def _pod_model(self, req: cri_pb2.CreateContainerRequest, ident: PodIdentity,
-                         forward: Forward) -> tuple[PodInfo, tuple[str, ...]]:
+    async def _pod_model(self, req: cri_pb2.CreateContainerRequest,
+                         ident: PodIdentity) -> tuple[PodInfo, tuple[str, ...]]:
         """The pod as numapin knows it (the intent annotation, else CRI) and the containers to give new CPUs."""
         name = req.config.metadata.name
         try:
@@ -333,14 +393,14 @@ class _Creates(_Allocation):
         flight.settled.set()
         self._flights.remove(flight)
 
-    async def _await_flights(self, flights: list[_Flight], forward: Forward, ident: PodIdentity, name: str,
+    async def _await_flights(self, flights: list[_Flight], timeout: float | None, ident: PodIdentity, name: str,
                              placement: Placement) -> None:
         """Wait (without the lock) until the in-flight shared creates that may hold CPUs the pool lost are
         registered and narrowed; past the call's deadline the allocation is given back (UNAVAILABLE)."""
         pending = [f.settled.wait() for f in flights if not f.settled.is_set()]
         if not pending:
             return
-        budget = None if forward.timeout is None else max(forward.timeout - _GATE_MARGIN, 0.0)
+        budget = None if timeout is None else max(timeout - _GATE_MARGIN, 0.0)
         try:
             await asyncio.wait_for(asyncio.gather(*pending), budget)
         except TimeoutError:
@@ -349,25 +409,6 @@ class _Creates(_Allocation):
             raise Rejection(grpc.StatusCode.UNAVAILABLE,
                             f"numapin: pod {ident.ref} container {name}: shared containers whose creation was "
                             "under way could not be narrowed off its CPUs before the deadline; retry") from None
-
-    def _edit(self, request: bytes, placement: Placement) -> bytes:
-        """The request with numapin's cpuset (and no CFS quota for a pinned container); every other byte kept."""
-        updates = {CPUSET_CPUS: wire.encode_string(CPUSET_CPUS, str(placement.cpus)),
-                   CPUSET_MEMS: wire.encode_string(CPUSET_MEMS, str(placement.mems))}
-        if placement.pinned and self.options.lift_cfs_quota:
-            updates[CPU_QUOTA] = wire.encode_int64(CPU_QUOTA, UNLIMITED_QUOTA)
-        return wire.set_fields(request, CREATE_RESOURCES, updates)
-
-    async def _forward_or_release(self, edited: bytes, forward: Forward, ident: PodIdentity, name: str,
-                                  placement: Placement) -> bytes:
-        """Forward the create; when the runtime refuses it, CPUs allocated for it go back (and the pool widens)."""
-        try:
-            return await forward(edited)
-        except grpc.aio.AioRpcError as e:
-            await self._give_back(ident, name, placement, "runtime refused the create")
-            log.info("decision pod=%s container=%s: runtime refused the create (%s)%s", ident.ref, name,
-                     e.code().name, "; allocation released" if placement.pinned and not placement.had_cpus else "")
-            raise
 
     async def _give_back(self, ident: PodIdentity, name: str, placement: Placement, why: str) -> None:
         """CPUs allocated for a container that will not be created go back, and the pool widens."""
@@ -379,11 +420,10 @@ class _Creates(_Allocation):
                 await self._after_release(f"pod={ident.ref} container={name} ({why})", freed)
 
     async def _register(self, req: cri_pb2.CreateContainerRequest, ident: PodIdentity, placement: Placement,
-                        response: bytes) -> None:
+                        cid: str) -> None:
         """The runtime created the container: track it (a shared one is brought to the pool of now, which may
         have changed while it was being created), and (CRI pod model) remember what kubelet asked for it."""
         name = req.config.metadata.name
-        cid = cri_pb2.CreateContainerResponse.FromString(response).container_id
         t = Tracked(cid, req.pod_sandbox_id, ident.uid, ident.ref, name, placement.mode, placement.cpus,
                     placement.mems)
         limits = req.config.linux.resources

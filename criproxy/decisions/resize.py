@@ -30,6 +30,11 @@ period, checked against the shares and the pod's QoS class from its intent) and 
 - **otherwise** (a shrink, a move to the shared pool): the checkpoint is written, kubelet's call forwarded with the
   narrower cpuset, and only then the shared pool widened.
 
+Door-neutral: ``Resizer.resize`` takes kubelet's request and the door's own step (``apply``) that has the runtime
+apply the container's resources (``TargetResources``; None: untouched), called where the forwarded call was: the
+proxy edits and forwards kubelet's call there (``criproxy.intercept``). The shared containers are narrowed and
+widened through the cpuset pusher (``nodeagent.ports.RecordWriter`` for the runtime's part).
+
 The answer goes back once the kernel shows the container's new cpuset (read, repaired if it does not). Every
 resize is logged in one line, counted (``on_resize``), kept for ``/status`` (``recent``) and republished in the
 NodeResourceTopology (``Pinning.on_change``).
@@ -41,12 +46,11 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
-import grpc.aio
 
 from allocator.cpuset import CPUSet
 from allocator.errors import PodSpecError
@@ -60,20 +64,9 @@ from criproxy.decisions.cri_intent import container_from_cri, qos_from_cgroup_pa
 from criproxy.decisions.pinning import Pinning
 from criproxy.decisions.registry import Tracked, TrackedMode
 from criproxy.decisions.resized_pod import carries_cpu, cfs_summary, with_cri_size
-from criproxy.decisions.starts import container_id_of
+from criproxy.decisions.target import TargetResources
 from criproxy.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares, quota_to_milli_cpu
 from criproxy.node.converge import Converger
-from criproxy.relay import wire
-from criproxy.relay.cri_api import (
-    CPU_PERIOD,
-    CPU_QUOTA,
-    CPUSET_CPUS,
-    CPUSET_MEMS,
-    STATUS_LINUX_RESOURCES,
-    UNLIMITED_QUOTA,
-    UPDATE_RESOURCES,
-)
-from criproxy.relay.grpc_relay import Forward
 from nodeagent.ports import RuntimeCallError
 from nodeagent.rejection import Rejection
 from protos import cri_pb2
@@ -85,6 +78,8 @@ log = logging.getLogger("numapin.criproxy.resize")
 _HISTORY = 64  # resizes kept for /status
 
 Snapshot = tuple[CPUState, MemoryState | None]  # MemoryNodes.snapshot(): both states
+R = TypeVar("R")
+Apply = Callable[[TargetResources | None], Awaitable[R]]  # the door's step: the runtime applies the resources
 
 
 @dataclass(frozen=True)
@@ -139,12 +134,14 @@ class Resizer:
         self.kubelet_cfs = pinning.kubelet_cfs
 
     # -- the call -------------------------------------------------------------------------------------------
-    async def update_container_resources(self, request: bytes, forward: Forward) -> bytes:
+    async def resize(self, req: cri_pb2.UpdateContainerResourcesRequest, apply: Apply[R]) -> R:
+        """kubelet's ``UpdateContainerResources``: decide, narrow the shared pool first where it shrinks, have the
+        door ``apply`` the container's resources (None: kubelet's request untouched), widen the pool after where
+        it grows, check the kernel; returns what ``apply`` returned. Raises Rejection (``apply`` not called)."""
         t0 = time.perf_counter()
-        req = cri_pb2.UpdateContainerResourcesRequest.FromString(request)
         t = self.pinning.registry.containers.get(req.container_id)
         if t is None or t.mode == "bypass" or t.cpus is None or not carries_cpu(req.linux):
-            return await self._relay(request, req, forward, t)
+            return await self._relay(req, apply, t)
         try:
             pod = await self._pod_after(t, req.linux)
         except PodSpecError as e:
@@ -153,7 +150,7 @@ class Resizer:
             self._record(t, "refused", "", "", t.cpus, t.cpus, t0, "InvalidResize", message)
             raise Rejection(grpc.StatusCode.INVALID_ARGUMENT, message) from None
         if pod.bypass:
-            return await self._relay(request, req, forward, t)
+            return await self._relay(req, apply, t)
         alloc = self.pinning.allocator
         # judged first without the allocation lock, on the loop (the state is only replaced whole, never changed in
         # place, by decisions in worker threads): kubelet's calls that change no set and no accounted memory
@@ -166,7 +163,7 @@ class Resizer:
             self._refuse_memory(t, dry_memory, t0)
         if not dry.changed and not dry_memory.changed:
             self._remember(t, pod, req)
-            return await self._relay(request, req, forward, t)
+            return await self._relay(req, apply, t)
         async with self.pinning.lock, self.pinning.pusher.gate.exclusive():
             before = self.pinning.mems.snapshot()  # both states: a refusal or a roll-back restores the pair
             outcome = await asyncio.to_thread(alloc.resize_container, pod, t.name)
@@ -181,7 +178,7 @@ class Resizer:
             if memory.changed:
                 outcome = replace(outcome, mems_after=CPUSet(memory.mems_after))
             claims = memory.changed and (memory.bytes_after or 0) > (memory.bytes_before or 0)
-            response = await self._apply(t, outcome, before, request, req, forward, t0, claims_memory=claims)
+            response = await self._apply(t, outcome, before, req, apply, t0, claims_memory=claims)
             self._remember(t, pod, req)
         self.pinning.pusher.on_resized()
         seconds = time.perf_counter() - t0
@@ -231,37 +228,32 @@ class Resizer:
         log.info("resize pod=%s container=%s refused (%s): %s", t.pod_ref, t.name, outcome.reason, outcome.message)
         raise Rejection(code, message)
 
-    async def _relay(self, request: bytes, req: cri_pb2.UpdateContainerResourcesRequest, forward: Forward,
-                     t: Tracked | None) -> bytes:
-        """Forward a call that changes no CPU set: the container's current cpuset on it (numapin owns cpusets) and,
+    async def _relay(self, req: cri_pb2.UpdateContainerResourcesRequest, apply: Apply[R], t: Tracked | None) -> R:
+        """Apply a call that changes no CPU set: the container's current cpuset on it (numapin owns cpusets) and,
         for a pinned container, no CFS quota. The pool gate is held shared (never between a narrowing's decision
         and its updates, which would put the wide pool back)."""
         if t is None or t.mode == "bypass" or t.cpus is None:
-            return await forward(request)
+            return await apply(None)
         if t.pinned and req.linux.cpu_quota:
             self.kubelet_cfs[t.id] = (req.linux.cpu_period, req.linux.cpu_quota)
         async with self.pinning.pusher.gate.shared():
             own = self.pinning.allocator.container_cpus(t.pod_uid, t.name)
             cpus = own if own is not None else self.pinning.allocator.shared_pool()
             mems = self.pinning.mems.of(t.pod_uid, t.name, cpus)  # the Memory Manager's nodes when it holds some
-            edited = self._edit(request, req, cpus, mems, own is not None)
+            target = self._target(req, cpus, mems, own is not None)
             if (req.linux.cpuset_cpus, req.linux.cpuset_mems) != (str(cpus), str(mems)) and req.linux.cpuset_cpus:
                 log.info("update pod=%s container=%s: cpuset %r kept as %s (numapin owns cpusets)", t.pod_ref, t.name,
                          req.linux.cpuset_cpus, cpus)
-            return await forward(edited)
+            return await apply(target)
 
-    def _edit(self, request: bytes, req: cri_pb2.UpdateContainerResourcesRequest, cpus: CPUSet, mems: CPUSet,
-              pinned: bool) -> bytes:
-        updates = {CPUSET_CPUS: wire.encode_string(CPUSET_CPUS, str(cpus)),
-                   CPUSET_MEMS: wire.encode_string(CPUSET_MEMS, str(mems))}
-        if pinned and self.lift_cfs_quota and req.linux.cpu_quota:
-            updates[CPU_QUOTA] = wire.encode_int64(CPU_QUOTA, UNLIMITED_QUOTA)
-        return wire.set_fields(request, UPDATE_RESOURCES, updates)
+    def _target(self, req: cri_pb2.UpdateContainerResourcesRequest, cpus: CPUSet, mems: CPUSet,
+                pinned: bool) -> TargetResources:
+        return TargetResources(cpus, mems, bool(pinned and self.lift_cfs_quota and req.linux.cpu_quota))
 
     # -- applying -------------------------------------------------------------------------------------------
-    async def _apply(self, t: Tracked, outcome: ResizeOutcome, before: Snapshot, request: bytes,
-                     req: cri_pb2.UpdateContainerResourcesRequest, forward: Forward, t0: float, *,
-                     claims_memory: bool = False) -> bytes:
+    async def _apply(self, t: Tracked, outcome: ResizeOutcome, before: Snapshot,
+                     req: cri_pb2.UpdateContainerResourcesRequest, apply: Apply[R], t0: float, *,
+                     claims_memory: bool = False) -> R:
         """The decision is in the allocator's state; the lock and the pool gate are held. ``claims_memory``: the
         Memory Manager accounted more bytes (perhaps on more nodes): on disk before the runtime raises the limit."""
         alloc = self.pinning.allocator
@@ -303,24 +295,24 @@ class Resizer:
         records = self.pinning.pusher.records
         records.drop(t.id)
         await records.quiesce(t.id)
-        edited = self._edit(request, req, cpus, mems, pinned)
+        target = self._target(req, cpus, mems, pinned)
         if lost or claims_memory:
             await self.pinning.save()            # 2. the decision on disk (after the narrowing is in the kernel)
             self.pinning.on_change()
             lap("checkpoint")
-            response = await forward(edited)     # 3. the container takes its new set (kubelet's values with it)
+            response = await apply(target)       # 3. the container takes its new set (kubelet's values with it)
             lap("runtime")
         else:
             # nothing becomes the container's own: the decision goes on disk while the container moves, and both
             # are done before the pool widens (a kill before the checkpoint is on disk leaves the old decision,
             # which the restarted proxy restores; the pool was not widened)
-            answered, saved = await asyncio.gather(forward(edited), self.pinning.save(), return_exceptions=True)
+            answered, saved = await asyncio.gather(apply(target), self.pinning.save(), return_exceptions=True)
             self.pinning.on_change()
             lap("checkpoint and runtime")
             for failure in (saved, answered):  # both finished: no state write outlives the locks
                 if isinstance(failure, BaseException):
                     raise failure
-            assert isinstance(answered, bytes)
+            assert not isinstance(answered, BaseException)
             response = answered
         t.cpus, t.mems = cpus, mems
         if not pinned:
@@ -449,22 +441,6 @@ class Resizer:
         if own is None or t.mode != "exclusive":
             return None
         return QUOTA_PERIOD, milli_cpu_to_quota(len(own) * 1000, QUOTA_PERIOD)
-
-    async def container_status(self, request: bytes, forward: Forward) -> bytes:
-        """``ContainerStatus``: a pinned container runs without a CFS quota, and kubelet would show no (or its
-        stale) CPU limit from the runtime's -1; the limit kubelet set goes back in ``resources.linux`` instead.
-        Only the two fields change, and only when the runtime reports resources at all."""
-        response = await forward(request)
-        t = self.pinning.registry.containers.get(container_id_of(request))
-        if t is None:
-            return response
-        cfs = self.reported_cfs(t)
-        if cfs is None or wire.message_at(response, STATUS_LINUX_RESOURCES) is None:
-            return response
-        period, quota = cfs
-        return wire.set_fields(response, STATUS_LINUX_RESOURCES,
-                               {CPU_PERIOD: wire.encode_int64(CPU_PERIOD, period),
-                                CPU_QUOTA: wire.encode_int64(CPU_QUOTA, quota)})
 
     # -- status ---------------------------------------------------------------------------------------------
     def _record(self, t: Tracked, result: str, size_from: str, size_to: str, cpus_from: CPUSet | None,

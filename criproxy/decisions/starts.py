@@ -1,4 +1,5 @@
-"""The ``StartContainer`` interceptor: a container starts only where the decision says, checked in the kernel.
+"""``StartContainer``, door-neutral (``StartGuard.start``, around the door's own step that has the runtime start the
+container): a container starts only where the decision says, checked in the kernel.
 
 - A container of the shared pool (or pinned in ``share`` mode) starts with the pool gate held *shared*: no
   narrowing or widening runs while containerd creates its task (an update then would only change the stored
@@ -18,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 
@@ -26,24 +28,13 @@ from allocator.cpuset import CPUSet
 from criproxy.decisions.registry import Registry, Tracked
 from criproxy.node.converge import Converger, Decision
 from criproxy.node.kernel import KernelView
-from criproxy.relay import wire
-from criproxy.relay.grpc_relay import Forward, Interceptor
 from nodeagent.rejection import Rejection
 
 __all__ = ["StartGuard"]
 
 log = logging.getLogger("numapin.criproxy")
 
-
-def container_id_of(request: bytes) -> str:
-    """``StartContainerRequest.container_id`` (field 1, the message's only field)."""
-    for f in wire.fields(request):
-        if f.number == 1 and f.wire_type == 2:
-            try:
-                return request[f.value_start:f.end].decode()
-            except UnicodeDecodeError:
-                raise wire.WireError("container_id is not UTF-8") from None
-    return ""
+R = TypeVar("R")
 
 
 class StartGuard:
@@ -85,32 +76,26 @@ class StartGuard:
                 return
             await asyncio.sleep(0.05)
 
-    async def start_container(self, request: bytes, forward: Forward) -> bytes:
-        cid = container_id_of(request)
-        self._suspects.pop(cid, None)  # started through this proxy, under the gate
-        t = self.registry.containers.get(cid)
+    async def start(self, container_id: str, run: Callable[[], Awaitable[R]]) -> R:
+        """Start the container ``container_id``: ``run`` is the door's step that has the runtime start it, called
+        under the pool gate (exclusively, once the kernel shows no other running container on its CPUs, for an
+        exclusive container); the kernel's cpuset is checked and repaired right after. Raises Rejection (``run``
+        not called) when its exclusive CPUs cannot be taken back in time."""
+        self._suspects.pop(container_id, None)  # started through this door, under the gate
+        t = self.registry.containers.get(container_id)
         if t is None or t.mode == "bypass":
-            return await forward(request)
+            return await run()
         gate = self.converger.pusher.gate
         if t.mode == "exclusive":
             async with gate.exclusive():
                 await self._clear(t)
-                response = await forward(request)
+                response = await run()
                 await self.converger.repair([t], "after start")
             return response
         async with gate.shared():
-            response = await forward(request)
+            response = await run()
             await self.converger.repair([t], "after start")
         return response
-
-    def gated(self, interceptor: Interceptor) -> Interceptor:
-        """``interceptor`` run with the pool gate held shared (for calls that carry a container's cpuset)."""
-
-        async def call(request: bytes, forward: Forward) -> bytes:
-            async with self.converger.pusher.gate.shared():
-                return await interceptor(request, forward)
-
-        return call
 
     def _overlaps(self, t: Tracked, cpus: CPUSet, views: dict[str, KernelView | None]
                   ) -> list[tuple[Tracked, CPUSet]]:

@@ -22,7 +22,7 @@ from numapin.cli import SUBCOMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-SOURCES = ("allocator", "kubeapi", "criproxy", "webhook", "numapin", "numapin_lab")
+SOURCES = ("allocator", "kubeapi", "nodeagent", "criproxy", "nriplugin", "webhook", "numapin", "numapin_lab")
 
 
 @dataclass(frozen=True)
