@@ -18,39 +18,39 @@ from allocator.node import NodeAllocator, NodeConfig, NodeParts, build_node
 from allocator.nrt import build_nrt
 from allocator.topology import Topology
 from criproxy.config import ProxyConfig
-from criproxy.decisions.allocation import PinningOptions
-from criproxy.decisions.cri_pods import rebuild_cri_pods
-from criproxy.decisions.mode_apply import ModeApplier
-from criproxy.decisions.pinning import Pinning
-from criproxy.decisions.pod_watch import NodePodWatch
-from criproxy.decisions.reconcile import ReconcileReport, reconcile
-from criproxy.decisions.registry import Registry, Tracked
-from criproxy.decisions.resize import Resizer
-from criproxy.decisions.starts import StartGuard
-from criproxy.decisions.state_files import StateFiles
 from criproxy.intercept.cri_runtime import CriRuntime
 from criproxy.intercept.interceptors import ProxyInterceptors
-from criproxy.node.converge import Converger, Decider, Decision
-from criproxy.node.cpuset_pusher import CpusetPusher
-from criproxy.node.kernel import CgroupLayout, KernelRoots
-from criproxy.node.kubelet_drift import KubeletPaths
-from criproxy.node.kubelet_watch import KubeletWatch
-from criproxy.node.memory_settings import memory_config_of
-from criproxy.node.systemd_cpusets import SystemdCpusets
 from criproxy.relay.conn_limits import ConnectionLimits
 from criproxy.relay.cri_api import RuntimeApi
 from criproxy.relay.frame_server import FrameRelayServer
 from criproxy.relay.grpc_relay import RelayHandler, Upstream
 from criproxy.relay.relays import start_relay
 from criproxy.relay.socket_server import RelayServer, SocketInUseError, listen_path
-from criproxy.serve.control import ControlServer
-from criproxy.serve.metrics import ProxyMetrics
-from criproxy.serve.nrt import ApiPublisher, nrt_memory_of, write_nrt
-from criproxy.serve.status import status_document
+from nodeagent.decisions.allocation import PinningOptions
+from nodeagent.decisions.cri_pods import rebuild_cri_pods
+from nodeagent.decisions.mode_apply import ModeApplier
+from nodeagent.decisions.pinning import Pinning
+from nodeagent.decisions.pod_watch import NodePodWatch
+from nodeagent.decisions.reconcile import ReconcileReport, reconcile
+from nodeagent.decisions.registry import Registry, Tracked
+from nodeagent.decisions.resize import Resizer
+from nodeagent.decisions.starts import StartGuard
+from nodeagent.decisions.state_files import StateFiles
+from nodeagent.node.converge import Converger, Decider, Decision
+from nodeagent.node.cpuset_pusher import CpusetPusher
+from nodeagent.node.kernel import CgroupLayout, KernelRoots
+from nodeagent.node.kubelet_drift import KubeletPaths
+from nodeagent.node.kubelet_watch import KubeletWatch
+from nodeagent.node.memory_settings import memory_config_of
+from nodeagent.node.systemd_cpusets import SystemdCpusets
 from nodeagent.ports import RuntimeCallError
+from nodeagent.serve.control import ControlServer
+from nodeagent.serve.metrics import ProxyMetrics
+from nodeagent.serve.nrt import ApiPublisher, nrt_memory_of, write_nrt
+from nodeagent.serve.status import status_document
 
 if TYPE_CHECKING:
-    from criproxy.serve.http_server import ProxyHttpServer
+    from nodeagent.serve.http_server import ProxyHttpServer
 
 __all__ = ["CriProxy", "node_parts_of"]
 
@@ -222,7 +222,7 @@ class CriProxy:
         if endpoint is not None:
             # aiohttp is imported only for a proxy that serves HTTP (a third of the proxy's import time); in a
             # worker thread, as nothing else may hold the loop
-            http_server = await asyncio.to_thread(importlib.import_module, "criproxy.serve.http_server")
+            http_server = await asyncio.to_thread(importlib.import_module, "nodeagent.serve.http_server")
             self.http = http_server.ProxyHttpServer(self.metrics.registry, lambda: status_document(self))
             self.metrics_port = await self.http.start(*endpoint)
             log.info("metrics on http://%s:%d/metrics, status on http://%s:%d/status", endpoint[0],

@@ -16,7 +16,7 @@ from allocator.bypass import DEFAULT_BYPASS_NAMESPACE, BypassPolicy, parse_names
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, ConfigError
 from allocator.memory.reserved import MemoryReservation
-from criproxy.node.memory_settings import coerce_memory_setting, is_memory_setting
+from nodeagent.node.memory_settings import coerce_memory_setting, is_memory_setting
 
 __all__ = ["DEFAULTS", "ProxyConfig", "load_config", "parse_options"]
 
@@ -57,7 +57,7 @@ class ProxyConfig:
     # background; runtime: only through containerd's UpdateContainerResources (one runc update each)
     cpuset_writes: str = "kernel"
     # systemd: a container whose cgroup is a systemd scope gets its cpuset through systemd first (SetUnitProperties,
-    # so daemon-reload keeps it); auto: that on cgroup v2; cgroupfs: never (criproxy.node.systemd_cpusets)
+    # so daemon-reload keeps it); auto: that on cgroup v2; cgroupfs: never (nodeagent.node.systemd_cpusets)
     cgroup_driver: str = "auto"
     proc_root: str = "/proc"       # the host's /proc (hostPID)
     cgroup_root: str = "/sys/fs/cgroup"  # the host's cgroup file systems

@@ -4,9 +4,9 @@ request read without decoding the message."""
 
 from __future__ import annotations
 
-from criproxy.decisions.target import TargetResources
 from criproxy.relay import wire
 from criproxy.relay.cri_api import CPU_QUOTA, CPUSET_CPUS, CPUSET_MEMS, UNLIMITED_QUOTA
+from nodeagent.decisions.target import TargetResources
 
 __all__ = ["container_id_of", "with_resources"]
 

@@ -16,10 +16,6 @@ from collections.abc import Mapping
 
 import grpc.aio
 
-from criproxy.decisions.pinning import Pinning
-from criproxy.decisions.resize import Resizer
-from criproxy.decisions.starts import StartGuard
-from criproxy.decisions.target import TargetResources
 from criproxy.intercept.edits import container_id_of, with_resources
 from criproxy.relay import wire
 from criproxy.relay.cri_api import (
@@ -31,6 +27,10 @@ from criproxy.relay.cri_api import (
     RuntimeApi,
 )
 from criproxy.relay.grpc_relay import Forward, Interceptor
+from nodeagent.decisions.pinning import Pinning
+from nodeagent.decisions.resize import Resizer
+from nodeagent.decisions.starts import StartGuard
+from nodeagent.decisions.target import TargetResources
 from protos import cri_pb2
 
 __all__ = ["ProxyInterceptors"]

@@ -26,7 +26,9 @@ MAY_IMPORT = {
 # the subpackages of each product, by concern (docs/architecture.md): a module outside them is wiring (app, cli,
 # config, package docs)
 SUBPACKAGES = {
-    "criproxy": {"relay", "intercept", "decisions", "node", "serve"},
+    # ports and rejection: the node agent's contract with its doors
+    "nodeagent": {"decisions", "node", "serve", "ports", "rejection"},
+    "criproxy": {"relay", "intercept"},
     "webhook": {"https", "admission", "cluster"},
 }
 WIRING = {"__init__", "app", "cli", "config"}

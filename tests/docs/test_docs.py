@@ -174,7 +174,7 @@ def test_documented_error_messages_are_what_numapin_says() -> None:
 
 
 def test_documented_metrics_are_the_metrics() -> None:
-    from criproxy.serve.metrics import ProxyMetrics
+    from nodeagent.serve.metrics import ProxyMetrics
     from webhook.https.metrics import WebhookMetrics
 
     documented = set(_table_fragments("metrics.md"))

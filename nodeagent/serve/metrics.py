@@ -8,7 +8,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from allocator.memory.state import MemoryState
-from criproxy.node.kubelet_drift import CPU_STATIC, ENDPOINT, MEMORY_STATIC, DriftReport
+from nodeagent.node.kubelet_drift import CPU_STATIC, ENDPOINT, MEMORY_STATIC, DriftReport
 
 __all__ = ["ProxyMetrics"]
 

@@ -11,7 +11,7 @@ whose cgroup is not known yet, a write the kernel refuses, or a change of the CF
 ``UpdateContainerResources`` and is waited for. Only containers whose cpuset changes are touched.
 
 On the systemd cgroup driver (``systemd``: a container whose cgroup is a systemd scope on cgroup v2), systemd is
-told first (criproxy.node.systemd_cpusets: it writes the cgroup and re-applies that value on every
+told first (nodeagent.node.systemd_cpusets: it writes the cgroup and re-applies that value on every
 ``daemon-reload``, instead of the stale one it would otherwise put back), then the files are written as above; a
 container systemd refuses goes through ``UpdateContainerResources`` (runc tells systemd too).
 
@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import grpc
 
 from allocator.cpuset import CPUSet
-from criproxy.decisions.gate import PoolGate
-from criproxy.decisions.registry import Registry, Tracked
-from criproxy.node.kernel import CgroupLayout, write_cpusets
-from criproxy.node.records import Record, RecordQueue
-from criproxy.node.systemd_cpusets import SystemdCpusets, unit_of
+from nodeagent.decisions.gate import PoolGate
+from nodeagent.decisions.registry import Registry, Tracked
+from nodeagent.node.kernel import CgroupLayout, write_cpusets
+from nodeagent.node.records import Record, RecordQueue
+from nodeagent.node.systemd_cpusets import SystemdCpusets, unit_of
 from nodeagent.ports import RecordWriter, RuntimeCallError
 from protos import cri_pb2
 

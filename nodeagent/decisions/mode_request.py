@@ -1,5 +1,5 @@
 """A request to change a running pod's CPU mode, as the proxy's two sources deliver it (the API server's watch of
-the node's pods, ``criproxy.decisions.pod_watch``; the local command, ``criproxy.serve.control``), and the answer."""
+the node's pods, ``nodeagent.decisions.pod_watch``; the local command, ``nodeagent.serve.control``), and the answer."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class ModeRequest:
     ``kubelet`` (kubelet's rule). ``pod`` is its model from the API object (None from the local command: the proxy
     reads it from the pod's sandbox). ``first_sight``: the watch sees this pod for the first time since the proxy
     started (a mode equal to the one the pod was created with is then no request, see
-    ``criproxy.decisions.mode_apply``)."""
+    ``nodeagent.decisions.mode_apply``)."""
 
     namespace: str
     name: str

@@ -8,26 +8,41 @@ running proxy (``ProxyView``: ``app.CriProxy`` is one) — this module does not 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, Protocol
 
 from allocator.memory.report import memory_document
 from allocator.node import NodeAllocator, NodeConfig
-from criproxy.config import ProxyConfig
-from criproxy.decisions.mode_apply import ModeApplier
-from criproxy.decisions.registry import Registry
-from criproxy.decisions.resize import Resizer
-from criproxy.node.kubelet_watch import KubeletWatch
+from nodeagent.decisions.mode_apply import ModeApplier
+from nodeagent.decisions.registry import Registry
+from nodeagent.decisions.resize import Resizer
+from nodeagent.node.kubelet_watch import KubeletWatch
 
-__all__ = ["STATUS_VERSION", "ProxyView", "status_document"]
+__all__ = ["STATUS_VERSION", "ProxyView", "StatusConfig", "status_document"]
 
 STATUS_VERSION = 1
+
+
+class StatusConfig(Protocol):
+    """What the document says of the agent's configuration (``criproxy.config.ProxyConfig`` is one)."""
+
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def listen(self) -> str: ...
+    @property
+    def runtime_endpoint(self) -> str: ...
+    @property
+    def state_file(self) -> Path: ...
+    @property
+    def nrt_path(self) -> Path: ...
 
 
 class ProxyView(Protocol):
     """What the status document is made of (the running proxy's parts)."""
 
     @property
-    def config(self) -> ProxyConfig: ...
+    def config(self) -> StatusConfig: ...
     @property
     def node_config(self) -> NodeConfig: ...
     @property
@@ -80,11 +95,11 @@ def status_document(proxy: ProxyView) -> dict[str, Any]:
         "freeCPUsPerNUMA": {str(n): k for n, k in alloc.free_cpus_per_numa().items()},
         "assignments": assignments,
         "containers": containers,
-        # every pod's CPU mode (``changed``: set while it ran, see criproxy.decisions.mode_apply)
+        # every pod's CPU mode (``changed``: set while it ran, see nodeagent.decisions.mode_apply)
         "podModes": proxy.modes.modes(),
-        # kubelet's in-place resizes, newest last (see criproxy.decisions.resize)
+        # kubelet's in-place resizes, newest last (see nodeagent.decisions.resize)
         "resizes": proxy.resizer.recent(),
-        # what the proxy sees of kubelet's configuration (criproxy.node.kubelet_drift)
+        # what the proxy sees of kubelet's configuration (nodeagent.node.kubelet_drift)
         "kubeletDrift": {"checked": proxy.kubelet.checked, **proxy.kubelet.report.to_dict()},
         # the Memory Manager's tables per NUMA node and who holds what (None: memoryManagerPolicy None)
         "memory": None if alloc.memory_state is None else memory_document(alloc.memory_state),

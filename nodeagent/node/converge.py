@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from allocator.cpuset import CPUSet
 from allocator.node import NodeAllocator
 from allocator.topology import Topology
-from criproxy.decisions.registry import Registry, Tracked
-from criproxy.node.cpuset_pusher import CpusetPusher
-from criproxy.node.kernel import CgroupLayout, KernelReader, KernelView, cgroup_of_pid, cgroup_of_spec
+from nodeagent.decisions.registry import Registry, Tracked
+from nodeagent.node.cpuset_pusher import CpusetPusher
+from nodeagent.node.kernel import CgroupLayout, KernelReader, KernelView, cgroup_of_pid, cgroup_of_spec
 from nodeagent.ports import RuntimeCallError, RuntimeReader
 
 __all__ = ["ConvergeReport", "Converger", "Decider", "Decision", "Repair"]

@@ -25,9 +25,9 @@ from typing import TypeVar
 import grpc
 
 from allocator.cpuset import CPUSet
-from criproxy.decisions.registry import Registry, Tracked
-from criproxy.node.converge import Converger, Decision
-from criproxy.node.kernel import KernelView
+from nodeagent.decisions.registry import Registry, Tracked
+from nodeagent.node.converge import Converger, Decision
+from nodeagent.node.kernel import KernelView
 from nodeagent.rejection import Rejection
 
 __all__ = ["StartGuard"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from allocator.cpuset import CPUSet
-from criproxy.decisions.pod_roles import PodRoles
+from nodeagent.decisions.pod_roles import PodRoles
 from protos import cri_pb2
 
 __all__ = ["CriPod", "Registry", "Tracked", "TrackedMode"]

@@ -1,7 +1,7 @@
 """A container's size as kubelet's CFS values state it: the pod after an in-place resize.
 
 kubelet tells the runtime a container's CPU only as CFS values (``cpu_shares`` from the request, ``cpu_quota`` over
-``cpu_period`` from the limit; criproxy.node.cfs has its conversions), on ``UpdateContainerResources`` (a resize) and
+``cpu_period`` from the limit; nodeagent.node.cfs has its conversions), on ``UpdateContainerResources`` (a resize) and
 on ``CreateContainer`` (a container created again after a resize carries the new size, while the pod's
 ``numapin.io/cpu-intent`` annotation, stamped at creation, still states the old one). ``resized_container`` turns
 those values into the container's new request and limit: the limit is exact from the quota (kubelet's quota is
@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from allocator.errors import PodSpecError
 from allocator.pod import ContainerInfo, PodInfo, QOSClass
-from criproxy.node.cfs import (
+from nodeagent.node.cfs import (
     QUOTA_PERIOD,
     milli_cpu_to_quota,
     milli_cpu_to_shares,

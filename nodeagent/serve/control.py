@@ -23,8 +23,8 @@ from typing import Any
 
 from allocator.errors import PodSpecError
 from allocator.mode_change import parse_target
-from criproxy.decisions.mode_request import ModeAnswer, ModeRequest, ModeSink
-from criproxy.relay.socket_server import prepare_socket
+from nodeagent.decisions.mode_request import ModeAnswer, ModeRequest, ModeSink
+from nodeagent.serve.unix_socket import prepare_socket
 
 __all__ = ["MAX_LINE", "ControlServer", "call_control"]
 

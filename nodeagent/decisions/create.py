@@ -24,21 +24,21 @@ from allocator.memory.state import MemoryState
 from allocator.node import PodDecision
 from allocator.pod import PodInfo
 from allocator.state import CPUState
-from criproxy.decisions.allocation import _Allocation, _Flight
-from criproxy.decisions.cri_intent import (
+from nodeagent.decisions.allocation import _Allocation, _Flight
+from nodeagent.decisions.cri_intent import (
     PodIdentity,
     container_from_cri,
     identity_of,
     pod_from_cri,
     qos_from_cgroup_parent,
 )
-from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance
-from criproxy.decisions.registry import CriPod, Tracked, TrackedMode
-from criproxy.decisions.resized_pod import with_cri_size
-from criproxy.decisions.target import TargetResources
-from criproxy.node.cdi import cdi_numa_nodes
-from criproxy.node.cfs import QUOTA_PERIOD
-from criproxy.node.devices import devices_numa_nodes
+from nodeagent.decisions.pod_roles import KIND_ANNOTATION, Instance
+from nodeagent.decisions.registry import CriPod, Tracked, TrackedMode
+from nodeagent.decisions.resized_pod import with_cri_size
+from nodeagent.decisions.target import TargetResources
+from nodeagent.node.cdi import cdi_numa_nodes
+from nodeagent.node.cfs import QUOTA_PERIOD
+from nodeagent.node.devices import devices_numa_nodes
 from nodeagent.ports import RuntimeCallError
 from nodeagent.rejection import Rejection
 from protos import cri_pb2

@@ -18,9 +18,9 @@ from typing import Any
 from allocator.errors import PodSpecError
 from allocator.mode_change import parse_target
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo
-from criproxy.decisions.mode_request import ModeRequest, ModeSink
 from kubeapi.client import api_client
 from kubeapi.watches import run_watches, watch_events
+from nodeagent.decisions.mode_request import ModeRequest, ModeSink
 
 __all__ = ["NodePodWatch"]
 

@@ -21,11 +21,11 @@ from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, decode_intent
 from allocator.node import NodeAllocator
 from allocator.topology import Topology
-from criproxy.decisions.bypass import BypassRule
-from criproxy.decisions.registry import Registry, Tracked
-from criproxy.node.converge import Converger
-from criproxy.node.cpuset_pusher import CpusetPusher
-from criproxy.node.runtime_reads import container_statuses
+from nodeagent.decisions.bypass import BypassRule
+from nodeagent.decisions.registry import Registry, Tracked
+from nodeagent.node.converge import Converger
+from nodeagent.node.cpuset_pusher import CpusetPusher
+from nodeagent.node.runtime_reads import container_statuses
 from nodeagent.ports import RuntimeReader
 from protos import cri_pb2
 

@@ -9,7 +9,7 @@ the scope, runtime, the CPUs and memory nodes as byte-array bitmasks); systemd w
 
 The connection: systemd's private socket ``/run/systemd/private`` (root; no message bus needed), else the system
 bus. One connection, opened on first use and again after a loss; every call bounded in time; the event loop never
-blocks (criproxy.node.dbus_wire).
+blocks (nodeagent.node.dbus_wire).
 
 Which containers: those whose cgroup (cgroup v2) is a ``.scope`` (``driver="auto"``, the default), every scope
 (``"systemd"``), none (``"cgroupfs"``).
@@ -21,7 +21,7 @@ import asyncio
 import logging
 
 from allocator.cpuset import CPUSet
-from criproxy.node.dbus_wire import Bytes, DBusConnection, DBusError, Variant
+from nodeagent.node.dbus_wire import Bytes, DBusConnection, DBusError, Variant
 
 __all__ = ["DRIVERS", "PRIVATE_SOCKET", "SYSTEM_BUS_SOCKET", "SystemdCpusets", "bitmask", "unit_of"]
 

@@ -3,7 +3,7 @@
 
 Order of writes: the memory file first, then the CPU file, both before the runtime hears of a decision. A kill -9
 between the two leaves at most the decision being made in one file only; the start-up reconcile then drops every
-entry, in either file, of a container the runtime does not have (criproxy/decisions/reconcile.py), which is exactly
+entry, in either file, of a container the runtime does not have (nodeagent/decisions/reconcile.py), which is exactly
 that decision (it was never forwarded). A memory file that does not add up (its machine state differs from what
 its entries sum to, or from the machine numapin finds: other memory, other reservations) or is corrupt refuses
 the start and is left untouched, with kubelet's message and the first difference, as kubelet refuses its own

@@ -21,7 +21,7 @@ from typing import Literal
 
 from allocator.bypass import BypassPolicy
 from allocator.pod import BYPASS_ANNOTATION, PodInfo
-from criproxy.decisions.cri_intent import SelfPod
+from nodeagent.decisions.cri_intent import SelfPod
 
 __all__ = ["BypassRule", "BypassVerdict"]
 

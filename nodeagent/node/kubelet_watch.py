@@ -1,4 +1,4 @@
-"""The proxy's watch on kubelet's configuration: ``criproxy.node.kubelet_drift`` read at start and every period,
+"""The proxy's watch on kubelet's configuration: ``nodeagent.node.kubelet_drift`` read at start and every period,
 its findings logged (when they change, and again every tenth check while they last), handed to the metrics, kept
 for ``/status``, and asked by the decisions whether new exclusive admissions must be refused."""
 

@@ -21,13 +21,13 @@ from allocator.checkpoint import CheckpointStore
 from allocator.cpuset import CPUSet
 from allocator.memory.checkpoint import MemoryCheckpointStore
 from allocator.node import NodeAllocator, NodeConfig
-from criproxy.decisions.bypass import BypassRule
-from criproxy.decisions.cri_intent import PodIdentity, SelfPod
-from criproxy.decisions.memory_nodes import MemoryNodes
-from criproxy.decisions.registry import Registry, TrackedMode
-from criproxy.decisions.state_files import save_pair
-from criproxy.node.cdi import DEFAULT_SPEC_DIRS
-from criproxy.node.cpuset_pusher import CpusetPusher
+from nodeagent.decisions.bypass import BypassRule
+from nodeagent.decisions.cri_intent import PodIdentity, SelfPod
+from nodeagent.decisions.memory_nodes import MemoryNodes
+from nodeagent.decisions.registry import Registry, TrackedMode
+from nodeagent.decisions.state_files import save_pair
+from nodeagent.node.cdi import DEFAULT_SPEC_DIRS
+from nodeagent.node.cpuset_pusher import CpusetPusher
 from nodeagent.ports import RuntimeReader
 
 __all__ = ["PinningOptions"]

@@ -3,7 +3,7 @@
 Without the webhook's intent annotation, the proxy learns a pod's containers (what kubelet asked for each,
 and which are init containers) as kubelet creates them. A restarted proxy rebuilds that from the runtime's
 record: the containers of each ready sandbox, their resources, creation and exit times and exit codes
-(criproxy.decisions.pod_roles.replay). A container holding CPUs in the state had its CFS quota lifted: its request is
+(nodeagent.decisions.pod_roles.replay). A container holding CPUs in the state had its CFS quota lifted: its request is
 the number of CPUs it holds. Then an app container can reuse its exited init container's CPUs after a
 restart, as kubelet does.
 """
@@ -14,10 +14,10 @@ import logging
 
 from allocator.intent import INTENT_ANNOTATION
 from allocator.node import NodeAllocator
-from criproxy.decisions.bypass import BypassRule
-from criproxy.decisions.pod_roles import KIND_ANNOTATION, Instance, replay
-from criproxy.decisions.registry import CriPod, Registry
-from criproxy.node.runtime_reads import container_statuses
+from nodeagent.decisions.bypass import BypassRule
+from nodeagent.decisions.pod_roles import KIND_ANNOTATION, Instance, replay
+from nodeagent.decisions.registry import CriPod, Registry
+from nodeagent.node.runtime_reads import container_statuses
 from nodeagent.ports import RuntimeReader
 from protos import cri_pb2
 

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from allocator.cpuset import CPUSet
-from criproxy.decisions.registry import Tracked
+from nodeagent.decisions.registry import Tracked
 
 __all__ = ["Record", "RecordQueue"]
 

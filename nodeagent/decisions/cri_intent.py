@@ -5,7 +5,7 @@ it, numapin estimates what kubelet knew from what CRI carries: the QoS class fro
 parent, the container's CPU request from ``cpu_shares`` and its limit from ``cpu_quota``/``cpu_period``,
 the memory limit from ``memory_limit_in_bytes``, huge pages from ``hugepage_limits``. Containers of the pod
 seen earlier are kept, so the pod model grows as kubelet creates them (CRI never shows the whole pod at once);
-which of them are init containers is learned from the order kubelet creates them (criproxy.decisions.pod_roles).
+which of them are init containers is learned from the order kubelet creates them (nodeagent.decisions.pod_roles).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from allocator.pod import (
     is_bypassed,
     normalize_cpu_manager,
 )
-from criproxy.decisions.pod_roles import PodRoles
-from criproxy.node.cfs import quota_to_milli_cpu, shares_to_milli_cpu
+from nodeagent.decisions.pod_roles import PodRoles
+from nodeagent.node.cfs import quota_to_milli_cpu, shares_to_milli_cpu
 from protos import cri_pb2
 
 __all__ = ["PodIdentity", "SelfPod", "container_from_cri", "hugepages_from_cri", "identity_of", "pod_from_cri",
@@ -128,7 +128,7 @@ def pod_from_cri(req: cri_pb2.CreateContainerRequest,
                  roles: PodRoles | None = None) -> PodInfo:
     """The pod model for ``req``: from the intent annotation if present (PodSpecError if it is bad), else
     from CRI: ``known`` (the resources kubelet asked for each earlier container of the pod, by name) plus this
-    container, with the roles ``roles`` learned (criproxy.decisions.pod_roles; unknown: app).
+    container, with the roles ``roles`` learned (nodeagent.decisions.pod_roles; unknown: app).
 
     Init containers come first (their CPUs pass to the containers after them, as kubelet's CPU manager does),
     then sidecars and app containers in the order they were first created, then this container."""

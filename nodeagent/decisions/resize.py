@@ -60,13 +60,13 @@ from allocator.memory.state import MemoryState
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, QOSClass, is_bypassed, normalize_cpu_manager
 from allocator.resize import ResizeOutcome
 from allocator.state import CPUState
-from criproxy.decisions.cri_intent import container_from_cri, qos_from_cgroup_parent
-from criproxy.decisions.pinning import Pinning
-from criproxy.decisions.registry import Tracked, TrackedMode
-from criproxy.decisions.resized_pod import carries_cpu, cfs_summary, with_cri_size
-from criproxy.decisions.target import TargetResources
-from criproxy.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares, quota_to_milli_cpu
-from criproxy.node.converge import Converger
+from nodeagent.decisions.cri_intent import container_from_cri, qos_from_cgroup_parent
+from nodeagent.decisions.pinning import Pinning
+from nodeagent.decisions.registry import Tracked, TrackedMode
+from nodeagent.decisions.resized_pod import carries_cpu, cfs_summary, with_cri_size
+from nodeagent.decisions.target import TargetResources
+from nodeagent.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares, quota_to_milli_cpu
+from nodeagent.node.converge import Converger
 from nodeagent.ports import RuntimeCallError
 from nodeagent.rejection import Rejection
 from protos import cri_pb2

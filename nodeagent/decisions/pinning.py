@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from criproxy.decisions.create import _Creates
+from nodeagent.decisions.create import _Creates
 
 __all__ = ["Pinning"]
 

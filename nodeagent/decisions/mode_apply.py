@@ -45,12 +45,12 @@ from allocator.memory.state import MemoryState
 from allocator.mode_change import KUBELET_RULE, ModeChange, parse_target
 from allocator.pod import CPU_MANAGER_ANNOTATION, ContainerInfo, PodInfo, QOSClass, qos_class
 from allocator.state import CPUState
-from criproxy.decisions.cri_intent import container_from_cri, qos_from_cgroup_parent
-from criproxy.decisions.mode_request import ModeAnswer, ModeRequest
-from criproxy.decisions.pinning import Pinning
-from criproxy.decisions.registry import Registry, Tracked, TrackedMode
-from criproxy.node.cfs import UNLIMITED_QUOTA, milli_cpu_to_quota
-from criproxy.node.converge import Converger
+from nodeagent.decisions.cri_intent import container_from_cri, qos_from_cgroup_parent
+from nodeagent.decisions.mode_request import ModeAnswer, ModeRequest
+from nodeagent.decisions.pinning import Pinning
+from nodeagent.decisions.registry import Registry, Tracked, TrackedMode
+from nodeagent.node.cfs import UNLIMITED_QUOTA, milli_cpu_to_quota
+from nodeagent.node.converge import Converger
 from nodeagent.ports import RuntimeCallError, RuntimeReader
 from protos import cri_pb2
 
@@ -94,7 +94,7 @@ class ModeApplier:
         self._kick = asyncio.Event()
         self.created: dict[str, str] = {}            # pod uid -> the mode its sandbox was created with (seen)
         self.models: dict[str, PodInfo] = {}         # pod uid -> the pod model of its last change
-        # pod uid -> the pod after its last in-place resize (criproxy.decisions.resize; its intent states the old size)
+        # pod uid -> the pod after its last in-place resize (nodeagent.decisions.resize; its intent states the old size)
         self.resized: Callable[[str], PodInfo | None] = lambda uid: None
 
     # -- requests -----------------------------------------------------------------------------------------
