@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy, stop_process  # noqa: E402
 from benchmarks.timing import stats_ms as stats  # noqa: E402
-from criproxy.serve.control import call_control  # noqa: E402
+from nodeagent.serve.control import call_control  # noqa: E402
 from numapin_lab.cri.client import CRIClient  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
 

@@ -44,7 +44,7 @@ def _fail(msg: str, code: int) -> int:
 def run(args: argparse.Namespace) -> int:
     from allocator.errors import PodSpecError
     from allocator.mode_change import parse_target
-    from criproxy.serve.control import call_control
+    from nodeagent.serve.control import call_control
 
     if args.list:
         if args.pod or args.mode:

@@ -158,7 +158,7 @@ log "numapin layer from $ROOT"
 layer="$WORK/layer"
 site_rel="opt/numapin/lib/python$PYVER/site-packages"
 mkdir -p "$layer/$site_rel" "$layer/usr/local/bin"
-git -C "$ROOT" ls-files -z --cached --others --exclude-standard -- allocator kubeapi criproxy webhook numapin protos | \
+git -C "$ROOT" ls-files -z --cached --others --exclude-standard -- allocator kubeapi nodeagent criproxy webhook numapin protos | \
     tar -C "$ROOT" --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$layer/$site_rel" -xf -
 # the self-contained node install the installer DaemonSet copies to the hosts (manifests/criproxy/installer-daemonset.yaml)
 log "the node install (scripts/build-node.sh) at /usr/share/numapin/node"

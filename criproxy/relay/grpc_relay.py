@@ -28,6 +28,7 @@ import grpc.aio
 from google.protobuf.message import DecodeError
 
 from criproxy.relay.wire import WireError
+from nodeagent.rejection import Rejection
 
 __all__ = [
     "CRI_SERVICES",
@@ -137,22 +138,6 @@ class Upstream:
         if self._sync_channel is not None:
             self._sync_channel.close()
         await self.channel.close()
-
-
-class Rejection(Exception):
-    """Raised by an interceptor to answer the caller with an error without forwarding anything.
-
-    A plain exception, not a frozen dataclass: Python assigns ``__traceback__`` on the way out of a context manager
-    (the pool gate's), which a frozen dataclass refuses, and the caller got INTERNAL "FrozenInstanceError" instead
-    of the rejection."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(code, message)
-        self.code = code
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class _Replies:

@@ -7,11 +7,7 @@ asyncio gRPC server (the in-memory lab runtime).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import os
-import socket
-import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,6 +15,7 @@ import grpc
 import grpc.aio
 
 from criproxy.relay.grpc_relay import MAX_MESSAGE, RelayHandler
+from nodeagent.serve.unix_socket import SocketInUseError, prepare_socket
 
 __all__ = ["RelayServer", "SocketInUseError", "listen_path", "prepare_socket", "start_relay_server", "start_server"]
 
@@ -33,10 +30,6 @@ _SERVER_OPTIONS = (
 )
 
 
-class SocketInUseError(RuntimeError):
-    """Another live server owns the socket path, or the path is not a socket."""
-
-
 def listen_path(listen: str) -> str:
     """The filesystem path of ``unix:///path``, ``unix:/path`` or ``/path``."""
     for prefix in ("unix://", "unix:"):
@@ -46,30 +39,6 @@ def listen_path(listen: str) -> str:
     if not listen.startswith("/"):
         raise ValueError(f"listen address {listen!r}: expected an absolute unix socket path")
     return listen
-
-
-def prepare_socket(path: str) -> None:
-    """Make ``path`` free for a new server: remove a stale socket, refuse when something answers on it."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-        return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise SocketInUseError(f"{path} exists and is not a socket; refusing to replace it")
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.settimeout(1.0)
-        s.connect(path)
-    except OSError as e:
-        if e.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            return
-        raise SocketInUseError(f"{path}: cannot tell whether a server owns it: {e}") from e
-    finally:
-        s.close()
-    raise SocketInUseError(f"{path}: another server is listening on it; refusing to start")
 
 
 async def start_server(path: str, handlers: Sequence[grpc.GenericRpcHandler]

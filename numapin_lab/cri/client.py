@@ -100,7 +100,7 @@ class CRIClient:
                          command: Sequence[str] = ("sleep", "3600"), image: str = BUSYBOX, attempt: int = 0,
                          devices: Sequence[pb.Device] = (), cpuset_cpus: str = "") -> pb.ContainerConfig:
         """A container config as kubelet sends it (no cpuset with cpuManagerPolicy none)."""
-        from criproxy.node.cfs import milli_cpu_to_quota, milli_cpu_to_shares
+        from nodeagent.node.cfs import milli_cpu_to_quota, milli_cpu_to_shares
         shares = milli_cpu_to_shares(cpu_milli or 0)
         period = 100000
         quota = milli_cpu_to_quota(limit_milli, period) if limit_milli else 0

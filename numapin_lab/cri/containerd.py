@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from criproxy.node.kernel import KernelRoots, cgroup_of_pid
+from nodeagent.node.kernel import KernelRoots, cgroup_of_pid
 
 from . import ledger
 from .cgroups import existing_cgroup_dirs, processes_in, remove_cgroup

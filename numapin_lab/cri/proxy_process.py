@@ -21,7 +21,7 @@ from ..warm_start import PROXY_MODULES, discard, launch, spawn_warm
 __all__ = ["ProxyProcess", "free_port"]
 
 ROOT = Path(__file__).resolve().parents[2]
-WARM_MODULES = (*PROXY_MODULES, "criproxy.serve.http_server")  # this proxy serves /status
+WARM_MODULES = (*PROXY_MODULES, "nodeagent.serve.http_server")  # this proxy serves /status
 
 
 def free_port() -> int:

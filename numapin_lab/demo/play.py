@@ -304,7 +304,7 @@ class Demo:
     async def _live_transition(self, api: AdmissionClient, db: dict[str, Any]) -> None:
         """db exclusive -> share while it runs (kubectl annotate; the node told on its control socket, as
         `numapin mode` does), with the real Cpus_allowed_list before and after; then back to exclusive."""
-        from criproxy.serve.control import call_control
+        from nodeagent.serve.control import call_control
 
         say("")
         say("   A live change of mode, without restarting db: kubectl annotate pod db "

@@ -1,6 +1,7 @@
-"""The product packages hold product code: no module of allocator/, criproxy/, webhook/ or numapin/ imports the lab
-(``numapin_lab``: the demo's and the tests' stack) at import time. ``numapin demo`` imports it inside its ``run``,
-so the proxy, the webhook and every other command load without it (the container image ships without it)."""
+"""The product packages hold product code: no module of allocator/, nodeagent/, criproxy/, webhook/ or numapin/
+imports the lab (``numapin_lab``: the demo's and the tests' stack) at import time. ``numapin demo`` imports it inside
+its ``run``, so the proxy, the webhook and every other command load without it (the container image ships without
+it)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from tests.architecture.test_import_cycles import REPO, module_name
 
-PRODUCT = ("allocator", "kubeapi", "criproxy", "webhook", "numapin", "protos")
+PRODUCT = ("allocator", "kubeapi", "nodeagent", "criproxy", "nriplugin", "webhook", "numapin", "protos")
 LAB = "numapin_lab"
 # the one module allowed to import the lab, and only inside a function: the demo command
 LAZY_USERS = {"numapin.cmd_demo"}

@@ -17,7 +17,7 @@ from allocator.cpuset import CPUSet
 from allocator.errors import ConfigError
 from criproxy.app import CriProxy
 from criproxy.config import load_config
-from criproxy.decisions.mode_request import ModeRequest
+from nodeagent.decisions.mode_request import ModeRequest
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 from tests.criproxy.test_pinning import created_resources, proxy_config, run_pod

@@ -17,7 +17,7 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from criproxy.app import CriProxy
-from criproxy.node.cdi import CDIProblem, cdi_numa_nodes, load_specs, resolve
+from nodeagent.node.cdi import CDIProblem, cdi_numa_nodes, load_specs, resolve
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 from tests.criproxy.test_pinning import created_resources, proxy_config

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from criproxy.node.cfs import milli_cpu_to_quota, milli_cpu_to_shares, quota_to_milli_cpu, shares_to_milli_cpu
+from nodeagent.node.cfs import milli_cpu_to_quota, milli_cpu_to_shares, quota_to_milli_cpu, shares_to_milli_cpu
 
 
 def test_kubelet_values() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.decisions.cri_intent import container_from_cri, pod_from_cri, qos_from_cgroup_parent
-from criproxy.node.devices import device_numa_node, devices_numa_nodes
+from nodeagent.decisions.cri_intent import container_from_cri, pod_from_cri, qos_from_cgroup_parent
+from nodeagent.node.devices import device_numa_node, devices_numa_nodes
 from protos import cri_pb2
 
 

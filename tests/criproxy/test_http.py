@@ -26,8 +26,8 @@ from prometheus_client import CollectorRegistry, Counter
 from allocator.errors import ConfigError
 from criproxy.app import CriProxy
 from criproxy.config import load_config
-from criproxy.serve.http_server import ProxyHttpServer
-from criproxy.serve.status import status_document
+from nodeagent.serve.http_server import ProxyHttpServer
+from nodeagent.serve.status import status_document
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 from numapin_lab.systemd_vm import THREAD_PREFIX as VM_THREAD_PREFIX

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from allocator.cpuset import CPUSet
-from criproxy.decisions.gate import PoolGate
-from criproxy.node.kernel import (
+from nodeagent.decisions.gate import PoolGate
+from nodeagent.node.kernel import (
     CgroupLayout,
     KernelReader,
     KernelRoots,

@@ -18,7 +18,7 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from criproxy.app import CriProxy
-from criproxy.node.kubelet_drift import CPU_STATIC, ENDPOINT, MEMORY_STATIC, KubeletPaths, check_kubelet, same_socket
+from nodeagent.node.kubelet_drift import CPU_STATIC, ENDPOINT, MEMORY_STATIC, KubeletPaths, check_kubelet, same_socket
 from numapin.node_status import from_proxy_status, render_text
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.memory_runtime import MemoryRuntime
@@ -178,7 +178,7 @@ async def test_the_proxy_refuses_new_exclusive_admissions_while_kubelet_s_cpu_ma
 async def test_a_mode_change_to_exclusive_is_refused_too_while_kubelet_drifts(
         short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path) -> None:
     from allocator.pod import CPU_MANAGER_ANNOTATION
-    from criproxy.decisions.mode_request import ModeRequest
+    from nodeagent.decisions.mode_request import ModeRequest
 
     root = short_tmp / "kubelet"
     root.mkdir()

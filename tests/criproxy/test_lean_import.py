@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("aiohttp", "yaml", "criproxy.serve.http_server")
+HEAVY = ("aiohttp", "yaml", "nodeagent.serve.http_server")
 
 
 def imported_after(*modules: str) -> set[str]:
@@ -30,4 +30,4 @@ def test_the_proxys_modules_import_no_http_server_or_yaml() -> None:
 
 def test_the_http_server_brings_aiohttp() -> None:
     """The check above can fail: the module it keeps out does import aiohttp."""
-    assert "aiohttp" in imported_after("criproxy.serve.http_server")
+    assert "aiohttp" in imported_after("nodeagent.serve.http_server")

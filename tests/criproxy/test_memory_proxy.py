@@ -394,7 +394,7 @@ async def test_a_live_mode_change_moves_the_memory_with_the_cpus(
     (accounted whatever its mode, as kubelet)."""
     from allocator.intent import INTENT_ANNOTATION, encode_intent
     from allocator.pod import CPU_MANAGER_ANNOTATION, ContainerInfo, PodInfo
-    from criproxy.decisions.mode_request import ModeRequest
+    from nodeagent.decisions.mode_request import ModeRequest
 
     async def run_in(name: str, qos: str, cfg: pb.ContainerConfig, intent: PodInfo | None = None) -> str:
         annotations = {CPU_MANAGER_ANNOTATION: "none"}

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from criproxy.decisions.mode_request import ModeAnswer, ModeRequest
-from criproxy.decisions.pod_watch import NodePodWatch
-from criproxy.serve.control import ControlServer, call_control
+from nodeagent.decisions.mode_request import ModeAnswer, ModeRequest
+from nodeagent.decisions.pod_watch import NodePodWatch
+from nodeagent.serve.control import ControlServer, call_control
 from numapin_lab.cri.ledger import scratch_dir
 from tests.webhook.fake_kube import PODS_PATH, FakeKubeAPI
 from tests.webhook.test_api_sources import until

@@ -16,7 +16,7 @@ import pytest
 from allocator.cpuset import CPUSet
 from criproxy.app import CriProxy
 from criproxy.config import load_config
-from criproxy.decisions.mode_request import ModeRequest
+from nodeagent.decisions.mode_request import ModeRequest
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 

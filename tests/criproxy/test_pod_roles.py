@@ -1,4 +1,4 @@
-"""Init containers as the proxy learns them from CRI (criproxy.decisions.pod_roles), driving NodeAllocator alone: only
+"""Init containers as the proxy learns them from CRI (nodeagent.decisions.pod_roles), driving NodeAllocator alone: only
 init containers' CPUs pass to later containers; a crashed app container keeps its CPUs while it is down."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from allocator.cpuset import CPUSet
 from allocator.node import NodeAllocator, NodeConfig
 from allocator.pod import ContainerInfo, PodInfo
 from allocator.topology import Topology
-from criproxy.decisions.pod_roles import Instance, PodRoles, replay
+from nodeagent.decisions.pod_roles import Instance, PodRoles, replay
 from tests.criproxy.conftest import make_sysfs
 
 

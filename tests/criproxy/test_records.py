@@ -9,8 +9,8 @@ import asyncio
 import random
 
 from allocator.cpuset import CPUSet
-from criproxy.decisions.registry import Tracked
-from criproxy.node.records import Record, RecordQueue
+from nodeagent.decisions.registry import Tracked
+from nodeagent.node.records import Record, RecordQueue
 
 
 def tracked(i: int) -> Tracked:

@@ -1,4 +1,4 @@
-"""criproxy.node.systemd_cpusets and its D-Bus client (criproxy.node.dbus_wire) against a real message bus: a
+"""nodeagent.node.systemd_cpusets and its D-Bus client (nodeagent.node.dbus_wire) against a real message bus: a
 private dbus-daemon (no systemd runs as PID 1 here), its ``dbus-monitor`` decoding what the proxy sent. That the
 call does what it should to systemd is proven in the systemd VM (tests/numa/guest/test_systemd_driver.py)."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from allocator.cpuset import CPUSet
-from criproxy.node.dbus_wire import DBusConnection
-from criproxy.node.systemd_cpusets import SystemdCpusets, bitmask, unit_of
+from nodeagent.node.dbus_wire import DBusConnection
+from nodeagent.node.systemd_cpusets import SystemdCpusets, bitmask, unit_of
 
 CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">

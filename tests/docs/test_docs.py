@@ -22,7 +22,7 @@ from numapin.cli import SUBCOMMANDS, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-SOURCES = ("allocator", "kubeapi", "criproxy", "webhook", "numapin", "numapin_lab")
+SOURCES = ("allocator", "kubeapi", "nodeagent", "criproxy", "nriplugin", "webhook", "numapin", "numapin_lab")
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def test_documented_error_messages_are_what_numapin_says() -> None:
 
 
 def test_documented_metrics_are_the_metrics() -> None:
-    from criproxy.serve.metrics import ProxyMetrics
+    from nodeagent.serve.metrics import ProxyMetrics
     from webhook.https.metrics import WebhookMetrics
 
     documented = set(_table_fragments("metrics.md"))

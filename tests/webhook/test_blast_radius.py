@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from allocator.intent import INTENT_ANNOTATION, decode_intent, encode_intent
 from allocator.memory.requests import container_requests
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, container_mode
-from criproxy.decisions.cri_intent import pod_from_cri
-from criproxy.decisions.pod_roles import PodRoles
+from nodeagent.decisions.cri_intent import pod_from_cri
+from nodeagent.decisions.pod_roles import PodRoles
 from numapin_lab.cri.client import CRIClient
 from protos import cri_pb2
 from tests.webhook.apiserver_dispatch import Request, Unreachable, Webhook, admit, compiled, load_webhooks, matched

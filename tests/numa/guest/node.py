@@ -25,7 +25,7 @@ import grpc.aio
 
 from allocator.cpuset import CPUSet
 from allocator.quantity import cpu_milli
-from criproxy.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares
+from nodeagent.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares
 from numapin.proc_cpus import cgroup_file, process_cpus
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab
@@ -308,7 +308,7 @@ class GuestNode:
 
     def set_mode(self, name: str, mode: str) -> dict[str, Any]:
         """``numapin mode default/NAME MODE`` through the proxy's control socket; its answer."""
-        from criproxy.serve.control import call_control
+        from nodeagent.serve.control import call_control
 
         return self._do(f"mode {name} {mode}", lambda: call_control(
             self.control_socket, {"op": "set-mode", "pod": f"default/{name}", "mode": mode}, timeout=120))

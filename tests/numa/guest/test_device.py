@@ -11,7 +11,7 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from criproxy.node.devices import device_numa_node
+from nodeagent.node.devices import device_numa_node
 from tests.numa.guest.node import GuestNode, NodeConfig
 from tests.numa.shapes import DEVICE_PORT, Shape
 
