@@ -12,7 +12,7 @@ import pytest
 
 from tests.architecture.test_import_cycles import REPO, module_name
 
-PRODUCT = ("allocator", "kubeapi", "criproxy", "webhook", "numapin", "protos")
+PRODUCT = ("allocator", "kubeapi", "criproxy", "webhook", "nriplugin", "numapin", "protos")
 LAB = "numapin_lab"
 # the one module allowed to import the lab, and only inside a function: the demo command
 LAZY_USERS = {"numapin.cmd_demo"}
