@@ -182,9 +182,9 @@ async def test_an_unsupported_runtime_is_refused_with_its_name_and_version(peer:
     assert recorder.connected == []
 
 
-async def test_waits_for_an_absent_socket_and_reconnects_after_the_runtime_closes(short_tmp: Path,
+async def test_waits_for_an_absent_socket_and_reconnects_after_the_runtime_closes(peer: Peer,
                                                                                  recorder: Recorder) -> None:
-    path = str(short_tmp / "later.sock")
+    path = str(Path(peer.path).with_name("later.sock"))
     plugin = NriPlugin(PluginConfig(path, backoff=FAST), recorder)
     task = asyncio.create_task(plugin.run())
     peer = await Peer(path).start()  # the runtime starts after the plugin
