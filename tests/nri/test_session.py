@@ -297,3 +297,23 @@ async def test_the_subscription_never_leaves_nri_v0_8s_events(peer: Peer) -> Non
     finally:
         await plugin.stop()
         await asyncio.wait_for(task, 30)
+
+
+async def test_a_failed_synchronize_closes_and_registers_again(peer: Peer, plugin: NriPlugin,
+                                                              recorder: Recorder) -> None:
+    async def refuse(ctx: Any, request: Any) -> Any:
+        recorder.answers.pop("Synchronize")  # the next connection's goes through
+        raise PluginError(Code.FAILED_PRECONDITION, "numapin: state directory unreadable")
+
+    recorder.answers["Synchronize"] = refuse
+    conn = await peer.accept()
+    stream, _ = await conn.plugin_call()
+    sid = conn.send_call("Configure", nri_pb2.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
+    conn.reply(stream, b"")
+    assert (await conn.response(sid)).status.code == 0
+    resp = await conn.response(conn.send_call("Synchronize", nri_pb2.SynchronizeRequest()))
+    assert (resp.status.code, resp.status.message) == (Code.FAILED_PRECONDITION, "numapin: state directory unreadable")
+    assert await conn.closed_by_plugin()  # NRI v0.6.1 would keep it open and never send an event
+    await (await peer.accept()).handshake()
+    await plugin.wait_synchronized(1)
+    assert "Synchronize with an error" in recorder.disconnected[0]
