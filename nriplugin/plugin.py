@@ -91,7 +91,10 @@ class NriPlugin:
                 watcher.cancel()
                 self.session = None
                 if session.runtime is not None:
-                    await self.handler.on_disconnected(self.closed[-1] if self.closed else "stopped")
+                    try:
+                        await self.handler.on_disconnected(self.closed[-1] if self.closed else "stopped")
+                    except Exception as e:  # the handler's bug must not end the plugin
+                        self.log.error("the handler's on_disconnected failed: %r", e)
             if reason is not None:
                 raise reason
             attempt = 0 if session.synchronized.is_set() else attempt + 1

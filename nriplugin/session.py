@@ -179,9 +179,11 @@ class Session:
         except PluginError as e:
             self.log.info("answered %s (stream %d) with %s: %s", ctx.method, ctx.stream_id, e.code.name, e.message)
             data = encode_error(e.code, e.message)
+            self._after_failed(ctx.method, e.message)
         except Exception as e:  # the handler's bug: the runtime gets an error, the session goes on
             self.log.error("the handler failed on %s (stream %d): %r", ctx.method, ctx.stream_id, e)
             data = encode_error(Code.INTERNAL, f"numapin's NRI plugin failed on {ctx.method}: {e}")
+            self._after_failed(ctx.method, repr(e))
         if len(data) > MAX_MESSAGE:
             self.log.error("the answer to %s (stream %d) is %d bytes, over ttrpc's %d: answered RESOURCE_EXHAUSTED",
                            ctx.method, ctx.stream_id, len(data), MAX_MESSAGE)
@@ -195,6 +197,12 @@ class Session:
             self.synchronized.set()
         if self._reason is not None:
             self.trunk.close()
+
+    def _after_failed(self, method: str, why: str) -> None:
+        """A failed Synchronize leaves the plugin out of the runtime's list (NRI v0.6.1 even keeps the connection
+        open and sends no events): close after answering, so that the plugin registers again."""
+        if method == "Synchronize" and self._reason is None:
+            self._reason = ConnectionClosed(f"closed after answering Synchronize with an error ({why})")
 
     async def _answer(self, stream_id: int, data: bytes) -> None:
         with contextlib.suppress(ConnectionClosed, OSError):

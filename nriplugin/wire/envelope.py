@@ -4,6 +4,7 @@ a Response carries a status and, on success only, the serialized response."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -50,19 +51,19 @@ def encode_error(code: int, message: str) -> bytes:
     return bytes(ttrpc_pb2.Response(status=ttrpc_pb2.Status(code=code, message=message)).SerializeToString())
 
 
-def decode_call(data: bytes, where: str) -> Call:
+def _decode(kind: Any, data: bytes, where: str) -> Any:
     try:
-        req = ttrpc_pb2.Request.FromString(data)
+        return kind.FromString(data)
     except DecodeError as e:
-        raise ProtocolError(f"a ttrpc Request envelope of {len(data)} bytes on {where} that does not decode "
+        raise ProtocolError(f"a ttrpc {kind.__name__} envelope of {len(data)} bytes on {where} that does not decode "
                             f"({e})") from None
+
+
+def decode_call(data: bytes, where: str) -> Call:
+    req = _decode(ttrpc_pb2.Request, data, where)
     return Call(req.service, req.method, req.payload, req.timeout_nano)
 
 
 def decode_reply(data: bytes, where: str) -> Reply:
-    try:
-        resp = ttrpc_pb2.Response.FromString(data)
-    except DecodeError as e:
-        raise ProtocolError(f"a ttrpc Response envelope of {len(data)} bytes on {where} that does not decode "
-                            f"({e})") from None
+    resp = _decode(ttrpc_pb2.Response, data, where)
     return Reply(resp.status.code, resp.status.message, resp.payload)

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,17 +15,15 @@ FAST = Backoff(initial=0.01, factor=2, cap=0.05, jitter=0.5)
 
 
 @pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    d = scratch_dir("nri-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-async def peer(short_tmp: Path) -> AsyncIterator[Peer]:
-    p = await Peer(str(short_tmp / "nri.sock")).start()
-    yield p
-    await p.stop()
+async def peer() -> AsyncIterator[Peer]:
+    """The test runtime listening on ``nri.sock`` in a new short directory (unix socket paths are short)."""
+    where = scratch_dir("nri-")
+    p = await Peer(str(where / "nri.sock")).start()
+    try:
+        yield p
+    finally:
+        await p.stop()
+        shutil.rmtree(where, ignore_errors=True)
 
 
 @pytest.fixture

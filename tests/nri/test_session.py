@@ -182,9 +182,9 @@ async def test_an_unsupported_runtime_is_refused_with_its_name_and_version(peer:
     assert recorder.connected == []
 
 
-async def test_waits_for_an_absent_socket_and_reconnects_after_the_runtime_closes(short_tmp: Path,
+async def test_waits_for_an_absent_socket_and_reconnects_after_the_runtime_closes(peer: Peer,
                                                                                  recorder: Recorder) -> None:
-    path = str(short_tmp / "later.sock")
+    path = str(Path(peer.path).with_name("later.sock"))
     plugin = NriPlugin(PluginConfig(path, backoff=FAST), recorder)
     task = asyncio.create_task(plugin.run())
     peer = await Peer(path).start()  # the runtime starts after the plugin
@@ -297,3 +297,23 @@ async def test_the_subscription_never_leaves_nri_v0_8s_events(peer: Peer) -> Non
     finally:
         await plugin.stop()
         await asyncio.wait_for(task, 30)
+
+
+async def test_a_failed_synchronize_closes_and_registers_again(peer: Peer, plugin: NriPlugin,
+                                                              recorder: Recorder) -> None:
+    async def refuse(ctx: Any, request: Any) -> Any:
+        recorder.answers.pop("Synchronize")  # the next connection's goes through
+        raise PluginError(Code.FAILED_PRECONDITION, "numapin: state directory unreadable")
+
+    recorder.answers["Synchronize"] = refuse
+    conn = await peer.accept()
+    stream, _ = await conn.plugin_call()
+    sid = conn.send_call("Configure", nri_pb2.ConfigureRequest(runtime_name="containerd", runtime_version="1.7.24"))
+    conn.reply(stream, b"")
+    assert (await conn.response(sid)).status.code == 0
+    resp = await conn.response(conn.send_call("Synchronize", nri_pb2.SynchronizeRequest()))
+    assert (resp.status.code, resp.status.message) == (Code.FAILED_PRECONDITION, "numapin: state directory unreadable")
+    assert await conn.closed_by_plugin()  # NRI v0.6.1 would keep it open and never send an event
+    await (await peer.accept()).handshake()
+    await plugin.wait_synchronized(1)
+    assert "Synchronize with an error" in recorder.disconnected[0]

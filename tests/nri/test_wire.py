@@ -148,3 +148,23 @@ def test_start_up_check_names_the_runtime_its_version_and_what_is_missing() -> N
         check_runtime(_info("containerd", "dev"))
     with pytest.raises(UnsupportedRuntime, match="did not say its name"):
         check_runtime(_info("", "1.0"))
+
+
+def _bytes_field(number: int, data: bytes) -> bytes:
+    assert len(data) < 128
+    return bytes([number << 3 | 2, len(data)]) + data
+
+
+def test_newer_runtimes_fields_are_tolerated_and_kept() -> None:
+    from protos import nri_pb2
+
+    # a v0.12 runtime's ConfigureRequest (NRI_version = 6) and a Container with fields numapin does not describe
+    # (newer ones such as 14 and 15; mounts = 9 with a sub-message)
+    configure = nri_pb2.ConfigureRequest(runtime_name="containerd", runtime_version="2.4.0").SerializeToString()
+    configure += _bytes_field(6, b"v0.12.2")
+    assert nri_pb2.ConfigureRequest.FromString(configure).runtime_version == "2.4.0"
+    container = nri_pb2.Container(id="c1", name="app").SerializeToString()
+    container += _bytes_field(9, b"\x0a\x01/") + bytes([14 << 3, 42]) + _bytes_field(15, b"busybox")
+    request = nri_pb2.CreateContainerRequest.FromString(_bytes_field(2, container))
+    assert request.container.id == "c1"
+    assert request.SerializeToString() == _bytes_field(2, container)
