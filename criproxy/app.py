@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 from allocator.checkpoint import CheckpointStore
 from allocator.node import NodeAllocator, NodeConfig, NodeParts
 from criproxy.config import ProxyConfig
-from criproxy.intercept.cri_runtime import CriRuntime
 from criproxy.intercept.interceptors import ProxyInterceptors
 from criproxy.relay.conn_limits import ConnectionLimits
 from criproxy.relay.cri_api import RuntimeApi
@@ -26,6 +25,7 @@ from nodeagent.decisions.resize import Resizer
 from nodeagent.decisions.starts import StartGuard
 from nodeagent.node.converge import Converger, Decision
 from nodeagent.node.cpuset_pusher import CpusetPusher
+from nodeagent.node.cri_runtime import CriRuntime
 from nodeagent.node.kubelet_watch import KubeletWatch
 from nodeagent.serve.metrics import ProxyMetrics
 
@@ -125,7 +125,8 @@ class CriProxy:
     async def start(self) -> CriProxy:
         cfg = self.config
         upstream = self._upstream = Upstream(cfg.runtime_endpoint)
-        runtime = CriRuntime(upstream, self.api)  # the node agent's ports: reads and record writes
+        # the node agent's ports: reads and record writes
+        runtime = CriRuntime(lambda m, r, t: upstream.call(m, r, timeout=t), self.api.method)
         # the CRI version the proxy's own calls use, learnt before the start-up reconcile
         await self.agent.start(runtime, runtime, view=self, first_contact=lambda: self.api.detect(upstream.call))
         interceptors = ProxyInterceptors(self.pinning, self.resizer, self.starts, self.api).table()

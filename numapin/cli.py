@@ -16,6 +16,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("topology", "numapin.cmd_topology"),
     ("plan", "numapin.cmd_plan"),
     ("criproxy", "criproxy.cli"),
+    ("nri", "nriplugin.cli"),
     ("webhook", "webhook.cli"),
     ("certs", "webhook.https.certs_cli"),
     ("status", "numapin.cmd_status"),

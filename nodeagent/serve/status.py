@@ -103,5 +103,7 @@ def status_document(proxy: ProxyView) -> dict[str, Any]:
         "kubeletDrift": {"checked": proxy.kubelet.checked, **proxy.kubelet.report.to_dict()},
         # the Memory Manager's tables per NUMA node and who holds what (None: memoryManagerPolicy None)
         "memory": None if alloc.memory_state is None else memory_document(alloc.memory_state),
+        # the door's own state (the NRI plugin: its connection to the runtime; None for the proxy)
+        "door": door() if callable(door := getattr(proxy, "door_status", None)) else None,
     }
 

@@ -56,11 +56,15 @@ class ProxyProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def spawn(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        args = ["criproxy", "--listen", self.socket, "--runtime-endpoint", f"unix://{self.runtime_socket}",
+    def command(self) -> list[str]:
+        """``numapin``'s arguments for this door."""
+        return ["criproxy", "--listen", self.socket, "--runtime-endpoint", f"unix://{self.runtime_socket}",
                 "--state-dir", str(self.state_dir), "--sysfs", self.sysfs, "--reserved-cpus", self.reserved_cpus,
                 "--metrics-address", f"127.0.0.1:{self.port}", "--node-name", "lab", *self.extra_args]
+
+    def spawn(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        args = self.command()
         launched = False
         if self.warm and self._next is not None:
             proc, self._next = self._next, None
