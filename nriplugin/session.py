@@ -262,6 +262,10 @@ class Session:
         out.CopyFrom(answer)
         out.more = False
         self._sync_answered = True
+        runtime = self.runtime
+        self.log.info("NRI plugin %s-%s synchronized with %s %s: %d pods, %d containers (%d messages), %d updates",
+                      self.index, self.name, runtime.name if runtime else "?", runtime.version if runtime else "?",
+                      len(whole.pods), len(whole.containers), len(chunks), len(out.update))
         return bytes(out.SerializeToString())
 
     # -- our calls to the runtime (ConnID 2) ------------------------------------------------------------------

@@ -104,6 +104,8 @@ async def test_pinning_through_nri_judged_from_the_kernel(nri_lab: ContainerdLab
                 raise PluginError(Code.RESOURCE_EXHAUSTED, "numapin test: no CPUs left for refused")
             adjust = nri_pb2.ContainerAdjustment(linux=nri_pb2.LinuxContainerAdjustment(
                 resources=_cpus("1" if name == "second" else "0", "0")))
+            if name == "first":  # an answer over Go's 4096-byte read buffer: sent as header, then whole payload
+                adjust.annotations["numapin.test/padding"] = "x" * 100_000
             others = [_update(first["id"], "0")] if name == "second" else []
             return nri_pb2.CreateContainerResponse(adjust=adjust, update=others)
 
@@ -112,6 +114,8 @@ async def test_pinning_through_nri_judged_from_the_kernel(nri_lab: ContainerdLab
         first["id"] = a
         await cri.start_container(a)
         assert await _kernel(truth, a) == ("0", "0")
+        status = await cri.container_status(a, verbose=True)
+        assert "numapin.test/padding" in status.info.get("info", "")  # the big answer arrived whole
         created = await rec.wait_for("CreateContainer", lambda r: r.container.name == "first")
         assert created.pod.id == pod and created.container.linux.resources.cpu.cpus == ""
 
