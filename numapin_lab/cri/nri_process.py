@@ -36,14 +36,14 @@ class NriProcess(ProxyProcess):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"numapin nri exited {self.proc.returncode}:\\n{self.log_tail()}")
+                raise RuntimeError(f"numapin nri exited {self.proc.returncode}:\n{self.log_tail()}")
             st = self.status(timeout=2.0)
             door = (st or {}).get("door") or {}
-            if st is not None and st.get("reconciled") and door.get("synchronized") \\
+            if st is not None and st.get("reconciled") and door.get("synchronized") \
                     and door.get("connections", 0) >= connections:
                 return st
             time.sleep(0.05)
-        raise RuntimeError(f"numapin nri was not synchronized within {timeout:g} s:\\n{self.log_tail()}")
+        raise RuntimeError(f"numapin nri was not synchronized within {timeout:g} s:\n{self.log_tail()}")
 
     def start(self, timeout: float = 120.0) -> dict[str, Any]:
         self.spawn()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,36 +17,12 @@ import pytest
 
 from nriplugin import Backoff, Code, Event, NriPlugin, PluginConfig, PluginError
 from numapin_lab.cri.client import CRIClient, pb
-from numapin_lab.cri.containerd import PAUSE_IMAGE, ContainerdLab, scratch_lab
-from numapin_lab.cri.containerd_versions import containerd_bin_dir
+from numapin_lab.cri.containerd import ContainerdLab
 from numapin_lab.cri.kernel_truth import KernelTruth
 from protos import nri_pb2
 from tests.nri.recorder import Recorder
 
 pytestmark = pytest.mark.containerd
-
-VERSIONS = ("1.7", "2.x")
-
-
-@pytest.fixture(scope="session", params=VERSIONS, ids=[f"containerd{v}" for v in VERSIONS])
-def nri_lab(request: pytest.FixtureRequest) -> Iterator[ContainerdLab]:
-    """One containerd with NRI on per version for the session (a missing one fails the test, never skips)."""
-    with scratch_lab("nri-lab-", containerd_bin_dir(str(request.param)), nri=True) as lab:
-        yield lab
-
-
-@pytest.fixture
-async def cri(nri_lab: ContainerdLab) -> AsyncIterator[CRIClient]:
-    async with CRIClient(nri_lab.socket) as client:
-        # containerd 2.x's CRI learns of the images the lab imported through events, a moment after the import: a
-        # pod run at once can find no pause image (seen once here)
-        for _ in range(300):
-            if PAUSE_IMAGE in {t for i in await client.list_images() for t in i.repo_tags}:
-                break
-            await asyncio.sleep(0.1)
-        yield client
-    await nri_lab.remove_all_pods()
-
 
 def _cpus(cpus: str, mems: str = "") -> nri_pb2.LinuxResources:
     return nri_pb2.LinuxResources(cpu=nri_pb2.LinuxCPU(cpus=cpus, mems=mems))
