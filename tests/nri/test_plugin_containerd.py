@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc.aio
 import pytest
@@ -26,6 +29,8 @@ from numapin_lab.cri.nri_process import NriProcess
 from tests.criproxy.test_e2e_containerd import EXCL, SHARED, cfs_quota, cpus_of, delete_pod, pid_of, start_pod
 
 pytestmark = pytest.mark.containerd
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 
@@ -162,3 +167,33 @@ async def test_containerd_restarted_with_pods_running(cri: CRIClient, plugin: Nr
         _, db2 = await start_pod(again, "db2", 1000, 1000)
         assert cpus_of(await pid_of(again, db2)) == (EXCL, EXCL)
         assert cpus_of(web_pid) == (SHARED, SHARED)
+
+
+def _numapin(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "numapin", *args], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+async def test_live_mode_change_and_status_through_nri(cri: CRIClient, plugin: NriProcess, nri_lab: ContainerdLab,
+                                                       cpu_all: str) -> None:
+    """`numapin mode` on the plugin's control socket moves a running pod share -> exclusive -> none with the same
+    zero-window order as at creation (the shared pool leaves its CPU first), in the kernel; `numapin status` reads
+    the plugin's /status and checks every container's real cpuset against it."""
+    _, web = await start_pod(cri, "web", 200, qos="burstable")
+    web_pid = await pid_of(cri, web)
+    _, cache = await start_pod(cri, "cache", 1000, 1000, annotations={"qos.gocrane.io/cpu-manager": "share"})
+    cache_pid = await pid_of(cri, cache)
+    assert cpus_of(cache_pid) == (EXCL, EXCL) and cpus_of(web_pid) == (cpu_all, cpu_all)
+    done = await asyncio.to_thread(_numapin, "mode", "default/cache", "exclusive", "--socket", plugin.control_socket)
+    assert done.returncode == 0, done.stdout + done.stderr
+    await _wait_cpus(web_pid, (SHARED, SHARED))
+    assert cpus_of(cache_pid) == (EXCL, EXCL)
+    done = await asyncio.to_thread(_numapin, "mode", "default/cache", "none", "--socket", plugin.control_socket)
+    assert done.returncode == 0, done.stdout + done.stderr
+    await _wait_cpus(cache_pid, (cpu_all, cpu_all))
+    await _wait_cpus(web_pid, (cpu_all, cpu_all))
+    status = await asyncio.to_thread(_numapin, "status", "--status-url", f"http://127.0.0.1:{plugin.port}/status",
+                                     "--runtime-endpoint", f"unix://{nri_lab.socket}")
+    assert status.returncode == 0, status.stdout + status.stderr
+    door = (plugin.status() or {}).get("door") or {}
+    assert door.get("kind") == "nri" and door.get("synchronized") and door.get("runtime", "").startswith("containerd")
