@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -49,6 +50,7 @@ EVENTS = frozenset({Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX, Event.CREA
                     Event.UPDATE_CONTAINER, Event.STOP_CONTAINER, Event.REMOVE_CONTAINER})
 
 UNLIMITED_QUOTA = -1
+LANDING = 30.0  # seconds a created container may take to reach containerd's lists
 
 
 def _refusal(e: Rejection) -> PluginError:
@@ -71,6 +73,10 @@ class NumapinHandler(BaseHandler):
         self._on_connected = on_connected or (lambda info: None)
         self._on_disconnected = on_disconnected or (lambda why: None)
         self._background: set[asyncio.Task[object]] = set()
+        # containers answered but maybe not in containerd's lists yet (it stores a container after the plugin's
+        # answer): a reconcile meanwhile must not take their CPUs back (``Pinning.creating``); until they start,
+        # are removed, or LANDING seconds pass
+        self._landing: dict[str, tuple[tuple[str, str], float]] = {}
 
     # -- connection --------------------------------------------------------------------------------------
     async def on_connected(self, runtime: RuntimeInfo) -> None:
@@ -130,14 +136,31 @@ class NumapinHandler(BaseHandler):
                 pinning.settle(admission)
                 raise
             self._note_cgroups([container])
+            self._land(container.id, (admission.ident.uid, admission.name))
             response = nri_pb2.CreateContainerResponse(update=self.records.answer(collector, exclude=container.id))
         target = admission.target
         if target is not None:
             response.adjust.linux.resources.CopyFrom(_resources(target))
         return response
 
+    def _land(self, container_id: str, key: tuple[str, str]) -> None:
+        now = time.monotonic()
+        creating = self.agent.pinning.creating
+        for cid, (_, until) in list(self._landing.items()):
+            if until <= now:
+                self._landed(cid)
+        self._landing[container_id] = (key, now + LANDING)
+        creating.add(key)
+
+    def _landed(self, container_id: str) -> None:
+        entry = self._landing.pop(container_id, None)
+        if entry is not None and all(k != entry[0] for k, _ in self._landing.values()):
+            self.agent.pinning.creating.discard(entry[0])
+
     async def state_change(self, ctx: CallContext, event: Any) -> None:
         kind = event.event
+        if kind in (Event.START_CONTAINER, Event.REMOVE_CONTAINER):
+            self._landed(event.container.id)
         if kind == Event.START_CONTAINER:
             await self._start(event.container)
         elif kind == Event.REMOVE_CONTAINER:
