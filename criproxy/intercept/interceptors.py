@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import grpc.aio
 
@@ -110,21 +110,15 @@ class ProxyInterceptors:
 
     async def remove_container(self, request: bytes, forward: Forward) -> bytes:
         cid = cri_pb2.RemoveContainerRequest.FromString(request).container_id
-        response = await forward(request)
-        await self.pinning.container_removed(cid)
-        return response
+        return await _then(forward(request), lambda: self.pinning.container_removed(cid))
 
     async def stop_pod_sandbox(self, request: bytes, forward: Forward) -> bytes:
         sid = cri_pb2.StopPodSandboxRequest.FromString(request).pod_sandbox_id
-        response = await forward(request)
-        await self.pinning.sandbox_stopped(sid)
-        return response
+        return await _then(forward(request), lambda: self.pinning.sandbox_stopped(sid))
 
     async def remove_pod_sandbox(self, request: bytes, forward: Forward) -> bytes:
         sid = cri_pb2.RemovePodSandboxRequest.FromString(request).pod_sandbox_id
-        response = await forward(request)
-        await self.pinning.sandbox_removed(sid)
-        return response
+        return await _then(forward(request), lambda: self.pinning.sandbox_removed(sid))
 
     async def container_status(self, request: bytes, forward: Forward) -> bytes:
         """``ContainerStatus``: a pinned container runs without a CFS quota, and kubelet would show no (or its
@@ -141,3 +135,10 @@ class ProxyInterceptors:
         return wire.set_fields(response, STATUS_LINUX_RESOURCES,
                                {CPU_PERIOD: wire.encode_int64(CPU_PERIOD, period),
                                 CPU_QUOTA: wire.encode_int64(CPU_QUOTA, quota)})
+
+
+async def _then(call: Awaitable[bytes], after: Callable[[], Awaitable[None]]) -> bytes:
+    """The runtime's answer to ``call``, once the agent has been told (``after``, only when the call succeeded)."""
+    response = await call
+    await after()
+    return response
