@@ -10,7 +10,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +54,9 @@ class ApiPublisher:
     replace), from a kubeconfig file or in-cluster credentials. Publishing runs in the background; only the
     newest document is sent."""
 
-    def __init__(self, kubeconfig: str | None) -> None:
+    def __init__(self, kubeconfig: str | None, *, on_published: Callable[[], None] = lambda: None) -> None:
         self.kubeconfig = kubeconfig
+        self.on_published = on_published  # the newest document is on the API server
         self._latest: dict[str, Any] | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -93,6 +94,8 @@ class ApiPublisher:
                         raise
                     await api.create_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, doc)
                 backoff = 1.0
+                if self._latest is doc:
+                    self.on_published()
             except Exception as e:
                 log.warning("NodeResourceTopology publish failed (retrying in %.0f s): %s", backoff, e)
                 await asyncio.sleep(backoff)
