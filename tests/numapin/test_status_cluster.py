@@ -18,10 +18,10 @@ from allocator.cpuset import CPUSet
 from allocator.nrt import build_nrt
 from allocator.topology import Topology
 from numapin_lab.k8s.control_plane import ControlPlane
+from numapin_lab.k8s.crds import install_nrt_crd
 from tests import topologies
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "manifests/webhook/crd-noderesourcetopology.yaml"
 GiB = 1 << 30
 
 
@@ -51,9 +51,7 @@ def _objects() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def cluster(control_plane: ControlPlane) -> Iterator[ControlPlane]:
-    control_plane.kubectl("apply", "--validate=false", "-f", str(CRD))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                          "crd/noderesourcetopologies.topology.node.k8s.io")
+    install_nrt_crd(control_plane)
     listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": _objects()})
     control_plane.kubectl("apply", "--validate=false", "-f", "-", input=listing)
     try:
