@@ -6,6 +6,7 @@ metric definitions here, and against the /metrics pages of a running proxy and w
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import yaml
@@ -37,3 +38,9 @@ def test_every_alert_has_a_unit_test_that_fires_it() -> None:
 def test_the_rules_use_numapin_metrics_only() -> None:
     used = set().union(*(metric_names(r["expr"]) for r in rules()))
     assert used and all(n.startswith(("numapin_criproxy_", "numapin_webhook_")) for n in used), used
+
+
+def test_every_alert_is_documented() -> None:
+    text = (RULES.parents[2] / "docs/metrics.md").read_text().split("## Alerts", 1)[1]
+    documented = set(re.findall(r"^\| (Numapin\w+) \|", text, re.M))
+    assert documented == {r["alert"] for r in rules() if "alert" in r}
