@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -98,5 +100,45 @@ async def test_nrt_is_created_then_replaced_on_change(api, short_tmp: Path, runt
         assert available() == ["0", "4"]
         assert "POST" in srv.requests and "PUT" in srv.requests
         assert srv.objects["node-a"]["kind"] == "NodeResourceTopology"
+        for _ in range(1500):  # the newest document is on the API server: nothing waits (the alert's gauge)
+            if unpublished_since(p, "api") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert unpublished_since(p, "api") == 0 and unpublished_since(p, "file") == 0
+    finally:
+        await p.stop()
+
+
+def unpublished_since(proxy: CriProxy, target: str) -> float | None:
+    return proxy.metrics.registry.get_sample_value("numapin_criproxy_nrt_unpublished_since_seconds",
+                                                   {"target": target})
+
+
+async def test_a_topology_the_api_server_does_not_take_shows_as_waiting(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = short_tmp / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "t", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "t", "user": {"token": "x"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}]}))
+    cfg = load_config(None, {"listen": str(short_tmp / "proxy.sock"), "runtime_endpoint": runtime.socket_path,
+                             "state_dir": str(short_tmp / "state"), "sysfs": str(two_numa_sysfs),
+                             "reserved_cpus": "0", "metrics_address": "", "node_name": "node-a",
+                             "kubeconfig": str(kubeconfig)})
+    before = time.time()
+    p = await CriProxy(cfg).start()
+    try:
+        for _ in range(1500):
+            if "NodeResourceTopology publish failed" in caplog.text and unpublished_since(p, "file") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert "NodeResourceTopology publish failed" in caplog.text
+        assert unpublished_since(p, "file") == 0  # the file was written
+        since = unpublished_since(p, "api")
+        assert since is not None and before <= since <= time.time()
     finally:
         await p.stop()
