@@ -18,6 +18,8 @@ from numapin_lab.k8s.control_plane import ControlPlane, node_user
 from numapin_lab.k8s.crds import install_nrt_crd
 from tests import topologies
 
+pytestmark = pytest.mark.apiserver
+
 
 def test_a_missing_binary_fails_saying_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("KUBE_APISERVER_BIN", str(tmp_path / "kube-apiserver"))

@@ -11,6 +11,7 @@ import subprocess
 
 import yaml
 
+from numapin_lab.k8s.binaries import find_k8s_binaries
 from tests.monitoring.rules import PROMETHEUS_RULE, RULES, UNIT_TESTS, metric_names, promtool, rule_groups, rules
 
 
@@ -44,3 +45,11 @@ def test_every_alert_is_documented() -> None:
     text = (RULES.parents[2] / "docs/metrics.md").read_text().split("## Alerts", 1)[1]
     documented = set(re.findall(r"^\| (Numapin\w+) \|", text, re.M))
     assert documented == {r["alert"] for r in rules() if "alert" in r}
+
+
+def test_the_monitoring_kustomization_renders_the_prometheus_rule() -> None:
+    kubectl = find_k8s_binaries().kubectl
+    r = subprocess.run([str(kubectl), "kustomize", str(PROMETHEUS_RULE.parent)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert list(yaml.safe_load_all(r.stdout)) == [yaml.safe_load(PROMETHEUS_RULE.read_text())]

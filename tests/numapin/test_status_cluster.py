@@ -22,6 +22,8 @@ from numapin_lab.k8s.crds import install_nrt_crd
 from tests import topologies
 
 ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.apiserver
 GiB = 1 << 30
 
 
