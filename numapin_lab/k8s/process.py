@@ -1,4 +1,6 @@
-"""A control-plane binary as a child process in its own session, its output in a log file."""
+"""A control-plane binary as a child process in its own session, its output in a log file; it is killed (SIGKILL)
+when the thread that started it dies (``setpriv --pdeathsig``), so a test run killed with SIGKILL leaves no API
+server nor etcd. Not SIGTERM: kube-apiserver's graceful shutdown waits on etcd, which stops at the same moment."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import signal
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+
+from numapin_lab.numa_vm import with_parent_death_signal
 
 __all__ = ["Daemon"]
 
@@ -20,8 +24,8 @@ class Daemon:
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(with_parent_death_signal(self.argv, "KILL"), stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=log, start_new_session=True)
 
     def exit_code(self) -> int | None:
         """None while it runs (or was never started)."""
