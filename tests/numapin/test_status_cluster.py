@@ -62,11 +62,13 @@ def cluster(control_plane: ControlPlane) -> Iterator[ControlPlane]:
         control_plane.kubectl("delete", "--ignore-not-found", "-f", "-", input=listing, check=False)
 
 
-def numapin_status(cp: ControlPlane, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "numapin", "status", "--cluster", "--kubeconfig", str(kubeconfig or cp.kubeconfig),
-           *args]
+def numapin_status(cp: ControlPlane, *args: str, kubeconfig: Path | None = None,
+                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "numapin", "status", "--cluster", *args]
+    if env is None:
+        cmd += ["--kubeconfig", str(kubeconfig or cp.kubeconfig)]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin"})
+                          env={"PATH": "/usr/bin:/bin", **(env or {})})
 
 
 def test_every_node_is_drawn_with_where_a_pod_fits_and_bad_objects_are_skipped(cluster: ControlPlane) -> None:
@@ -121,3 +123,12 @@ def test_a_user_who_may_not_list_topologies_is_told_so(cluster: ControlPlane) ->
     r = numapin_status(cluster, kubeconfig=cluster.kubeconfig_for("st39-nobody"))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert "403" in r.stderr and "may not list noderesourcetopologies" in r.stderr
+
+
+def test_the_kubeconfig_comes_from_kubeconfig_else_it_says_what_to_give(cluster: ControlPlane) -> None:
+    r = numapin_status(cluster, "--format", "json", env={"KUBECONFIG": f"/nonexistent:{cluster.kubeconfig}"})
+    assert r.returncode == 1 and "st39-xeon" in r.stdout, r.stderr
+    r = numapin_status(cluster, env={})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == ("numapin status: no kubeconfig: pass --kubeconfig FILE or set $KUBECONFIG (or run in "
+                                "a pod, with its service account)")
