@@ -60,6 +60,7 @@ class ApiPublisher:
         self._latest: dict[str, Any] | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._client: Any = None  # kubernetes-asyncio's ApiClient, made on the first publication
 
     def publish(self, doc: dict[str, Any]) -> None:
         self._latest = doc
@@ -67,11 +68,10 @@ class ApiPublisher:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def _run(self) -> None:  # pragma: no cover - needs an API server
+    async def _run(self) -> None:  # tests/k8s runs it against a real API server, tests/criproxy a small one
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.rest import ApiException
 
-        api_client = None
         backoff = 1.0
         while True:
             await self._wake.wait()
@@ -80,9 +80,9 @@ class ApiPublisher:
             if doc is None:
                 continue
             try:
-                if api_client is None:
-                    api_client = await kube_api_client(self.kubeconfig)
-                api = client.CustomObjectsApi(api_client)
+                if self._client is None:
+                    self._client = await kube_api_client(self.kubeconfig)
+                api = client.CustomObjectsApi(self._client)
                 name = doc["metadata"]["name"]
                 try:
                     cur = await api.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, name)
@@ -107,3 +107,6 @@ class ApiPublisher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
