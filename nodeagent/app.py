@@ -215,7 +215,7 @@ class NodeAgent:
         self._parts = AgentParts(node_config, store, allocator, reader, pusher, converger, starts, pinning, modes,
                                  Decider(allocator, node_config.topology), resizer)
         if cfg.publish_nrt or cfg.kubeconfig:
-            self._api = ApiPublisher(cfg.kubeconfig)
+            self._api = ApiPublisher(cfg.kubeconfig, on_published=lambda: self.metrics.nrt_published("api"))
         endpoint = cfg.metrics_endpoint()
         if endpoint is not None:
             # aiohttp is imported only for an agent that serves HTTP (a third of the proxy's import time); in a
@@ -338,11 +338,15 @@ class NodeAgent:
             doc = self.nrt_document()
             self.metrics.set_free(self.allocator.free_cpus_per_numa())
             self.metrics.set_memory(self.allocator.memory_state)
+            self.metrics.nrt_pending("file")
             try:
                 await asyncio.to_thread(write_nrt, self.config.nrt_path, doc)
             except OSError as e:
                 log.warning("cannot write %s: %s", self.config.nrt_path, e)
+            else:
+                self.metrics.nrt_published("file")
             if self._api is not None:
+                self.metrics.nrt_pending("api")
                 self._api.publish(doc)
 
     async def stop_serving(self) -> None:

@@ -7,7 +7,8 @@ import asyncio
 import json
 import sys
 
-HELP = "show the node's pinned containers, shared pool and free CPUs, and containers whose real cpuset disagrees"
+HELP = ("show the node's pinned containers, shared pool and free CPUs, and containers whose real cpuset disagrees; "
+        "--cluster: every node's NUMA nodes and where a pod fits")
 DESCRIPTION = """\
 Show what numapin's CRI proxy holds on this node: the CPU topology with every pinned container's CPUs marked
 (* = reserved, a letter per pinned container, . = shared pool only), the shared pool, the free CPUs per NUMA node,
@@ -26,10 +27,34 @@ Containers are checked against --runtime-endpoint (containerd's socket or the pr
 
 Exit status: 0 all agree, 1 some container's real cpuset disagrees with the state, 2 the state cannot be read
 or bad arguments, 3 the runtime cannot be reached.
+
+--cluster: the whole cluster instead, from the NodeResourceTopology objects numapin's node agents publish (read
+with --kubeconfig FILE, else $KUBECONFIG, else the pod's in-cluster credentials): every node's sockets and NUMA
+nodes with free, pinned and reserved CPUs (and memory where the node publishes it) and its topology manager policy.
+--fits cpu=4,memory=8Gi[,hugepages-2Mi=1Gi][,mode=exclusive|share|none] says, per node, whether a Guaranteed pod of
+that shape would be admitted now under the node's policy (the webhook's own simulation), or only on the empty
+node, or never. A malformed object, or a Node without one, is reported and skipped.
+Exit status with --cluster: 0 every node shown, 1 some node skipped, 2 the API server cannot be asked or bad
+arguments.
 """
 
 
+def _fits(text: str) -> object:
+    from .fits import FitsError, parse_fits
+
+    try:
+        return parse_fits(text)
+    except FitsError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", action="store_true",
+                        help="the whole cluster, from its NodeResourceTopology objects (see below)")
+    parser.add_argument("--kubeconfig", metavar="FILE", help="with --cluster: the kubeconfig (default $KUBECONFIG, "
+                        "else in-cluster credentials)")
+    parser.add_argument("--fits", metavar="SHAPE", type=_fits,
+                        help="with --cluster: where a pod of this shape fits, e.g. cpu=4,memory=8Gi")
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--status-url", metavar="URL", help="the proxy's /status endpoint")
     src.add_argument("--state-dir", metavar="DIR", default=None,
@@ -51,6 +76,10 @@ def _fail(msg: str, code: int = 2) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return _run_cluster(args)
+    if args.fits is not None or args.kubeconfig is not None:
+        return _fail("--fits and --kubeconfig go with --cluster")
     import grpc.aio
 
     from allocator.cpuset import CPUSet
@@ -92,3 +121,25 @@ def run(args: argparse.Namespace) -> int:
     if status.disagreements:
         return 1
     return 3 if runtime_down else 0
+
+
+def _run_cluster(args: argparse.Namespace) -> int:
+    from .cluster_picture import build_picture, render_text
+    from .cluster_source import ClusterSourceError, list_cluster, pick_kubeconfig
+
+    if args.status_url or args.state_dir or args.nrt_file:
+        return _fail("--cluster reads the API server: --status-url, --state-dir and --nrt-file are for one node")
+    try:
+        listing = asyncio.run(list_cluster(pick_kubeconfig(args.kubeconfig)))
+    except ClusterSourceError as e:
+        return _fail(str(e))
+    picture = build_picture(listing.nrts, listing.node_names, args.fits)
+    for s in picture.skipped:
+        print(f"numapin status: skipped node {s.node}: {s.why}", file=sys.stderr)
+    if listing.note:
+        print(f"numapin status: {listing.note}", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps(picture.to_dict(), indent=1))
+    else:
+        print(render_text(picture))
+    return 1 if picture.skipped else 0

@@ -125,13 +125,14 @@ class VMSpec:
         return [*out, "--", *command]
 
 
-def with_parent_death_signal(argv: list[str]) -> list[str]:
-    """``argv`` run so that it gets SIGTERM when the thread that started it dies (numa-vm.sh traps it and stops
-    QEMU), so no VM outlives a killed test run: util-linux's ``setpriv --pdeathsig`` (always on Debian). Not a
-    ``preexec_fn``: Python code run between fork and exec is unsafe in a process with other threads running (the
-    boots run in a thread beside the other tests; a child crashed there with SIGSEGV before numa-vm.sh started)."""
+def with_parent_death_signal(argv: list[str], signal_name: str = "TERM") -> list[str]:
+    """``argv`` run so that it gets SIGTERM (or ``signal_name``) when the thread that started it dies (numa-vm.sh
+    traps it and stops QEMU), so no VM outlives a killed test run: util-linux's ``setpriv --pdeathsig`` (always on
+    Debian). Not a ``preexec_fn``: Python code run between fork and exec is unsafe in a process with other threads
+    running (the boots run in a thread beside the other tests; a child crashed there with SIGSEGV before numa-vm.sh
+    started)."""
     setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "TERM", "--", *argv] if setpriv else argv
+    return [setpriv, "--pdeathsig", signal_name, "--", *argv] if setpriv else argv
 
 
 GUEST_STALLED = 126  # run_in_vm's return code when ``stalled`` said the guest stopped making progress

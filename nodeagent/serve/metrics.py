@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import grpc
@@ -78,6 +79,11 @@ class ProxyMetrics:
                                   registry=r)
         self.free_cpus = Gauge("numapin_criproxy_free_cpus", "Allocatable CPUs not assigned, by NUMA node",
                                ["numa_node"], registry=r)
+        self.nrt_unpublished_since = Gauge("numapin_criproxy_nrt_unpublished_since_seconds",
+                                           "Unix time since when the newest NodeResourceTopology waits to be "
+                                           "written, by target (file, api); 0 while it is published",
+                                           ["target"], registry=r)
+        self._nrt_waiting: dict[str, float] = {}  # target -> since when its newest document waits
 
     def observe_call(self, method: str, seconds: float, code: grpc.StatusCode) -> None:
         self.relay_seconds.labels(method.rsplit("/", 1)[-1], code.name).observe(seconds)
@@ -138,6 +144,16 @@ class ProxyMetrics:
             for resource, t in ns.memory.items():
                 for kind, value in (("allocatable", t.allocatable), ("reserved", t.reserved), ("free", t.free)):
                     self.memory_bytes.labels(str(node), resource, kind).set(value)
+
+    def nrt_pending(self, target: str) -> None:
+        """A new NodeResourceTopology for ``target``: pending since now, unless an older one still waits."""
+        if target not in self._nrt_waiting:
+            self._nrt_waiting[target] = time.time()
+            self.nrt_unpublished_since.labels(target).set(self._nrt_waiting[target])
+
+    def nrt_published(self, target: str) -> None:
+        self._nrt_waiting.pop(target, None)
+        self.nrt_unpublished_since.labels(target).set(0)
 
     def set_free(self, free: Mapping[int, int]) -> None:
         for node, n in free.items():

@@ -10,7 +10,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +54,13 @@ class ApiPublisher:
     replace), from a kubeconfig file or in-cluster credentials. Publishing runs in the background; only the
     newest document is sent."""
 
-    def __init__(self, kubeconfig: str | None) -> None:
+    def __init__(self, kubeconfig: str | None, *, on_published: Callable[[], None] = lambda: None) -> None:
         self.kubeconfig = kubeconfig
+        self.on_published = on_published  # the newest document is on the API server
         self._latest: dict[str, Any] | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._client: Any = None  # kubernetes-asyncio's ApiClient, made on the first publication
 
     def publish(self, doc: dict[str, Any]) -> None:
         self._latest = doc
@@ -66,11 +68,10 @@ class ApiPublisher:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def _run(self) -> None:  # pragma: no cover - needs an API server
+    async def _run(self) -> None:  # tests/k8s runs it against a real API server, tests/criproxy a small one
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.rest import ApiException
 
-        api_client = None
         backoff = 1.0
         while True:
             await self._wake.wait()
@@ -79,9 +80,9 @@ class ApiPublisher:
             if doc is None:
                 continue
             try:
-                if api_client is None:
-                    api_client = await kube_api_client(self.kubeconfig)
-                api = client.CustomObjectsApi(api_client)
+                if self._client is None:
+                    self._client = await kube_api_client(self.kubeconfig)
+                api = client.CustomObjectsApi(self._client)
                 name = doc["metadata"]["name"]
                 try:
                     cur = await api.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, name)
@@ -93,6 +94,8 @@ class ApiPublisher:
                         raise
                     await api.create_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, doc)
                 backoff = 1.0
+                if self._latest is doc:
+                    self.on_published()
             except Exception as e:
                 log.warning("NodeResourceTopology publish failed (retrying in %.0f s): %s", backoff, e)
                 await asyncio.sleep(backoff)
@@ -104,3 +107,6 @@ class ApiPublisher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

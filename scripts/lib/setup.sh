@@ -30,6 +30,12 @@ numapin_setup() {
     if ! command -v busybox >/dev/null || ldd "$(command -v busybox)" 2>&1 | grep -q '=>'; then
         pkgs+=(busybox-static)
     fi
+    if [ "$want" = test ]; then
+        # etcd for the tests' real control plane (numapin_lab/k8s: beside kube-apiserver from shared/k8s-bin).
+        # promtool (the alert rules' unit tests) is unpacked from Debian's prometheus package by the tests
+        # (tests/debian_tools.py): installing the package would start a Prometheus server on this machine
+        command -v etcd >/dev/null || vm_pkgs+=(etcd-server)
+    fi
     if [ "$want" = test ] || [ "${NUMAPIN_NUMA_VM_PACKAGES:-}" = 1 ]; then
         # the multi-NUMA end-to-end tests (tests/numa) and `numapin demo --topology` boot this machine's Debian
         # kernel in QEMU with numa-lab's numa-vm.sh: its packages (as `numa-vm.sh install` names them) plus what

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from criproxy.app import CriProxy
-from criproxy.config import load_config
+from criproxy.config import ProxyConfig, load_config
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 
@@ -55,6 +57,21 @@ class FakeApiServer:
         return web.json_response(self._store(body))
 
 
+def write_kubeconfig(path: Path, port: int) -> Path:
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "t", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "t", "user": {"token": "x"}}],
+        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}]}))
+    return path
+
+
+def proxy_config(tmp: Path, runtime: MemoryRuntime, sysfs: Path, kubeconfig: Path) -> ProxyConfig:
+    return load_config(None, {"listen": str(tmp / "proxy.sock"), "runtime_endpoint": runtime.socket_path,
+                              "state_dir": str(tmp / "state"), "sysfs": str(sysfs), "reserved_cpus": "0",
+                              "metrics_address": "", "node_name": "node-a", "kubeconfig": str(kubeconfig)})
+
+
 @pytest.fixture
 async def api(short_tmp: Path) -> AsyncIterator[tuple[FakeApiServer, Path]]:
     srv = FakeApiServer()
@@ -62,12 +79,7 @@ async def api(short_tmp: Path) -> AsyncIterator[tuple[FakeApiServer, Path]]:
     site = web.TCPSite(srv.runner, "127.0.0.1", 0)
     await site.start()
     port = srv.runner.addresses[0][1]
-    kubeconfig = short_tmp / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "t", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
-        "users": [{"name": "t", "user": {"token": "x"}}],
-        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}]}))
+    kubeconfig = write_kubeconfig(short_tmp / "kubeconfig", port)
     yield srv, kubeconfig
     await srv.runner.cleanup()
 
@@ -75,10 +87,7 @@ async def api(short_tmp: Path) -> AsyncIterator[tuple[FakeApiServer, Path]]:
 async def test_nrt_is_created_then_replaced_on_change(api, short_tmp: Path, runtime: MemoryRuntime,
                                                       two_numa_sysfs: Path) -> None:
     srv, kubeconfig = api
-    cfg = load_config(None, {"listen": str(short_tmp / "proxy.sock"), "runtime_endpoint": runtime.socket_path,
-                             "state_dir": str(short_tmp / "state"), "sysfs": str(two_numa_sysfs),
-                             "reserved_cpus": "0", "metrics_address": "", "node_name": "node-a",
-                             "kubeconfig": str(kubeconfig)})
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs, kubeconfig)
     p = await CriProxy(cfg).start()
     try:
         async with CRIClient(p.config.listen) as k:
@@ -98,5 +107,37 @@ async def test_nrt_is_created_then_replaced_on_change(api, short_tmp: Path, runt
         assert available() == ["0", "4"]
         assert "POST" in srv.requests and "PUT" in srv.requests
         assert srv.objects["node-a"]["kind"] == "NodeResourceTopology"
+        for _ in range(1500):  # the newest document is on the API server: nothing waits (the alert's gauge)
+            if unpublished_since(p, "api") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert unpublished_since(p, "api") == 0 and unpublished_since(p, "file") == 0
+    finally:
+        await p.stop()
+
+
+def unpublished_since(proxy: CriProxy, target: str) -> float | None:
+    return proxy.metrics.registry.get_sample_value("numapin_criproxy_nrt_unpublished_since_seconds",
+                                                   {"target": target})
+
+
+async def test_a_topology_the_api_server_does_not_take_shows_as_waiting(
+        short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = write_kubeconfig(short_tmp / "kubeconfig", port)
+    cfg = proxy_config(short_tmp, runtime, two_numa_sysfs, kubeconfig)
+    before = time.time()
+    p = await CriProxy(cfg).start()
+    try:
+        for _ in range(1500):
+            if "NodeResourceTopology publish failed" in caplog.text and unpublished_since(p, "file") == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert "NodeResourceTopology publish failed" in caplog.text
+        assert unpublished_since(p, "file") == 0  # the file was written
+        since = unpublished_since(p, "api")
+        assert since is not None and before <= since <= time.time()
     finally:
         await p.stop()

@@ -99,7 +99,9 @@ _REPO_PATH = re.compile(r"(?<![\w/.])((?:manifests|examples|docs|scripts)/[\w./-
 def test_repository_files_named_exist(block: Block, command: str) -> None:
     for path in _REPO_PATH.findall(command):
         assert (ROOT / path).exists(), f"{block.id}: {path} does not exist"
-        if path.startswith("manifests/") and path.endswith((".yaml", ".yml")):
+        if path.startswith("manifests/") and path.endswith(".rules.yaml"):  # a Prometheus rules file
+            assert yaml.safe_load((ROOT / path).read_text())["groups"], path
+        elif path.startswith("manifests/") and path.endswith((".yaml", ".yml")):
             docs = [d for d in yaml.safe_load_all((ROOT / path).read_text()) if d is not None]
             assert docs and all(isinstance(d, dict) and d.get("kind") for d in docs), path
     words = shlex.split(command, comments=True)

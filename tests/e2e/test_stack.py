@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -26,6 +27,7 @@ from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.demo.admission import AdmissionClient
 from numapin_lab.demo.stack import SERVER_NAME, LocalStack, StackOptions, cgroup_mounts
+from tests.monitoring.rules import exported_names, metric_names, rules
 
 from .conftest import Cluster, make_pod
 
@@ -107,6 +109,25 @@ async def test_shared_share_and_exclusive_pods_take_turns_with_denied_bindings(
     assert value('numapin_criproxy_allocations_total{mode="exclusive"}') >= 2
     assert value('numapin_criproxy_free_cpus{numa_node="0"}') == doc["freeCPUsPerNUMA"]["0"]
     assert 'numapin_criproxy_relay_seconds_count{code="OK",method="CreateContainer"}' in metrics
+
+
+async def test_every_metric_the_alert_rules_use_is_exported_by_the_running_proxy_and_webhook(
+        cluster: Cluster) -> None:
+    """manifests/monitoring's rules against the /metrics pages of the running ``numapin criproxy`` and ``numapin
+    webhook`` (a labelled metric not yet observed shows as its ``# TYPE`` line)."""
+    proxy_page = await asyncio.to_thread(_get, cluster.stack.status_url.rsplit("/", 1)[0] + "/metrics")
+    ctx = ssl.create_default_context(cafile=cluster.stack.ca_file)
+    ctx.check_hostname = False  # the serving certificate names the Service; the stack listens on 127.0.0.1
+
+    def webhook_page() -> str:
+        with urllib.request.urlopen(cluster.stack.webhook_url + "/metrics", timeout=10, context=ctx) as r:
+            return str(r.read().decode())
+
+    exported = exported_names(proxy_page) | exported_names(await asyncio.to_thread(webhook_page))
+    used = {n: r.get("alert") or r["record"] for r in rules() for n in metric_names(r["expr"])}
+    assert len(used) >= 9
+    missing = {n: rule for n, rule in used.items() if n not in exported}
+    assert missing == {}, f"metrics the rules use that numapin does not export: {missing}"
 
 
 async def test_a_pod_no_numa_node_can_hold_is_refused_by_validate_binding_and_proxy(

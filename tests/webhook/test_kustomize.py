@@ -17,7 +17,10 @@ MANIFESTS = ROOT / "manifests"
 IMAGE = "localhost/numapin:0.1.0"  # what scripts/build-image.sh builds by default
 # a node's kubelet configuration, not an API object; a NetworkPolicy naming the control plane's addresses, which the
 # operator edits before applying (a wrong CIDR would cut the API server off the webhook)
-NOT_APPLIED = {"criproxy/kubelet-config.yaml", "webhook/networkpolicy.yaml"}
+# monitoring/: the PrometheusRule needs the Prometheus Operator's CRD (its own kustomization), the plain rules file
+# is for Prometheus itself
+NOT_APPLIED = {"criproxy/kubelet-config.yaml", "webhook/networkpolicy.yaml", "monitoring/prometheusrule.yaml",
+               "monitoring/numapin.rules.yaml"}
 
 
 def _key(d: dict[str, Any]) -> tuple[str, str, str, str]:

@@ -7,6 +7,8 @@
 - cert-manager kinds (their CRDs are not shipped here): structural checks of the fields numapin relies on
   (issuer references, secret names, DNS names, CA injection), since no schema is available offline.
 - KubeletConfiguration (no schema in kubernetes-validate either): structural check of the fields numapin needs.
+- PrometheusRule (the Prometheus Operator's CRD is not shipped here): structural check; its rules are checked by
+  promtool in tests/monitoring, as is the plain rules file ``*.rules.yaml`` (not a Kubernetes object).
 Any other kind without a schema fails the test. Cross-references (Service, Secret, Certificate, ServiceAccount
 names used by other objects) are checked too.
 """
@@ -33,9 +35,10 @@ K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 
 
 def _files() -> list[Path]:
-    """The Kubernetes objects (kustomization.yaml, not one, is checked by test_kustomize.py)."""
+    """The Kubernetes objects (kustomization.yaml, not one, is checked by test_kustomize.py; Prometheus rule files
+    by tests/monitoring)."""
     return sorted(p for p in ROOT.rglob("*") if p.suffix in (".yaml", ".yml", ".json") and p.is_file()
-                  and p.name != "kustomization.yaml")
+                  and p.name != "kustomization.yaml" and not p.name.endswith(".rules.yaml"))
 
 
 def _docs(path: Path) -> Iterator[dict[str, Any]]:
@@ -106,6 +109,14 @@ def _check_kubelet_config(doc: dict[str, Any]) -> None:
         assert doc["containerRuntimeEndpoint"].startswith("unix://")
 
 
+def _check_prometheus_rule(doc: dict[str, Any]) -> None:
+    assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+    groups = doc["spec"]["groups"]
+    assert groups and all(isinstance(g["name"], str) and g["rules"] for g in groups)
+    for rule in (r for g in groups for r in g["rules"]):
+        assert ("alert" in rule) != ("record" in rule) and isinstance(rule["expr"], str), rule
+
+
 def test_there_are_manifests() -> None:
     kinds = {d["kind"] for _, d in _all_docs()}
     assert {"Namespace", "Deployment", "PodDisruptionBudget", "Service", "MutatingWebhookConfiguration",
@@ -133,6 +144,9 @@ def test_manifest_validates(path: Path) -> None:
             continue
         if doc["kind"] == "KubeletConfiguration":
             _check_kubelet_config(doc)
+            continue
+        if doc["kind"] == "PrometheusRule":
+            _check_prometheus_rule(doc)
             continue
         for v in K8S_VERSIONS:
             try:
