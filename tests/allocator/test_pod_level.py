@@ -133,7 +133,11 @@ def test_the_node_admits_it_on_the_shared_pool(tmp_path) -> None:
 # every one kubelet gives no container CPUs or memory of its own and both managers return no hint (admitted).
 GI = 1 << 30
 MACHINE = MachineMemory.uniform((0, 1), 64 * GI, ())
-PL = {"requests": {"cpu": "2", "memory": "300Mi"}, "limits": {"cpu": "2", "memory": "300Mi"}}
+
+
+def _pl(cpu: str, mem: str) -> dict:
+    """Pod-level requests equal to limits."""
+    return {"requests": {"cpu": cpu, "memory": mem}, "limits": {"cpu": cpu, "memory": mem}}
 
 
 def _ctr(name: str, cpu: str | None, mem: str | None) -> dict:
@@ -142,21 +146,17 @@ def _ctr(name: str, cpu: str | None, mem: str | None) -> dict:
 
 
 GATE_OFF = [
-    pytest.param(PL, [_ctr("container1", "1", "100Mi")],
+    pytest.param(_pl("2", "300Mi"), [_ctr("container1", "1", "100Mi")],
                  id="cpumanager/TestCPUManagerRestoreState/Pod-level resources enabled, managers disabled"),
-    pytest.param({"requests": {"cpu": "1", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "128Mi"}},
-                 [_ctr("container1", "1", "100Mi")],
+    pytest.param(_pl("1", "128Mi"), [_ctr("container1", "1", "100Mi")],
                  id="memorymanager/TestMemoryManagerRestoreState/PodLevelResources enabled, "
                     "PodLevelResourceManagers disabled"),
-    pytest.param({"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
-                 [_ctr("c1", None, None)],
+    pytest.param(_pl("1", "1Gi"), [_ctr("c1", None, None)],
                  id="podresources/PodLevelResourceManagers disabled, Pod Level Resources Only (No Exclusive CPUs)"),
-    pytest.param({"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}},
-                 [_ctr("c1", "2", "1Gi")],
+    pytest.param(_pl("2", "1Gi"), [_ctr("c1", "2", "1Gi")],
                  id="topologymanager/TestAdmitWithPodLevelResources/pod scope, feature disabled, falls back to "
                     "container level flow"),
-    pytest.param({"requests": {"cpu": "300m", "memory": "128Mi"}, "limits": {"cpu": "300m", "memory": "128Mi"}},
-                 [_ctr("gu-container", "100m", "128Mi")],
+    pytest.param(_pl("300m", "128Mi"), [_ctr("gu-container", "100m", "128Mi")],
                  id="e2e_node/memory_manager/should not report any memory data during request to pod resources List "
                     "when pod has pod level resources, PodLevelResourceManagers disabled"),
     pytest.param({"limits": {"cpu": "4", "memory": "100Gi"}}, [_ctr("app", "4", "100Gi")],

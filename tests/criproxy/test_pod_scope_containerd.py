@@ -2,7 +2,11 @@
 first container's create, as kubelet admits it); a later create (a restart with attempt+1) only looks its CPUs up.
 A completed init container, removed by kubelet, is not allocated again when its sibling restarts (that refused the
 restart on this 2-CPU machine), and while it all happens no running container's cpuset ever changes: the exclusive
-app container stays on its CPU, the shared container beside stays off it."""
+app container stays on its CPU, the shared container beside stays off it.
+
+Pods with pod-level resources (``spec.resources``) as kubelet 1.36 pins them, in the kernel: with the
+``PodLevelResourceManagers`` gate off (kubelet's default) a Guaranteed one stays on the shared pool, while the same
+containers without ``spec.resources`` are pinned."""
 
 from __future__ import annotations
 
@@ -133,3 +137,35 @@ async def test_pod_scope_restart_after_the_init_container_went_moves_no_running_
         assert set(state["entries"][pod.uid]) == {"main"}
         log = proxy.log.read_text()
         assert "UnexpectedAdmissionError" not in log and "converge (periodic): repaired" not in log
+
+
+def pod_level_intent(uid: str, pod_level: bool) -> dict[str, str]:
+    """The intent /mutate stamps on a Guaranteed pod with one 1-CPU container, with or without ``spec.resources``."""
+    res = {"cpu": "1", "memory": "64Mi"}
+    spec: dict = {"containers": [{"name": "main", "resources": {"requests": res, "limits": res}}]}
+    if pod_level:
+        spec["resources"] = {"requests": res, "limits": res}
+    info = PodInfo.from_pod({"metadata": {"name": "p", "namespace": "default", "uid": uid}, "spec": spec})
+    assert info.qos_class == "Guaranteed" and info.pod_level_resources is pod_level
+    return {INTENT_ANNOTATION: encode_intent(info)}
+
+
+async def start_intent_pod(kubelet: CRIClient, name: str, pod_level: bool) -> tuple[str, int]:
+    uid = f"uid-{name}-{time.monotonic_ns()}"
+    cfg = kubelet.sandbox_config(name, uid, annotations=pod_level_intent(uid, pod_level))
+    sid = await kubelet.run_pod_sandbox(cfg)
+    cid = await kubelet.create_container(sid, kubelet.container_config("main", cpu_milli=1000, limit_milli=1000),
+                                         cfg)
+    await kubelet.start_container(cid)
+    return uid, await pid_of(kubelet, cid)
+
+
+async def test_pod_level_resources_leave_a_guaranteed_pod_shared_as_kubelet_1_36_does(
+        pod_scope_proxy: ProxyProcess, machine_cpus: str) -> None:
+    async with CRIClient(pod_scope_proxy.socket) as kubelet:
+        _, level_pid = await start_intent_pod(kubelet, "level", True)
+        assert cpus_of(level_pid) == (machine_cpus, machine_cpus)  # kubelet: no CPUs of its own, the shared pool
+        plain, plain_pid = await start_intent_pod(kubelet, "plain", False)
+        assert cpus_of(plain_pid) == (EXCL, EXCL)  # the same container without spec.resources: pinned
+        assert cpus_of(level_pid) == (SHARED, SHARED)  # and the pod-level one narrowed off its CPU, as shared
+        assert set(pod_scope_proxy.state()["entries"]) == {plain}
