@@ -57,6 +57,12 @@ __all__ = [
 TM_POLICIES = POLICIES
 TM_SCOPES = SCOPES
 
+POD_BUBBLE_UNSUPPORTED = (
+    "numapin: pod {pod} sets pod-level resources (spec.resources) on a node with kubelet's PodLevelResourceManagers "
+    "gate and topologyManagerScope pod, where kubelet 1.36 gives the pod one CPU and memory \"bubble\" shared out "
+    "among its containers: numapin does not model that yet and does not admit the pod (use topologyManagerScope "
+    "container, or leave the gate off)")
+
 Mode = ContainerMode  # exclusive | share (own CPUs) | shared (the pool): allocator.modes
 Reason = AdmitReason
 # {container: {device or resource: its NUMA nodes}} (a list of node sets for several devices of one resource)
@@ -110,11 +116,6 @@ def build_node(config: NodeConfig) -> NodeParts:
             f"topologyManagerScope: unknown scope {config.topology_manager_scope!r} "
             f"(allowed: {', '.join(SCOPES)})"
         )
-    if config.pod_level_resource_managers and config.topology_manager_scope == "pod" \
-            and config.topology_manager_policy != "none":
-        raise ConfigError(
-            "featureGates: PodLevelResourceManagers with topologyManagerScope pod (kubelet's pod-level CPU and memory "
-            "\"bubble\") is not supported by numapin yet; use topologyManagerScope container, or leave the gate off")
     topology = config.topology
     try:  # options and machine checks: the topology manager package's own rules
         manager = TopologyManager.from_config(
@@ -300,6 +301,13 @@ class NodeAllocator:
         free = state.default_cpuset - self.reserved_cpus
         return {n: len(free & self.topology.cpus_in_numa(n)) for n in self.topology.numa_nodes}
 
+    def _pod_bubble(self) -> bool:
+        """kubelet would give a pod with pod-level resources one CPU and memory "bubble" (PodLevelResourceManagers,
+        topology manager scope pod, a policy other than none): numapin does not model it (yet)."""
+        c = self.config
+        return (c.pod_level_resource_managers and c.topology_manager_scope == "pod"
+                and c.topology_manager_policy != "none")
+
     def gated(self, pod: PodInfo) -> PodInfo:
         """``pod`` as this node's managers see it: with the node's ``PodLevelResourceManagers`` gate."""
         gate = self.config.pod_level_resource_managers
@@ -346,6 +354,9 @@ class NodeAllocator:
             info = _admitted_before(info, work, only)
         if info.bypass:
             return self._decision(info, work, None, True, None, "bypassed (numapin.io/bypass)")
+        if info.pod_level_resources and self._pod_bubble():
+            return self._decision(info, self.state, None, False, "UnexpectedAdmissionError",
+                                  POD_BUBBLE_UNSUPPORTED.format(pod=info.ref))
         device_map = {c: {r: _device_nodes(n) for r, n in d.items()} for c, d in (devices or {}).items()}
         memory: HintProvider = MemoryHintProvider()
         if self.memory_policy is not None and mem_work is not None:

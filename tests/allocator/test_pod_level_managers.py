@@ -2,7 +2,7 @@
 ``--feature-gates``): with topology manager scope ``container`` (or policy ``none``) a pod with pod-level resources
 goes through the container-level flow, and a container of such a Guaranteed pod gets CPUs and memory of its own when
 it is Guaranteed on its own (IsContainerEquivalentQOSGuaranteed) -- kubelet's own test expectations, by name. Scope
-``pod`` with the gate (kubelet's pod "bubble") is refused by numapin with a clear error."""
+``pod`` with the gate (kubelet's pod "bubble") is not modelled: numapin refuses such a pod (only), saying why."""
 
 from __future__ import annotations
 
@@ -107,9 +107,16 @@ def test_single_numa_node_judges_the_eligible_containers_alone() -> None:
     assert node(False, policy="single-numa-node").admit_pod(spec).admitted  # gate off: no hints, admitted
 
 
-def test_pod_scope_with_the_gate_is_refused_with_a_clear_error() -> None:
-    with pytest.raises(ConfigError, match=r"PodLevelResourceManagers with topologyManagerScope pod .* not supported"):
-        node(policy="restricted", scope="pod")
+def test_pod_scope_with_the_gate_refuses_pod_level_pods_only_saying_why() -> None:
+    n = node(policy="restricted", scope="pod")
+    before = n.state.copy()
+    d = n.admit_pod(pod("p", "3", "1Gi", ctr("gu", "2", "256Mi"), ctr("free")))
+    assert not d.admitted and d.reason == "UnexpectedAdmissionError" and n.state == before
+    assert "pod default/p sets pod-level resources" in d.message and "does not model that yet" in d.message
+    plain = {"metadata": {"name": "q", "uid": "q"}, "spec": {"containers": [ctr("gu", "2", "256Mi")]}}
+    assert len(n.admit_pod(plain).container("gu").cpus) == 2  # every other pod: as before
+    assert node(False, policy="restricted", scope="pod").admit_pod(pod("p", "3", "1Gi", ctr("gu", "2", "256Mi"))
+                                                                   ).admitted  # gate off: kubelet's default
 
 
 def test_the_rule_for_a_container_guaranteed_on_its_own() -> None:
