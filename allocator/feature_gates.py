@@ -12,11 +12,12 @@ parses them. An unknown gate, a bad value or a gate given twice is a ConfigError
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["KNOWN_GATES", "FeatureGates", "parse_feature_gates"]
+__all__ = ["KNOWN_GATES", "FeatureGates", "feature_gates_of", "parse_feature_gates"]
 
 KNOWN_GATES = ("PodLevelResourceManagers", "PodLevelResources")
 _TRUE = ("1", "t", "T", "TRUE", "true", "True")
@@ -55,3 +56,15 @@ def parse_feature_gates(text: str) -> FeatureGates:
         raise ConfigError("--feature-gates: PodLevelResources=false is not supported: numapin models kubelet with "
                           "pod-level resources on (beta, the default since Kubernetes 1.34)")
     return FeatureGates(pod_level_resource_managers=values.get("PodLevelResourceManagers", False))
+
+
+def feature_gates_of(value: object, what: str = "featureGates") -> FeatureGates:
+    """``--feature-gates`` text, or kubelet's KubeletConfiguration ``featureGates`` mapping (``{Name: true}``), or
+    None (the defaults). Raises ConfigError naming ``what``."""
+    if value is None:
+        return FeatureGates()
+    if isinstance(value, Mapping):
+        value = ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in value.items())
+    if not isinstance(value, str):
+        raise ConfigError(f"{what}: expected a mapping of gate names to true or false, got {value!r}")
+    return parse_feature_gates(value)
