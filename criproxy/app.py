@@ -66,7 +66,8 @@ def node_parts_of(config: ProxyConfig) -> NodeParts:
                     topology_manager_scope=config.topology_manager_scope,
                     topology_manager_policy_options=dict(config.topology_manager_policy_options),
                     require_reserved_cpus=True,  # kubelet's start-up rule for a node with the static policy
-                    memory=memory)
+                    memory=memory,
+                    pod_level_resource_managers=config.feature_gates.pod_level_resource_managers)
     return build_node(nc)
 
 
@@ -232,9 +233,11 @@ class CriProxy:
             limits=ConnectionLimits(max_connections=cfg.max_connections, idle_timeout=cfg.connection_idle_timeout),
             on_turned_away=self.metrics.observe_connection_turned_away,
             on_closed=self.metrics.observe_connection_closed)
-        log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s",
+        log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s, "
+                 "feature gates %s",
                  cfg.listen, cfg.relay, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
-                 cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
+                 cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs",
+                 cfg.feature_gates.to_text())
         self._nrt_dirty.set()
         self._spawn(self._reconcile_loop(), "reconcile")
         self._spawn(self._nrt_loop(), "nrt")
