@@ -57,6 +57,12 @@ __all__ = [
 TM_POLICIES = POLICIES
 TM_SCOPES = SCOPES
 
+POD_BUBBLE_UNSUPPORTED = (
+    "numapin: pod {pod} sets pod-level resources (spec.resources) on a node with kubelet's PodLevelResourceManagers "
+    "gate and topologyManagerScope pod, where kubelet 1.36 gives the pod one CPU and memory \"bubble\" shared out "
+    "among its containers: numapin does not model that yet and does not admit the pod (use topologyManagerScope "
+    "container, or leave the gate off)")
+
 Mode = ContainerMode  # exclusive | share (own CPUs) | shared (the pool): allocator.modes
 Reason = AdmitReason
 # {container: {device or resource: its NUMA nodes}} (a list of node sets for several devices of one resource)
@@ -82,6 +88,9 @@ class NodeConfig:
     topology_manager_policy_options: Mapping[str, str] = field(default_factory=dict)
     require_reserved_cpus: bool = False
     memory: MemoryConfig | None = None  # memoryManagerPolicy, the machine's memory, reservedMemory (allocator.memory)
+    # kubelet's --feature-gates PodLevelResourceManagers (1.36 alpha): pods with spec.resources get CPUs and memory
+    # of their own for their containers Guaranteed on their own (allocator.pod); off, none of them does
+    pod_level_resource_managers: bool = False
 
 
 @dataclass(frozen=True)
@@ -292,6 +301,18 @@ class NodeAllocator:
         free = state.default_cpuset - self.reserved_cpus
         return {n: len(free & self.topology.cpus_in_numa(n)) for n in self.topology.numa_nodes}
 
+    def _pod_bubble(self) -> bool:
+        """kubelet would give a pod with pod-level resources one CPU and memory "bubble" (PodLevelResourceManagers,
+        topology manager scope pod, a policy other than none): numapin does not model it (yet)."""
+        c = self.config
+        return (c.pod_level_resource_managers and c.topology_manager_scope == "pod"
+                and c.topology_manager_policy != "none")
+
+    def gated(self, pod: PodInfo) -> PodInfo:
+        """``pod`` as this node's managers see it: with the node's ``PodLevelResourceManagers`` gate."""
+        gate = self.config.pod_level_resource_managers
+        return pod if pod.pod_level_managers == gate else replace(pod, pod_level_managers=gate)
+
     # -- admission --------------------------------------------------------------------
     def admit_pod(
         self,
@@ -315,7 +336,7 @@ class NodeAllocator:
         containers without CPUs (an init container that completed and was removed, a container running on the
         shared pool) are left out of the admission and keep what they have: no running container is given CPUs,
         nor moved, behind its back, and a completed init container takes no CPU from the pool again."""
-        info = with_pod_mode(pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod), self.state)
+        info = with_pod_mode(self.gated(pod if isinstance(pod, PodInfo) else PodInfo.from_pod(pod)), self.state)
         work = self.state.copy()
         mem_work = self.memory_state.copy() if self.memory_state is not None else None
         for name in reallocate:
@@ -333,6 +354,9 @@ class NodeAllocator:
             info = _admitted_before(info, work, only)
         if info.bypass:
             return self._decision(info, work, None, True, None, "bypassed (numapin.io/bypass)")
+        if info.pod_level_resources and self._pod_bubble():
+            return self._decision(info, self.state, None, False, "UnexpectedAdmissionError",
+                                  POD_BUBBLE_UNSUPPORTED.format(pod=info.ref))
         device_map = {c: {r: _device_nodes(n) for r, n in d.items()} for c, d in (devices or {}).items()}
         memory: HintProvider = MemoryHintProvider()
         if self.memory_policy is not None and mem_work is not None:
@@ -420,7 +444,7 @@ class NodeAllocator:
         mem = None
         if self.memory_policy is not None and self.memory_state is not None:
             mem = MemoryProvider(self.memory_policy, self.memory_state.copy())
-        change, work = plan_mode_change(self.state, self.policy, self.topology_manager, pod, target, mem)
+        change, work = plan_mode_change(self.state, self.policy, self.topology_manager, self.gated(pod), target, mem)
         if work is not None and not dry_run:
             self.state = work
             if mem is not None:
@@ -436,7 +460,7 @@ class NodeAllocator:
         """Resize container ``name`` of a running pod to what ``pod`` (the pod after the resize, same uid) asks,
         from what the state holds for it, transactionally: a refused resize (kubelet's reason in the outcome)
         changes nothing. Raises PodSpecError when the pod has no such container. See allocator.resize."""
-        outcome, work = plan_resize(self.state, self.policy, self.topology_manager, pod, name)
+        outcome, work = plan_resize(self.state, self.policy, self.topology_manager, self.gated(pod), name)
         if work is not None and not dry_run:
             self.state = work
         held = self.container_mems(pod.uid, name)
@@ -462,7 +486,7 @@ class NodeAllocator:
         if self.memory_policy is None or self.memory_state is None:
             return MemoryResize(pod.uid, name, True, None, "memory manager policy None: memory is not accounted",
                                 (), (), None, None)
-        outcome, work = plan_memory_resize(self.memory_policy, self.memory_state, pod, name)
+        outcome, work = plan_memory_resize(self.memory_policy, self.memory_state, self.gated(pod), name)
         if work is not None and not dry_run:
             self.memory_state = work
         return outcome

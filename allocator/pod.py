@@ -6,9 +6,12 @@ Eligibility follows kubelet by default (Guaranteed pod, integer CPU request). Th
 ``exclusive`` and ``share`` pin a container whose own CPU limit is an integer >= 1 equal to its request,
 whatever the pod's QoS class. ``share`` CPUs stay usable by the shared pool.
 
-A pod with pod-level resources (``spec.resources``, ``allocator.pod_level``) follows kubelet 1.34: its QoS class
-comes from the pod-level values and, by kubelet's rule, no container of it gets CPUs of its own; the annotation's
-modes still judge each container by its own CPU request and limit.
+A pod with pod-level resources (``spec.resources``, ``allocator.pod_level``) follows kubelet 1.36: its QoS class
+comes from the pod-level values and, with the ``PodLevelResourceManagers`` gate off (the default), no container of it
+gets CPUs (nor memory, ``allocator.memory.requests``) of its own. With the gate on (``pod_level_managers``, stamped by
+the node from its configuration) a container of such a Guaranteed pod qualifies when it is Guaranteed on its own
+(kubelet's IsContainerEquivalentQOSGuaranteed: CPU and memory requests set, non-zero and equal to the limits) and
+asks an integer CPU count. The annotation's modes still judge each container by its own CPU request and limit.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ __all__ = [
     "ContainerInfo",
     "PodInfo",
     "container_mode",
+    "equivalent_guaranteed",
     "guaranteed_cpus",
     "is_bypassed",
     "normalize_cpu_manager",
@@ -84,7 +88,8 @@ class PodInfo:
     cpu_manager: CPUManagerMode | None
     bypass: bool
     containers: tuple[ContainerInfo, ...]
-    pod_level_resources: bool = False  # spec.resources sets CPU, memory or hugepages (kubelet: no exclusive CPUs)
+    pod_level_resources: bool = False  # spec.resources sets CPU, memory or hugepages (kubelet's IsPodLevelResourcesSet)
+    pod_level_managers: bool = False  # the node's PodLevelResourceManagers gate (stamped by the node, not read)
 
     @property
     def init_containers(self) -> tuple[ContainerInfo, ...]:
@@ -204,9 +209,17 @@ def guaranteed_cpus(pod: PodInfo, c: ContainerInfo) -> int:
         if req is None or lim is None or req != lim or req < 1000 or req % 1000:
             return 0
         return req // 1000
-    if pod.qos_class != "Guaranteed" or pod.pod_level_resources or not req or req % 1000:
+    if pod.qos_class != "Guaranteed" or not req or req % 1000:
+        return 0
+    if pod.pod_level_resources and not (pod.pod_level_managers and equivalent_guaranteed(c)):
         return 0
     return req // 1000
+
+
+def equivalent_guaranteed(c: ContainerInfo) -> bool:
+    """kubelet's IsContainerEquivalentQOSGuaranteed: CPU and memory requests non-zero and equal to their limits."""
+    return bool(c.cpu_request_milli) and c.cpu_request_milli == c.cpu_limit_milli \
+        and bool(c.memory_request) and c.memory_request == c.memory_limit
 
 
 def container_mode(pod: PodInfo, c: ContainerInfo) -> ContainerMode:

@@ -136,9 +136,11 @@ class CriProxy:
             limits=ConnectionLimits(max_connections=cfg.max_connections, idle_timeout=cfg.connection_idle_timeout),
             on_turned_away=self.metrics.observe_connection_turned_away,
             on_closed=self.metrics.observe_connection_closed)
-        log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s",
+        log.info("numapin criproxy listening on %s (%s relay), runtime %s, topology manager %s/%s, reserved %s, "
+                 "feature gates %s",
                  cfg.listen, cfg.relay, cfg.runtime_endpoint, cfg.topology_manager_policy, cfg.topology_manager_scope,
-                 cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs")
+                 cfg.reserved_cpus if cfg.reserved_cpus is not None else f"{cfg.num_reserved_cpus} CPUs",
+                 cfg.feature_gates.to_text())
         self.agent.begin()
         return self
 

@@ -70,7 +70,8 @@ def node_parts_of(config: AgentConfig) -> NodeParts:
                     topology_manager_scope=config.topology_manager_scope,
                     topology_manager_policy_options=dict(config.topology_manager_policy_options),
                     require_reserved_cpus=True,  # kubelet's start-up rule for a node with the static policy
-                    memory=memory)
+                    memory=memory,
+                    pod_level_resource_managers=config.feature_gates.pod_level_resource_managers)
     return build_node(nc)
 
 

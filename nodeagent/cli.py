@@ -83,6 +83,12 @@ AGENT_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
               "(default memory.available<100Mi)"}),
     ("--import-kubelet-memory-state", "import_kubelet_memory_state",
      {"help": "kubelet's memory_manager_state to import once when numapin has no memory state yet (Static)"}),
+    ("--feature-gates", "feature_gates",
+     {"metavar": "A=true,B=false",
+      "help": "the node kubelet's --feature-gates that change its CPU and Memory Managers, in kubelet's syntax (a "
+              "config file may give kubelet's featureGates mapping): PodLevelResourceManagers=true pins pods with "
+              "pod-level resources as kubelet 1.36's alpha gate does (docs/annotations.md); an unknown gate exits 2 "
+              "(default: kubelet's defaults, PodLevelResourceManagers off)"}),
     ("--log-level", "log_level", {"help": "DEBUG, INFO, WARNING (default INFO)"}),
     ("--bypass-namespaces", "bypass_namespaces",
      {"help": "namespaces (comma-separated) whose pods' numapin.io/bypass: \"true\" is honoured; elsewhere the "

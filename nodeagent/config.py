@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from allocator.bypass import DEFAULT_BYPASS_NAMESPACE, BypassPolicy, parse_names
 from allocator.cpuset import CPUSet
 from allocator.errors import AllocatorError, ConfigError
+from allocator.feature_gates import FeatureGates, feature_gates_of
 from allocator.memory.reserved import MemoryReservation
 from nodeagent.node.memory_settings import coerce_memory_setting, is_memory_setting
 
@@ -91,6 +92,8 @@ class AgentConfig:
     kube_reserved: Mapping[str, str] = field(default_factory=dict)
     eviction_hard: str | None = None  # memory.available's threshold; None: kubelet's default (100Mi)
     import_kubelet_memory_state: str | None = None
+    # kubelet's --feature-gates that change its CPU and Memory Managers (allocator.feature_gates): as the node's kubelet
+    feature_gates: FeatureGates = field(default_factory=FeatureGates)
 
     @property
     def bypass(self) -> BypassPolicy:
@@ -185,6 +188,8 @@ def coerce_setting(name: str, value: Any) -> Any:
             return CPUSet.parse(str(value))
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
+    if name == "feature_gates":  # a flag's A=true,B=false, or a config file's mapping (kubelet's featureGates)
+        return value if isinstance(value, FeatureGates) else feature_gates_of(value, where)
     if name in ("topology_manager_policy_options", "cpu_manager_policy_options"):
         return parse_options(value, where)
     if name in ("reconcile_period", "converge_period", "kubelet_check_period"):

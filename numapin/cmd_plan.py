@@ -25,7 +25,8 @@ reason) and for every container its mode, CPU topology hints, merged NUMA affini
 
 Scenario fields: topology (inline, a file, or sysfs:ROOT), reservedCPUs or numReservedCPUs,
 cpuManagerPolicyOptions, topologyManagerPolicy, topologyManagerScope, topologyManagerPolicyOptions,
-state (as in the state file), pods (v1 Pod objects), devices ({pod: {container: {resource: [NUMA nodes]}}}),
+featureGates (kubelet's, e.g. {PodLevelResourceManagers: true}), state (as in the state file), pods (v1 Pod
+objects), devices ({pod: {container: {resource: [NUMA nodes]}}}),
 memory (kubelet's Memory Manager: policy, perNUMANode or nodes, reservedMemory, systemReserved, kubeReserved,
 evictionHard; then memory and huge pages per NUMA node and every container's blocks are shown too).
 See examples/ for complete scenarios.

@@ -8,6 +8,7 @@ A scenario is a JSON or YAML mapping::
     topologyManagerPolicy: single-numa-node
     topologyManagerScope: container
     topologyManagerPolicyOptions: {prefer-closest-numa-nodes: "true"}
+    featureGates: {PodLevelResourceManagers: true}   # kubelet's, as in KubeletConfiguration (optional)
     state: {defaultCpuSet: "...", entries: {...}}   # as in the state file (optional)
     pods: [ <v1 Pod>, ... ]
     devices: {<pod name>: {<container>: {<resource>: [NUMA nodes]}}}   # optional: devices already bound
@@ -30,7 +31,8 @@ import yaml
 
 from allocator.checkpoint import parse_checkpoint
 from allocator.cpuset import CPUSet
-from allocator.errors import AllocatorError, CheckpointError, PodSpecError, TopologyError
+from allocator.errors import AllocatorError, CheckpointError, ConfigError, PodSpecError, TopologyError
+from allocator.feature_gates import FeatureGates, feature_gates_of
 from allocator.memory.config import MemoryConfig
 from allocator.node import NodeConfig, NodeParts, build_node
 from allocator.pod import PodInfo
@@ -50,6 +52,7 @@ FIELDS = (
     "topologyManagerPolicy",
     "topologyManagerScope",
     "topologyManagerPolicyOptions",
+    "featureGates",
     "state",
     "pods",
     "devices",
@@ -183,6 +186,14 @@ def _memory(value: Any, topology: Topology) -> MemoryConfig | None:
         raise ScenarioError(str(e)) from None
 
 
+def _gates(value: Any) -> FeatureGates:
+    try:
+        return feature_gates_of(value)
+    except ConfigError as e:
+        raise ScenarioError("featureGates: " + str(e).removeprefix("--feature-gates: ").removeprefix("featureGates: ")
+                            ) from None
+
+
 def parse_scenario(doc: Any, base: Path | None = None) -> Scenario:
     """Build a Scenario from a parsed document. Raises ScenarioError naming the field."""
     base = base or Path.cwd()
@@ -227,6 +238,7 @@ def parse_scenario(doc: Any, base: Path | None = None) -> Scenario:
                                                  "topologyManagerPolicyOptions"),
         require_reserved_cpus=True,  # kubelet would not start without
         memory=_memory(doc.get("memory"), topology),
+        pod_level_resource_managers=_gates(doc.get("featureGates")).pod_level_resource_managers,
     )
     try:
         parts = build_node(config)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from allocator.bypass import BypassPolicy
+from allocator.feature_gates import FeatureGates
 from webhook.admission.binding import BindingValidator
 from webhook.admission.mutate import is_pod_request, mutate_review
 from webhook.admission.resize import ResizeValidator, is_resize_request
@@ -56,6 +57,7 @@ class WebhookOptions:
     settle_heap: bool = False
     bypass: BypassPolicy = field(default_factory=BypassPolicy)  # who may set numapin.io/bypass (allocator.bypass)
     worker_metrics_dir: Path | None = None  # a worker of ``--workers N``: where the workers answer each other's metrics
+    feature_gates: FeatureGates = field(default_factory=FeatureGates)  # the kubelets' --feature-gates it simulates
 
 
 class WebhookApp:
@@ -66,7 +68,7 @@ class WebhookApp:
         self.metrics = WebhookMetrics()
         self.nodes = NodeStore()
         self.pods = PodCache(max_bytes=opts.pod_cache_bytes)
-        self.simulator = Simulator()
+        self.simulator = Simulator(pod_level_managers=opts.feature_gates.pod_level_resource_managers)
         self.unjudged = UnjudgedRule(opts.unjudged, self.metrics)
         self.sources: list[Any] = []
         pod_sources: list[PodAPISource | PodDirectorySource] = []
@@ -118,7 +120,7 @@ class WebhookApp:
         return self.server.port
 
     async def mutate(self, req: AdmissionRequest) -> Verdict:
-        return await mutate_review(req)
+        return await mutate_review(req, pod_level_managers=self.simulator.pod_level_managers)
 
     async def validate(self, req: AdmissionRequest) -> Verdict:
         if req.group == "" and req.resource == "pods" and req.sub_resource == "binding":

@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="how long a binding waits for its pod from the API server on a cache miss (default 1)")
     judge.add_argument("--pod-cache-bytes", type=int, default=None,
                        help="memory bound of the pod cache (default 64 MiB)")
+    judge.add_argument("--feature-gates", default="", metavar="A=true,B=false",
+                       help="the kubelets' --feature-gates that change their CPU and Memory Managers, in kubelet's "
+                            "syntax: PodLevelResourceManagers=true simulates kubelet 1.36's alpha pod-level resource "
+                            "managers (docs/annotations.md); default: kubelet's defaults (off)")
     who = parser.add_argument_group("who may bypass numapin (docs/tenancy.md)")
     who.add_argument("--bypass-namespaces", default=None, metavar="NS[,NS...]",
                      help="namespaces whose pods may set numapin.io/bypass: \"true\"; elsewhere it is denied on CREATE "
@@ -112,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
 
     from allocator.bypass import BypassPolicy, parse_names, parse_service_accounts
     from allocator.errors import ConfigError
+    from allocator.feature_gates import parse_feature_gates
     from webhook.app import WebhookApp, WebhookOptions
     from webhook.cluster.pods_cache import DEFAULT_POD_CACHE_BYTES
     from webhook.https.limits import ServerLimits
@@ -145,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
             namespaces=parse_names(own_namespace() if args.bypass_namespaces is None else args.bypass_namespaces,
                                    "--bypass-namespaces"),
             service_accounts=parse_service_accounts(args.bypass_service_accounts, "--bypass-service-accounts"))
+        gates = parse_feature_gates(args.feature_gates)
     except ConfigError as e:
         return _fail(str(e))
     opts = WebhookOptions(
@@ -158,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
             ("inflight_bytes", args.inflight_bytes)) if v is not None}),
         client_ca=args.client_ca, unjudged=args.unjudged, pod_lookup_timeout=args.pod_lookup_timeout,
         pod_cache_bytes=args.pod_cache_bytes or DEFAULT_POD_CACHE_BYTES, reuse_port=args.reuse_port,
-        settle_heap=True, worker_metrics_dir=args.worker_metrics_dir, bypass=bypass,
+        settle_heap=True, worker_metrics_dir=args.worker_metrics_dir, bypass=bypass, feature_gates=gates,
     )
     if opts.max_body * 8 > opts.limits.inflight_bytes:
         return _fail(f"--inflight-bytes ({opts.limits.inflight_bytes}) must hold one body of --max-body-bytes "

@@ -1,9 +1,13 @@
 """What the Memory Manager accounts for a container or a pod: bytes of ``memory`` and of each huge-page size.
 
 kubelet's rule: only Guaranteed pods are managed, each container for its ``memory`` request and every
-``hugepages-<size>`` it asks for. numapin adds Crane's modes: a container pinned by ``qos.gocrane.io/cpu-manager``
-``exclusive`` or ``share`` in a pod that is not Guaranteed is managed too, for its memory *limit* (the most it may
-use; a container without a memory limit is not managed) and its huge pages. A bypassed pod is never managed.
+``hugepages-<size>`` it asks for. A pod with pod-level resources (``spec.resources``) is not managed with kubelet's
+``PodLevelResourceManagers`` gate off (kubelet 1.36: "pod is using pod-level resources which are not supported by
+the static Memory manager policy"); with it on, only its containers Guaranteed on their own
+(``allocator.pod.equivalent_guaranteed``) are. numapin adds Crane's modes: a container pinned by
+``qos.gocrane.io/cpu-manager`` ``exclusive`` or ``share`` in a pod kubelet's rule leaves alone is managed too, for
+its memory *limit* (the most it may use; a container without a memory limit is not managed) and its huge pages.
+A bypassed pod is never managed.
 
 The pod-level amount (pod scope) is kubelet's: per resource, max(largest regular init container + the sidecars
 declared before it, app containers + all sidecars).
@@ -12,7 +16,7 @@ declared before it, app containers + all sidecars).
 from __future__ import annotations
 
 from ..modes import PINNED_MODES
-from ..pod import ContainerInfo, PodInfo, guaranteed_cpus
+from ..pod import ContainerInfo, PodInfo, equivalent_guaranteed, guaranteed_cpus
 from .resources import MEMORY, resource_order
 
 __all__ = ["Requests", "container_requests", "pod_requests"]
@@ -29,7 +33,9 @@ def container_requests(pod: PodInfo, c: ContainerInfo) -> Requests:
     if pod.bypass:
         return {}
     out: Requests = {}
-    if pod.qos_class == "Guaranteed":
+    kubelets = pod.qos_class == "Guaranteed" and (
+        not pod.pod_level_resources or (pod.pod_level_managers and equivalent_guaranteed(c)))
+    if kubelets:
         if c.memory_request is not None:
             out[MEMORY] = c.memory_request
     elif pod.cpu_manager in PINNED_MODES and guaranteed_cpus(pod, c) > 0 and c.memory_limit is not None:

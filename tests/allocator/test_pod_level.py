@@ -1,6 +1,8 @@
-"""Pod-level resources (``spec.resources``, beta in Kubernetes 1.34) as kubelet's static CPU manager policy treats
-them: the QoS class from the pod-level values (with API defaulting), no container with CPUs of its own by kubelet's
-rule, numapin's annotation modes still judging each container by its own values; carried through the intent."""
+"""Pod-level resources (``spec.resources``, beta and on by default since Kubernetes 1.34) as kubelet v1.36's static
+CPU and Memory Manager policies treat them with the ``PodLevelResourceManagers`` gate off (the default): the QoS class
+from the pod-level values (with API defaulting), no container with CPUs or memory of its own, no hint from either
+manager (so the topology manager admits the pod whatever its policy), numapin's annotation modes still judging each
+container by its own values; carried through the intent. The gate's alpha behaviour: test_pod_level_managers.py."""
 
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ import pytest
 from allocator import CPUSet, NodeAllocator, NodeConfig, Topology
 from allocator.errors import PodSpecError
 from allocator.intent import decode_intent, encode_intent
+from allocator.memory import MachineMemory, parse_reserved_memory
+from allocator.memory.config import MemoryConfig
 from allocator.pod import CPU_MANAGER_ANNOTATION, PodInfo, container_mode, guaranteed_cpus, pod_guaranteed_cpus
 from allocator.pod_level import aggregate_request, pod_level_resources
 from tests.fixtures.make_sysfs import MACHINES, build
+from tests.topologies import xeon_gold_6258r
 
 
 def ctr(name: str, cpu: str | None = None, mem: str | None = None, *, init: bool = False,
@@ -122,3 +127,56 @@ def test_the_node_admits_it_on_the_shared_pool(tmp_path) -> None:
     d = n.admit_pod(pod(ctr("app", "4", "4Gi"), resources=FOUR))
     assert d.admitted and d.container("app").mode == "shared" and n.state.assignments == {}
     assert d.container("app").cpus == n.shared_pool()
+
+
+# kubelet v1.36 with PodLevelResources on and PodLevelResourceManagers off: its own test cases, by name, as pods. In
+# every one kubelet gives no container CPUs or memory of its own and both managers return no hint (admitted).
+GI = 1 << 30
+MACHINE = MachineMemory.uniform((0, 1), 64 * GI, ())
+
+
+def _pl(cpu: str, mem: str) -> dict:
+    """Pod-level requests equal to limits."""
+    return {"requests": {"cpu": cpu, "memory": mem}, "limits": {"cpu": cpu, "memory": mem}}
+
+
+def _ctr(name: str, cpu: str | None, mem: str | None) -> dict:
+    res = {k: v for k, v in (("cpu", cpu), ("memory", mem)) if v}
+    return {"name": name, "resources": {"requests": res, "limits": res} if res else {}}
+
+
+GATE_OFF = [
+    pytest.param(_pl("2", "300Mi"), [_ctr("container1", "1", "100Mi")],
+                 id="cpumanager/TestCPUManagerRestoreState/Pod-level resources enabled, managers disabled"),
+    pytest.param(_pl("1", "128Mi"), [_ctr("container1", "1", "100Mi")],
+                 id="memorymanager/TestMemoryManagerRestoreState/PodLevelResources enabled, "
+                    "PodLevelResourceManagers disabled"),
+    pytest.param(_pl("1", "1Gi"), [_ctr("c1", None, None)],
+                 id="podresources/PodLevelResourceManagers disabled, Pod Level Resources Only (No Exclusive CPUs)"),
+    pytest.param(_pl("2", "1Gi"), [_ctr("c1", "2", "1Gi")],
+                 id="topologymanager/TestAdmitWithPodLevelResources/pod scope, feature disabled, falls back to "
+                    "container level flow"),
+    pytest.param(_pl("300m", "128Mi"), [_ctr("gu-container", "100m", "128Mi")],
+                 id="e2e_node/memory_manager/should not report any memory data during request to pod resources List "
+                    "when pod has pod level resources, PodLevelResourceManagers disabled"),
+    pytest.param({"limits": {"cpu": "4", "memory": "100Gi"}}, [_ctr("app", "4", "100Gi")],
+                 id="numapin/memory no NUMA node holds: refused before, kubelet gives no hint"),
+]
+
+
+@pytest.mark.parametrize("scope", ["container", "pod"])
+@pytest.mark.parametrize(("resources", "containers"), GATE_OFF)
+def test_kubelet_1_36_gate_off_pins_neither_cpus_nor_memory(resources: dict, containers: list, scope: str) -> None:
+    n = NodeAllocator(NodeConfig(topology=xeon_gold_6258r(), num_reserved_cpus=2,
+                                 topology_manager_policy="single-numa-node", topology_manager_scope=scope,
+                                 memory=MemoryConfig(MACHINE, "Static", parse_reserved_memory("0:memory=100Mi"))))
+    before = n.memory_state.copy() if n.memory_state is not None else None
+    p = pod(*containers, resources=resources)
+    info = PodInfo.from_pod(p)
+    assert info.qos_class == "Guaranteed" and info.pod_level_resources
+    d = n.admit_pod(p)
+    assert d.admitted, d.message
+    assert n.state.assignments == {} and n.memory_state == before  # nothing of its own, nothing accounted
+    for c in d.containers:
+        assert c.mode == "shared" and c.cpus == n.shared_pool() and c.mems == CPUSet([0, 1])
+        assert all(h is None for h in c.hints.values())  # neither manager gives a hint

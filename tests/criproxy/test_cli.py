@@ -25,6 +25,11 @@ def test_file_then_flags(tmp_path: Path) -> None:
     assert cfg.topology_manager_policy == "single-numa-node"
     assert cfg.cpu_manager_policy_options == {"full-pcpus-only": "true"}
     assert cfg.lift_cfs_quota is False
+    assert not cfg.feature_gates.pod_level_resource_managers  # kubelet's default
+    f.write_text("featureGates: {PodLevelResourceManagers: true}\n")  # kubelet's KubeletConfiguration form
+    assert load_config(str(f), {}).feature_gates.pod_level_resource_managers
+    assert not load_config(str(f), {"feature_gates": "PodLevelResourceManagers=false"}
+                           ).feature_gates.pod_level_resource_managers  # the flag wins
 
 
 @pytest.mark.parametrize(("content", "needle"), [
@@ -33,6 +38,8 @@ def test_file_then_flags(tmp_path: Path) -> None:
     ("- a\n", "expected a mapping"),
     ("cpuManagerPolicyOptions: nonsense\n", "cpu-manager-policy-options"),
     ("cpusetWrites: sometimes\n", "cpuset-writes: expected kernel or runtime, got 'sometimes'"),
+    ("featureGates: {NoSuchGate: true}\n", "unrecognized feature gate 'NoSuchGate'"),
+    ("featureGates: [PodLevelResourceManagers]\n", "feature-gates: expected a mapping of gate names"),
 ])
 def test_bad_file_names_the_setting(tmp_path: Path, content: str, needle: str) -> None:
     f = tmp_path / "c.yaml"
@@ -49,6 +56,7 @@ def test_bad_file_names_the_setting(tmp_path: Path, content: str, needle: str) -
     (["--metrics-address", "nowhere"], "metrics-address"),
     (["--metrics-address", "127.0.0.1:70000"], "port 70000 is not in 0-65535"),
     (["--config", "/does/not/exist.yaml"], "/does/not/exist.yaml"),
+    (["--feature-gates", "PodLevelResourceManagers=maybe"], "invalid value of PodLevelResourceManagers: 'maybe'"),
     ([], "requires systemreserved.cpu + kubereserved.cpu to be greater than zero"),  # kubelet's start-up rule
 ])
 def test_bad_configuration_exits_2_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str],
@@ -71,7 +79,8 @@ def test_help_lists_the_flags() -> None:
     out = subprocess.run([sys.executable, "-m", "numapin", "criproxy", "--help"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     for flag in ("--listen", "--runtime-endpoint", "--state-dir", "--sysfs", "--reserved-cpus",
-                 "--topology-manager-policy", "--topology-manager-scope", "--cpu-manager-policy-options", "--config"):
+                 "--topology-manager-policy", "--topology-manager-scope", "--cpu-manager-policy-options", "--config",
+                 "--feature-gates"):
         assert flag in out
 
 

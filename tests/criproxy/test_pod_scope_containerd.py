@@ -2,11 +2,17 @@
 first container's create, as kubelet admits it); a later create (a restart with attempt+1) only looks its CPUs up.
 A completed init container, removed by kubelet, is not allocated again when its sibling restarts (that refused the
 restart on this 2-CPU machine), and while it all happens no running container's cpuset ever changes: the exclusive
-app container stays on its CPU, the shared container beside stays off it."""
+app container stays on its CPU, the shared container beside stays off it.
+
+Pods with pod-level resources (``spec.resources``) as kubelet 1.36 pins them, in the kernel: with the
+``PodLevelResourceManagers`` gate off (kubelet's default) a Guaranteed one stays on the shared pool, while the same
+containers without ``spec.resources`` are pinned; with ``--feature-gates PodLevelResourceManagers=true`` (topology
+manager scope ``container``) its container Guaranteed on its own is pinned, one with a CPU limit alone is not."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import tempfile
 import time
@@ -30,11 +36,12 @@ pytestmark = pytest.mark.containerd
 M = 1 << 20
 
 
-@pytest.fixture
-async def pod_scope_proxy(lab: ContainerdLab) -> AsyncIterator[ProxyProcess]:
+@contextlib.asynccontextmanager
+async def best_effort_proxy(lab: ContainerdLab, *extra: str) -> AsyncIterator[ProxyProcess]:
+    """The proxy process under topology manager policy best-effort (and ``extra`` flags), containerd left empty."""
     d = Path(tempfile.mkdtemp(prefix="npx-ps-", dir="/tmp"))
-    p = ProxyProcess(d, lab.socket, reserved_cpus=SHARED, extra_args=(
-        "--topology-manager-policy", "best-effort", "--topology-manager-scope", "pod"))
+    p = ProxyProcess(d, lab.socket, reserved_cpus=SHARED, extra_args=("--topology-manager-policy", "best-effort",
+                                                                       *extra))
     await asyncio.to_thread(p.start)
     try:
         yield p
@@ -45,6 +52,12 @@ async def pod_scope_proxy(lab: ContainerdLab) -> AsyncIterator[ProxyProcess]:
                 await direct.stop_pod_sandbox(sb.id)
                 await direct.remove_pod_sandbox(sb.id)
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+async def pod_scope_proxy(lab: ContainerdLab) -> AsyncIterator[ProxyProcess]:
+    async with best_effort_proxy(lab, "--topology-manager-scope", "pod") as p:
+        yield p
 
 
 class Sampler:
@@ -133,3 +146,56 @@ async def test_pod_scope_restart_after_the_init_container_went_moves_no_running_
         assert set(state["entries"][pod.uid]) == {"main"}
         log = proxy.log.read_text()
         assert "UnexpectedAdmissionError" not in log and "converge (periodic): repaired" not in log
+
+
+def pod_level_intent(uid: str, pod_level: bool, memory: bool = True) -> dict[str, str]:
+    """The intent /mutate stamps on a Guaranteed pod with one 1-CPU container (with 64Mi of memory, or none), with
+    or without ``spec.resources``."""
+    res = {"cpu": "1", "memory": "64Mi"}
+    own = res if memory else {"cpu": "1"}
+    spec: dict = {"containers": [{"name": "main", "resources": {"requests": own, "limits": own}}]}
+    if pod_level:
+        spec["resources"] = {"requests": res, "limits": res}
+    info = PodInfo.from_pod({"metadata": {"name": "p", "namespace": "default", "uid": uid}, "spec": spec})
+    assert info.qos_class == "Guaranteed" and info.pod_level_resources is pod_level
+    return {INTENT_ANNOTATION: encode_intent(info)}
+
+
+async def start_intent_pod(kubelet: CRIClient, name: str, pod_level: bool, memory: bool = True) -> tuple[str, int]:
+    uid = f"uid-{name}-{time.monotonic_ns()}"
+    cfg = kubelet.sandbox_config(name, uid, annotations=pod_level_intent(uid, pod_level, memory))
+    sid = await kubelet.run_pod_sandbox(cfg)
+    cid = await kubelet.create_container(sid, kubelet.container_config("main", cpu_milli=1000, limit_milli=1000),
+                                         cfg)
+    await kubelet.start_container(cid)
+    return uid, await pid_of(kubelet, cid)
+
+
+async def test_pod_level_resources_leave_a_guaranteed_pod_shared_as_kubelet_1_36_does(
+        pod_scope_proxy: ProxyProcess, machine_cpus: str) -> None:
+    async with CRIClient(pod_scope_proxy.socket) as kubelet:
+        _, level_pid = await start_intent_pod(kubelet, "level", True)
+        assert cpus_of(level_pid) == (machine_cpus, machine_cpus)  # kubelet: no CPUs of its own, the shared pool
+        plain, plain_pid = await start_intent_pod(kubelet, "plain", False)
+        assert cpus_of(plain_pid) == (EXCL, EXCL)  # the same container without spec.resources: pinned
+        assert cpus_of(level_pid) == (SHARED, SHARED)  # and the pod-level one narrowed off its CPU, as shared
+        assert set(pod_scope_proxy.state()["entries"]) == {plain}
+
+
+@pytest.fixture
+async def gated_proxy(lab: ContainerdLab) -> AsyncIterator[ProxyProcess]:
+    """The proxy with kubelet 1.36's alpha gate, topology manager scope container."""
+    async with best_effort_proxy(lab, "--feature-gates", "PodLevelResourceManagers=true") as p:
+        yield p
+
+
+async def test_pod_level_resource_managers_pin_a_container_guaranteed_on_its_own(
+        gated_proxy: ProxyProcess, machine_cpus: str) -> None:
+    async with CRIClient(gated_proxy.socket) as kubelet:
+        _, cpu_only_pid = await start_intent_pod(kubelet, "cpu-only", True, memory=False)
+        assert cpus_of(cpu_only_pid) == (machine_cpus, machine_cpus)  # no memory of its own: not eligible, shared
+        level, level_pid = await start_intent_pod(kubelet, "level", True)
+        assert cpus_of(level_pid) == (EXCL, EXCL)  # Guaranteed on its own: pinned, as kubelet 1.36 with the gate
+        assert cpus_of(cpu_only_pid) == (SHARED, SHARED)
+        assert set(gated_proxy.state()["entries"]) == {level}
+    assert "feature gates PodLevelResourceManagers=true" in gated_proxy.log.read_text()

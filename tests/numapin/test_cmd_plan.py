@@ -66,3 +66,15 @@ def test_text_drawing_marks_containers(tmp_path, capsys, sysfs_machine):
     assert "Marks: * = reserved  A = ns/a app (exclusive)  B = ns/b app (exclusive)  . = shared pool" in out
     assert "[0* 24*] [1A 25A] [2B 26B] [3B 27B] [4. 28.]" in out
     assert "app container app: shared, cpus shared pool 0,4-24,28-47, mems 0-1" in out
+
+
+def test_feature_gates_decide_what_a_pod_with_pod_level_resources_gets(tmp_path, capsys, sysfs_machine):
+    """kubelet's featureGates in the scenario: PodLevelResourceManagers pins the container Guaranteed on its own."""
+    root = sysfs_machine("e5-2680v3")
+    p = pod("p", "2")
+    p["spec"]["resources"] = {"limits": {"cpu": "2", "memory": "1Gi"}}
+    doc = {"topology": f"sysfs:{root}", "reservedCPUs": "0,24", "pods": [p]}
+    assert run_json(capsys, tmp_path, doc)["pods"][0]["containers"][0]["mode"] == "shared"  # kubelet's default
+    doc["featureGates"] = {"PodLevelResourceManagers": True}
+    c = run_json(capsys, tmp_path, doc)["pods"][0]["containers"][0]
+    assert c["mode"] == "exclusive" and len(CPUSet.parse(c["cpus"])) == 2

@@ -75,6 +75,8 @@ def test_webhook_bad_input_exits_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "cannot serve" in r.stderr and "Traceback" not in r.stderr
     r = numapin("webhook", "--cert", "x", "--key", "y", "--nrt-dir", str(tmp_path / "nope"))
     assert r.returncode == 2 and "not a directory" in r.stderr
+    r = numapin("webhook", "--cert", "x", "--key", "y", "--nrt-dir", str(tmp_path), "--feature-gates", "Bogus=true")
+    assert r.returncode == 2 and "unrecognized feature gate 'Bogus'" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_webhook_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:

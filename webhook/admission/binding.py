@@ -123,7 +123,7 @@ class BindingValidator:
             log.info("binding of %s/%s allowed: the pod has uid %s, the binding names %s (the API server refuses it)",
                      namespace, name, cached.uid, want_uid)
             return Verdict.allow()
-        info = cached.info
+        info = self.simulator.gated(cached.info)
         if (info.namespace, info.name) != (namespace, name):
             info = replace(info, namespace=namespace, name=name)  # messages name the pod as the binding does
         if not judged(info):

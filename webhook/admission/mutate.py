@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from allocator.errors import PodSpecError
@@ -32,8 +33,9 @@ def is_pod_request(req: AdmissionRequest) -> bool:
     return req.group == "" and req.resource == "pods" and req.sub_resource == ""
 
 
-def mutate_pod(pod: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The mutated pod (sharing unchanged parts with ``pod``) and warnings."""
+def mutate_pod(pod: Mapping[str, Any], *, pod_level_managers: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """The mutated pod (sharing unchanged parts with ``pod``) and warnings (``pod_level_managers``: the kubelets'
+    ``PodLevelResourceManagers`` gate, for the warning about pod-level resources)."""
     warnings: list[str] = []
     meta_in = pod.get("metadata")
     meta: dict[str, Any] = dict(meta_in) if isinstance(meta_in, Mapping) else {}
@@ -56,7 +58,7 @@ def mutate_pod(pod: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
         warnings.append(f"numapin: CPU intent not recorded: {e}")
     else:
         annotations[INTENT_ANNOTATION] = intent
-        warnings.extend(pod_level_warnings(info))
+        warnings.extend(pod_level_warnings(replace(info, pod_level_managers=pod_level_managers)))
 
     if not annotations and not isinstance(ann_in, Mapping):
         return dict(pod), warnings  # nothing to record: the pod stays as it was
@@ -82,7 +84,7 @@ def restamps_on_update(pod: Mapping[str, Any], old: Any) -> bool:
             or _annotation(pod, CPU_MANAGER_ANNOTATION) != _annotation(old, CPU_MANAGER_ANNOTATION))
 
 
-async def mutate_review(req: AdmissionRequest) -> Verdict:
+async def mutate_review(req: AdmissionRequest, *, pod_level_managers: bool = False) -> Verdict:
     if not is_pod_request(req) or req.operation not in ("CREATE", "UPDATE"):
         log.info("mutate: not handled, allowed unchanged: %s", req.describe())
         return Verdict.allow()
@@ -92,5 +94,5 @@ async def mutate_review(req: AdmissionRequest) -> Verdict:
         return Verdict.allow()
     if req.operation == "UPDATE" and not restamps_on_update(pod, req.old_object):
         return Verdict.allow()
-    mutated, warnings = mutate_pod(pod)
+    mutated, warnings = mutate_pod(pod, pod_level_managers=pod_level_managers)
     return Verdict.allow(*warnings, patch=tuple(diff(pod, mutated)))

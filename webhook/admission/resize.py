@@ -65,8 +65,8 @@ class ResizeValidator:
         if req.operation != "UPDATE" or not isinstance(req.object, Mapping) or not isinstance(req.old_object, Mapping):
             return Verdict.allow()
         try:
-            after = PodInfo.from_pod(req.object)
-            before = PodInfo.from_pod(req.old_object)
+            after = self.simulator.gated(PodInfo.from_pod(req.object))
+            before = self.simulator.gated(PodInfo.from_pod(req.old_object))
         except PodSpecError as e:
             log.info("validate: resize of %s not judged (%s); allowed", req.describe(), e)
             return Verdict.allow(f"numapin: resize not checked: {e}")

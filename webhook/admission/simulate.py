@@ -88,12 +88,19 @@ class _Hashed:
 
 
 class Simulator:
-    def __init__(self, *, max_answers: int = 8192, max_allocators: int = 256) -> None:
+    def __init__(self, *, max_answers: int = 8192, max_allocators: int = 256,
+                 pod_level_managers: bool = False) -> None:
+        self.pod_level_managers = pod_level_managers  # kubelet's PodLevelResourceManagers gate (--feature-gates)
         self._answers = _LRU(max_answers)
         self._allocators = _LRU(max_allocators)
         self._lock = threading.Lock()
         self._last: tuple[PodInfo, _Hashed] | None = None  # the last pod asked about and its key
         self.simulations = 0
+
+    def gated(self, pod: PodInfo) -> PodInfo:
+        """``pod`` as the simulated kubelets see it: with their ``PodLevelResourceManagers`` gate."""
+        gate = self.pod_level_managers
+        return pod if pod.pod_level_managers == gate else replace(pod, pod_level_managers=gate)
 
     def _pod_key(self, pod: PodInfo) -> _Hashed:
         last = self._last
@@ -135,7 +142,8 @@ class Simulator:
         akey = (node.state_key if occupied else node.shape_key, node.memory_manager_policy, occupied)
         alloc = self._allocators.get(akey)
         if alloc is None:
-            alloc = synthetic_allocator(node, occupied=occupied)  # with its Memory Manager when it publishes memory
+            alloc = synthetic_allocator(node, occupied=occupied,  # with its Memory Manager when it publishes memory
+                                        pod_level_managers=self.pod_level_managers)
             self._allocators.put(akey, alloc)
         return alloc
 

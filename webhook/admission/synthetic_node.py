@@ -61,8 +61,9 @@ def synthetic_reserved(node: NodeTopology, topology: Topology) -> CPUSet:
     return CPUSet.from_mask(mask)
 
 
-def synthetic_config(node: NodeTopology, topology: Topology) -> NodeConfig:
-    """The node's CPU- and topology-manager configuration, as published, on the synthetic machine ``topology``."""
+def synthetic_config(node: NodeTopology, topology: Topology, *, pod_level_managers: bool = False) -> NodeConfig:
+    """The node's CPU- and topology-manager configuration, as published, on the synthetic machine ``topology``;
+    ``pod_level_managers``: the kubelets' ``PodLevelResourceManagers`` gate (the webhook's ``--feature-gates``)."""
     return NodeConfig(
         topology=topology,
         reserved_cpus=synthetic_reserved(node, topology),
@@ -70,6 +71,7 @@ def synthetic_config(node: NodeTopology, topology: Topology) -> NodeConfig:
         topology_manager_policy=node.topology_manager_policy,
         topology_manager_scope=node.topology_manager_scope,
         topology_manager_policy_options=dict(node.topology_manager_policy_options),
+        pod_level_resource_managers=pod_level_managers,
     )
 
 
@@ -145,14 +147,14 @@ def synthetic_memory(node: NodeTopology) -> tuple[MemoryPolicy, MemoryState] | N
     return memory_from_nrt(node)
 
 
-def synthetic_allocator(node: NodeTopology, *, occupied: bool) -> NodeAllocator:
+def synthetic_allocator(node: NodeTopology, *, occupied: bool, pod_level_managers: bool = False) -> NodeAllocator:
     """The node's allocator on the synthetic machine: its CPUs (``synthetic_state``) and, when it publishes memory,
     its Memory Manager, with the memory its containers hold (``occupied``) or none. The published memory state is
     taken as it is: it has no entries to check it against (its containers are counted, not listed)."""
     from allocator.node import build_node
 
     topology = synthetic_topology(node)
-    parts = build_node(synthetic_config(node, topology))
+    parts = build_node(synthetic_config(node, topology, pod_level_managers=pod_level_managers))
     memory = synthetic_memory(node)
     if memory is not None:
         parts = NodeParts(parts.config, parts.static_policy, parts.topology_manager, memory[0])

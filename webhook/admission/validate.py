@@ -215,7 +215,7 @@ class PodValidator:
                 "FieldValueForbidden"))
 
         try:
-            info = PodInfo.from_pod(pod)
+            info = self.simulator.gated(PodInfo.from_pod(pod))
         except PodSpecError as e:
             if req.operation == "CREATE":
                 return self.unjudged.verdict("validate", "pod_unreadable", f"pod not checked: {e}")
