@@ -51,7 +51,8 @@ def test_no_manifest_runs_the_proxy_in_a_pod() -> None:
 
 
 def test_the_check_finds_a_proxy_in_a_pod() -> None:
-    [ds] = [d for _, d in _objects() if d.get("kind") == "DaemonSet"]
+    [ds] = [d for _, d in _objects()
+            if d.get("kind") == "DaemonSet" and d["metadata"]["name"] == "numapin-node-installer"]
     pod = copy.deepcopy(ds["spec"]["template"]["spec"])
     pod["containers"][0]["args"] = ["criproxy", "--config", "/etc/numapin/criproxy.yaml"]
     assert runs_the_proxy(pod) == ["install"]
