@@ -99,6 +99,8 @@ def fake_release(dest: Path, release: str) -> Path:
     shutil.copy(UNIT, meta / UNIT.name)
     shutil.copy(DROPIN, meta / DROPIN.name)
     shutil.copy(SETTINGS, meta / SETTINGS.name)
+    shutil.copy(NRI_UNIT, meta / NRI_UNIT.name)
+    shutil.copy(NRI_SETTINGS, meta / NRI_SETTINGS.name)
     return dest
 
 

@@ -11,6 +11,8 @@ import asyncio
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,7 +27,7 @@ from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.containerd import ContainerdLab
 from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.nri_process import NriProcess
-from numapin_lab.cri.proxy_process import ProxyProcess
+from numapin_lab.cri.proxy_process import ROOT, ProxyProcess
 from tests.criproxy.test_e2e_containerd import EXCL, SHARED, cpus_of, delete_pod, pid_of, start_pod
 
 pytestmark = pytest.mark.containerd
@@ -116,6 +118,12 @@ async def test_proxy_to_nri_and_back_without_a_drain(nri_lab: ContainerdLab, nod
         assert samples > 0
         assert plugin.state()["entries"] == entries
         assert repairs(plugin) == 0, plugin.log_tail()  # it adopted every container as it was
+        # docs/nri.md's check of a node: numapin status against the plugin, the kernel agreeing with the state
+        shown = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "numapin", "status", "--status-url",
+                             f"http://127.0.0.1:{plugin.port}/status", "--runtime-endpoint", f"unix://{nri_lab.socket}"],
+            capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
         async with CRIClient(nri_lab.socket) as kubelet:
             assert "numapin: pod" in await _refused(kubelet, "db2")
             _, late = await start_pod(kubelet, "late", 100, qos="besteffort")
