@@ -14,10 +14,11 @@
 #   2. numapin itself: its packages copied from this checkout into the virtual environment, compiled, and the
 #      command /usr/local/bin/numapin; and the self-contained node install (scripts/build-node.sh) at
 #      /usr/share/numapin/node, which the installer DaemonSet copies to the hosts; rebuilt every time (a minute).
-# The image runs as user 65532 with the entrypoint `numapin`. It serves two things only: the webhook Deployment
-# (`numapin webhook ...`) and the node installer DaemonSet (which copies /usr/share/numapin/node to the host and
-# asks the host's systemd to run the proxy from there). The proxy is never run from the image: kubelet's runtime
-# must not depend on a pod kubelet runs (docs/node.md).
+# The image runs as user 65532 with the entrypoint `numapin`. It serves three things: the webhook Deployment
+# (`numapin webhook ...`), the node installer DaemonSet (which copies /usr/share/numapin/node to the host and asks
+# the host's systemd to run the proxy from there) and the NRI plugin's DaemonSet (`numapin nri`, as root; containerd
+# never needs the plugin to start a container, docs/nri.md). The proxy is never run from the image: kubelet's
+# runtime must not depend on a pod kubelet runs (docs/node.md).
 #
 # The result is an OCI archive (a tar of an OCI image layout) whose index names the image NAME:TAG (default
 # localhost/numapin:<version from pyproject.toml>, the name manifests/ uses). Import it into containerd with

@@ -12,7 +12,8 @@
 #   lib/python3/dist-packages/   numapin's dependencies (PyPI wheels) and numapin (a wheel of this checkout)
 #   lib/so/                      the shared libraries the interpreter and its extension modules load, except glibc's
 #   share/numapin/               install.sh (scripts/node/install.sh), the unit numapin-criproxy.service, kubelet's
-#                                drop-in kubelet-numapin.conf, the default settings criproxy.yaml, RELEASE
+#                                drop-in kubelet-numapin.conf, the default settings criproxy.yaml, RELEASE; the NRI
+#                                plugin's unit numapin-nri.service and its default settings nri.yaml (--mode nri)
 # RELEASE names the build: numapin's version and a digest of the directory's content (e.g. 0.1.0-3f9a1c2b7d4e).
 #
 # It needs the node's glibc to be at least the build machine's (Debian 12: 2.36): build on the oldest distribution
@@ -105,7 +106,7 @@ chmod 0755 "$STAGE/bin/numapin"
 cp scripts/node/install.sh "$STAGE/share/numapin/install.sh"
 chmod 0755 "$STAGE/share/numapin/install.sh"
 cp manifests/criproxy/numapin-criproxy.service manifests/criproxy/kubelet-numapin.conf scripts/node/criproxy.yaml \
-    "$STAGE/share/numapin/"
+    manifests/nri/numapin-nri.service scripts/node/nri.yaml "$STAGE/share/numapin/"
 
 # byte-code (content hashes, not times: the same sources give the same files)
 "$STAGE/bin/python3" -I -m compileall -q -j0 --invalidation-mode unchecked-hash "$STAGE/lib" >/dev/null

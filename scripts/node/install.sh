@@ -1,8 +1,9 @@
 #!/bin/sh
-# Install, upgrade, roll back or remove numapin's CRI proxy as a host service, from the self-contained install that
-# scripts/build-node.sh builds (this script is part of it: share/numapin/install.sh).
+# Install, upgrade, roll back or remove numapin's node agent as a host service (the CRI proxy, or the NRI plugin with
+# --mode nri), from the self-contained install that scripts/build-node.sh builds (this script is part of it:
+# share/numapin/install.sh).
 #
-#   install.sh [--from DIR] [--host-root DIR] [--config FILE] [--systemctl CMD]      install or upgrade
+#   install.sh [--mode proxy|nri] [--from DIR] [--host-root DIR] [--config FILE] [--systemctl CMD]   install/upgrade
 #   install.sh --rollback [--host-root DIR] [--systemctl CMD]                         back to the previous release
 #   install.sh --uninstall [--purge] [--force] [--host-root DIR] [--systemctl CMD]    remove from the node
 #
@@ -15,6 +16,11 @@
 #   is kept for --rollback; older ones are removed. Running it again with the same release changes nothing. A new
 #   release whose proxy does not start (systemctl start/restart fails: it exited, or its socket did not answer) is
 #   rolled back at once to the release that ran, and the install fails (exit 1).
+# --mode nri: numapin as containerd's NRI plugin instead (docs/nri.md): the unit numapin-nri.service and its settings
+#   /etc/numapin/nri.yaml, no kubelet drop-in (kubelet keeps talking to containerd). The default is the mode the node
+#   has (proxy on a new node), so an upgrade needs no --mode. Switching a node's mode (the same state, no drain):
+#   --mode nri stops, disables and removes the proxy's unit and kubelet's drop-in, and is refused while kubelet's
+#   configuration still names the proxy's socket; --mode proxy stops, disables and removes numapin-nri.service.
 # --rollback: points /opt/numapin at the release before the current one and restarts the proxy.
 # --uninstall: refused while kubelet's configuration still names the proxy's socket (switch kubelet back to
 #   containerd first, docs/node.md; --force to skip the check); stops and disables the proxy, removes the unit,
@@ -39,13 +45,16 @@ SYSTEMCTL=systemctl
 ACTION=install
 FORCE=0
 PURGE=0
-UNIT=numapin-criproxy.service
+MODE=""
+PROXY_UNIT=numapin-criproxy.service
+NRI_UNIT=numapin-nri.service
 DROPIN_NAME=90-numapin.conf
 PROXY_SOCKET=/var/run/numapin/criproxy.sock
 
 while [ $# -gt 0 ]; do
     case "$1" in
         --from) [ $# -ge 2 ] || bad "--from needs a directory"; FROM=$2; shift 2 ;;
+        --mode) [ $# -ge 2 ] || bad "--mode needs proxy or nri"; MODE=$2; shift 2 ;;
         --host-root) [ $# -ge 2 ] || bad "--host-root needs a directory"; HOST=$2; shift 2 ;;
         --config) [ $# -ge 2 ] || bad "--config needs a file"; CONFIG=$2; shift 2 ;;
         --systemctl) [ $# -ge 2 ] || bad "--systemctl needs a command"; SYSTEMCTL=$2; shift 2 ;;
@@ -63,9 +72,19 @@ HOST=$(cd "$HOST" && pwd)
 
 RELEASES=/opt/numapin-releases
 LINK="$HOST/opt/numapin"
-UNIT_FILE="$HOST/etc/systemd/system/$UNIT"
-DROPIN="$HOST/etc/systemd/system/kubelet.service.d/$DROPIN_NAME"
-SETTINGS="$HOST/etc/numapin/criproxy.yaml"
+UNITS="$HOST/etc/systemd/system"
+DROPIN="$UNITS/kubelet.service.d/$DROPIN_NAME"
+
+# the mode the node has now: the unit installed (none on a new node)
+INSTALLED=""
+if [ -f "$UNITS/$NRI_UNIT" ]; then INSTALLED=nri; elif [ -f "$UNITS/$PROXY_UNIT" ]; then INSTALLED=proxy; fi
+case "${MODE:-${INSTALLED:-proxy}}" in
+    proxy) MODE=proxy; UNIT=$PROXY_UNIT; OTHER_UNIT=$NRI_UNIT; SETTINGS_NAME=criproxy.yaml ;;
+    nri) MODE=nri; UNIT=$NRI_UNIT; OTHER_UNIT=$PROXY_UNIT; SETTINGS_NAME=nri.yaml ;;
+    *) bad "--mode must be proxy or nri, got '$MODE'" ;;
+esac
+UNIT_FILE="$UNITS/$UNIT"
+SETTINGS="$HOST/etc/numapin/$SETTINGS_NAME"
 
 # systemctl on the host; word splitting of $SYSTEMCTL is wanted (a command with its arguments)
 sysctl() {
@@ -93,6 +112,12 @@ current_release() {
     if [ -L "$LINK" ]; then basename "$(readlink "$LINK")"; fi
 }
 
+# the unit of this mode (and kubelet's drop-in, in proxy mode) from release $1
+put_units_of() {
+    put "$HOST$RELEASES/$1/share/numapin/$UNIT" "$UNIT_FILE"
+    if [ "$MODE" = proxy ]; then put "$HOST$RELEASES/$1/share/numapin/kubelet-numapin.conf" "$DROPIN"; fi
+}
+
 restart_or_start() {
     if [ "$1" = yes ] && sysctl is-active --quiet "$UNIT"; then
         log "restarting $UNIT"
@@ -111,13 +136,17 @@ do_install() {
     case "$release" in
         ""|*[!A-Za-z0-9._+-]*) die "$meta/RELEASE names no release: '$release'" ;;
     esac
-    for f in "$UNIT" kubelet-numapin.conf criproxy.yaml; do
-        [ -f "$meta/$f" ] || die "$FROM has no share/numapin/$f"
+    for f in "$UNIT" kubelet-numapin.conf "$SETTINGS_NAME"; do
+        [ -f "$meta/$f" ] || die "$FROM has no share/numapin/$f (mode $MODE)"
     done
     if [ -e "$LINK" ] && [ ! -L "$LINK" ]; then
         die "$LINK exists and is not numapin's link to a release: move it away first"
     fi
     if [ -n "$CONFIG" ] && [ ! -f "$CONFIG" ]; then die "--config $CONFIG: no such file"; fi
+    if [ "$MODE" = nri ] && [ "$INSTALLED" = proxy ] && [ "$FORCE" = 0 ] && where=$(kubelet_uses_proxy); then
+        die "kubelet still uses the proxy ($where names $PROXY_SOCKET): stop kubelet, point it back at containerd
+first, then install the NRI plugin and start kubelet (docs/nri.md); --force skips this check"
+    fi
     changed=no
     dest="$HOST$RELEASES/$release"
     if [ ! -x "$dest/bin/numapin" ]; then
@@ -135,12 +164,24 @@ do_install() {
         log "/opt/numapin -> $RELEASES/$release${previous:+ (was $previous)}"
         changed=yes
     fi
+    if [ -n "$INSTALLED" ] && [ "$INSTALLED" != "$MODE" ]; then
+        # the node changes mode: the other door stops first (never two writers of cpusets); the state stays
+        log "switching the node from $INSTALLED mode to $MODE mode: stopping and removing $OTHER_UNIT"
+        sysctl disable --now "$OTHER_UNIT" || true
+        rm -f "$UNITS/$OTHER_UNIT"
+        changed=yes
+    fi
     put "$meta/$UNIT" "$UNIT_FILE"
-    put "$meta/kubelet-numapin.conf" "$DROPIN"
+    if [ "$MODE" = proxy ]; then
+        put "$meta/kubelet-numapin.conf" "$DROPIN"
+    elif [ -f "$DROPIN" ]; then
+        rm -f "$DROPIN"
+        rmdir "$(dirname "$DROPIN")" 2>/dev/null || true
+    fi
     if [ -n "$CONFIG" ]; then
         put "$CONFIG" "$SETTINGS"
     elif [ ! -f "$SETTINGS" ]; then
-        put "$meta/criproxy.yaml" "$SETTINGS"
+        put "$meta/$SETTINGS_NAME" "$SETTINGS"
         log "wrote the default settings $SETTINGS: check reservedCpus and the topology manager settings"
     fi
     # keep the current release and the one --rollback goes back to
@@ -161,8 +202,7 @@ do_install() {
         log "numapin $release did not start; rolling back to $previous"
         point_at "$previous"
         echo "$release" > "$HOST$RELEASES/.previous"
-        put "$HOST$RELEASES/$previous/share/numapin/$UNIT" "$UNIT_FILE"
-        put "$HOST$RELEASES/$previous/share/numapin/kubelet-numapin.conf" "$DROPIN"
+        put_units_of "$previous"
         sysctl daemon-reload
         sysctl restart "$UNIT" || die "numapin $previous did not start again either: journalctl -u $UNIT"
         die "numapin $release did not start (journalctl -u $UNIT says why); $previous runs again"
@@ -178,10 +218,10 @@ do_rollback() {
     [ -n "$previous" ] || die "no previous release recorded in $RELEASES/.previous"
     [ -x "$HOST$RELEASES/$previous/bin/numapin" ] || die "the previous release $previous is gone from $RELEASES"
     current=$(current_release)
+    [ -f "$HOST$RELEASES/$previous/share/numapin/$UNIT" ] || die "the previous release $previous has no $UNIT"
     point_at "$previous"
     if [ -n "$current" ]; then echo "$current" > "$HOST$RELEASES/.previous"; fi
-    put "$HOST$RELEASES/$previous/share/numapin/$UNIT" "$UNIT_FILE"
-    put "$HOST$RELEASES/$previous/share/numapin/kubelet-numapin.conf" "$DROPIN"
+    put_units_of "$previous"
     sysctl daemon-reload
     restart_or_start yes
     log "rolled back to $previous (was $current)"
@@ -203,9 +243,13 @@ do_uninstall() {
         die "kubelet still uses the proxy ($where names $PROXY_SOCKET): point kubelet back at containerd (or at
 kubelet's static policy with numapin export-kubelet-state) and restart it first, docs/node.md; --force skips this check"
     fi
-    log "stopping and disabling $UNIT"
-    sysctl disable --now "$UNIT" || true
-    rm -f "$UNIT_FILE" "$DROPIN"
+    for u in $PROXY_UNIT $NRI_UNIT; do
+        [ -f "$UNITS/$u" ] || continue
+        log "stopping and disabling $u"
+        sysctl disable --now "$u" || true
+        rm -f "$UNITS/$u"
+    done
+    rm -f "$DROPIN"
     rmdir "$(dirname "$DROPIN")" 2>/dev/null || true
     sysctl daemon-reload
     rm -f "$LINK"

@@ -120,7 +120,8 @@ def test_repository_files_named_exist(block: Block, command: str) -> None:
                 assert Path(t).name in ("secret.yaml", "webhook-configurations.yaml")
     if words[0] == "systemctl" and words[1] != "daemon-reload":
         unit = words[-1]
-        assert unit == "kubelet" or (ROOT / "manifests/criproxy" / unit).exists(), f"{block.id}: {unit}"
+        assert unit in ("kubelet", "containerd") or any((ROOT / "manifests" / door / unit).exists()
+                                                       for door in ("criproxy", "nri")), f"{block.id}: {unit}"
 
 
 @pytest.mark.parametrize("block", SH_TEST, ids=lambda b: b.id)

@@ -16,6 +16,8 @@ INSTALL_SH = ROOT / "scripts/node/install.sh"
 UNIT = ROOT / "manifests/criproxy/numapin-criproxy.service"
 DROPIN = ROOT / "manifests/criproxy/kubelet-numapin.conf"
 SETTINGS = ROOT / "scripts/node/criproxy.yaml"
+NRI_UNIT = ROOT / "manifests/nri/numapin-nri.service"  # install.sh --mode nri
+NRI_SETTINGS = ROOT / "scripts/node/nri.yaml"
 
 FAKE_SYSTEMCTL = """#!/bin/sh
 # records every call; "is-active" answers from the state file that start/restart/stop write; a release holding a file
@@ -97,6 +99,8 @@ def fake_release(dest: Path, release: str) -> Path:
     shutil.copy(UNIT, meta / UNIT.name)
     shutil.copy(DROPIN, meta / DROPIN.name)
     shutil.copy(SETTINGS, meta / SETTINGS.name)
+    shutil.copy(NRI_UNIT, meta / NRI_UNIT.name)
+    shutil.copy(NRI_SETTINGS, meta / NRI_SETTINGS.name)
     return dest
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from allocator import CheckpointStore, CPUState
 from allocator.state_schema import SCHEMA_KEY
 from tests.fixtures.make_sysfs import Machine, build
-from tests.install.node_host import DROPIN, INSTALL_SH, SETTINGS, UNIT, fake_host
+from tests.install.node_host import DROPIN, INSTALL_SH, NRI_SETTINGS, NRI_UNIT, SETTINGS, UNIT, fake_host
 
 ROOT = Path(__file__).resolve().parents[2]
 CLEAN_ENV = {"PATH": "/usr/bin:/bin"}
@@ -67,7 +67,7 @@ def test_the_install_carries_the_installer_the_units_and_its_release(built: Path
     meta = built / "opt/numapin/share/numapin"
     release = (meta / "RELEASE").read_text().strip()
     assert re.fullmatch(r"0\.1\.0-[0-9a-f]{12}", release), release
-    for src in (INSTALL_SH, UNIT, DROPIN, SETTINGS):
+    for src in (INSTALL_SH, UNIT, DROPIN, SETTINGS, NRI_UNIT, NRI_SETTINGS):  # the proxy's and the plugin's
         assert (meta / src.name).read_bytes() == src.read_bytes(), src.name
     with tarfile.open(built / "numapin-node.tar.gz") as tf:
         names = set(tf.getnames())

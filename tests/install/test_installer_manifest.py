@@ -51,7 +51,8 @@ def test_no_manifest_runs_the_proxy_in_a_pod() -> None:
 
 
 def test_the_check_finds_a_proxy_in_a_pod() -> None:
-    [ds] = [d for _, d in _objects() if d.get("kind") == "DaemonSet"]
+    [ds] = [d for _, d in _objects()
+            if d.get("kind") == "DaemonSet" and d["metadata"]["name"] == "numapin-node-installer"]
     pod = copy.deepcopy(ds["spec"]["template"]["spec"])
     pod["containers"][0]["args"] = ["criproxy", "--config", "/etc/numapin/criproxy.yaml"]
     assert runs_the_proxy(pod) == ["install"]
@@ -73,6 +74,7 @@ def test_the_installer_only_installs_through_the_hosts_systemd_and_sleeps() -> N
     argv = shlex.split(install)
     opts = dict(zip(argv[1::2], argv[2::2], strict=True))
     assert argv[0] == opts["--from"] + "/share/numapin/install.sh"
+    assert opts["--mode"] == "proxy"  # a node that ran the NRI plugin as a host service is switched, not upgraded
     # where build-image.sh puts the node install in the image
     assert f'--prefix "$layer{opts["--from"]}"' in (ROOT / "scripts/build-image.sh").read_text()
     assert shlex.split(opts["--systemctl"])[:3] == ["nsenter", "--target", "1"]

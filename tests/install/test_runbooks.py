@@ -16,13 +16,14 @@ from allocator import CheckpointStore, CPUSet, CPUState
 from allocator.checkpoint import import_kubelet_state
 from numapin.cli import main
 from tests.fixtures.make_sysfs import Machine, build
-from tests.install.node_host import SETTINGS, FakeHost, fake_host, fake_release
+from tests.install.node_host import NRI_SETTINGS, SETTINGS, FakeHost, fake_host, fake_release
 
 NODE_MD = Path(__file__).resolve().parents[2] / "docs/node.md"
+NRI_MD = NODE_MD.with_name("nri.md")
 
 
-def _section(title: str) -> str:
-    text = NODE_MD.read_text()
+def _section(title: str, md: Path = NODE_MD) -> str:
+    text = md.read_text()
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start:end if end != -1 else len(text)]
@@ -38,8 +39,8 @@ def _sh_commands(section: str) -> list[str]:
     return out
 
 
-def _install_commands(title: str) -> list[list[str]]:
-    return [shlex.split(c) for c in _sh_commands(_section(title)) if "install.sh" in c and " && " not in c]
+def _install_commands(title: str, md: Path = NODE_MD) -> list[list[str]]:
+    return [shlex.split(c) for c in _sh_commands(_section(title, md)) if "install.sh" in c and " && " not in c]
 
 
 def _play(host: FakeHost, argv: list[str], artifact: Path, files: dict[str, Path]) -> subprocess.CompletedProcess[str]:
@@ -165,3 +166,118 @@ def test_every_runbook_command_is_run_by_a_test() -> None:
     r = subprocess.run(["bash", str(NODE_MD.parents[1] / "scripts/build-node.sh"), "--help"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and "--tar" in r.stdout, r.stderr
+
+
+# -- docs/nri.md: the NRI plugin as a host service, and the switch between the modes ------------------------------
+
+NRI_INSTALL, NRI_UPGRADE = "Installing the NRI plugin on a node", "Upgrading and rolling back the NRI plugin"
+NRI_REMOVE, SWITCH = "Removing the NRI plugin", "Switching a node between the modes"
+NRI_UNIT_PATH, PROXY_UNIT_PATH = "etc/systemd/system/numapin-nri.service", "etc/systemd/system/numapin-criproxy.service"
+DROPIN_PATH = "etc/systemd/system/kubelet.service.d/90-numapin.conf"
+
+
+def _nri_files(tmp_path: Path) -> dict[str, Path]:
+    nri = tmp_path / "nri.yaml"
+    nri.write_text(NRI_SETTINGS.read_text().replace('reservedCpus: "0"', 'reservedCpus: "0-1"'))
+    proxy = tmp_path / "criproxy.yaml"
+    proxy.write_text(SETTINGS.read_text())
+    return {"/root/nri.yaml": nri, "/root/criproxy.yaml": proxy}
+
+
+def test_the_nri_runbooks_install_upgrade_roll_back_and_remove(tmp_path: Path) -> None:
+    host, files = fake_host(tmp_path), _nri_files(tmp_path)
+    [install] = [c for c in _install_commands(NRI_INSTALL, NRI_MD) if c[0].startswith("/tmp/")]
+    r = _play(host, install, fake_release(tmp_path / "v1", "0.1.0-aaaa"), files)
+    assert r.returncode == 0, r.stderr
+    assert (host.root / NRI_UNIT_PATH).exists() and host.active and host.calls()[-1] == "start numapin-nri.service"
+    assert not (host.root / PROXY_UNIT_PATH).exists() and not (host.root / DROPIN_PATH).exists()  # kubelet untouched
+    assert (host.root / "etc/numapin/nri.yaml").read_text() == files["/root/nri.yaml"].read_text()
+
+    [upgrade] = [c for c in _install_commands(NRI_UPGRADE, NRI_MD) if c[0].startswith("/tmp/")]
+    assert "--mode" not in upgrade  # the node's mode is kept
+    r = _play(host, upgrade, fake_release(tmp_path / "v2", "0.2.0-bbbb"), files)
+    assert r.returncode == 0, r.stderr
+    assert host.release() == "0.2.0-bbbb" and host.calls()[-1] == "restart numapin-nri.service"
+    assert not (host.root / PROXY_UNIT_PATH).exists()
+
+    [rollback] = [c for c in _install_commands(NRI_UPGRADE, NRI_MD) if "--rollback" in c]
+    r = _play(host, rollback, tmp_path, files)
+    assert r.returncode == 0, r.stderr
+    assert host.release() == "0.1.0-aaaa" and host.calls()[-1] == "restart numapin-nri.service"
+
+    [uninstall] = _install_commands(NRI_REMOVE, NRI_MD)
+    r = _play(host, uninstall, tmp_path, files)
+    assert r.returncode == 0, r.stderr
+    assert "disable --now numapin-nri.service" in host.calls() and not host.active
+    assert not (host.root / NRI_UNIT_PATH).exists() and not (host.root / "etc/numapin").exists()
+    assert not (host.root / "opt/numapin").is_symlink()
+
+
+def test_a_node_switches_from_the_proxy_to_nri_and_back_on_the_same_state(tmp_path: Path) -> None:
+    host, files = fake_host(tmp_path), _nri_files(tmp_path)
+    [install] = [c for c in _install_commands("Installing the proxy on a node") if c[0].startswith("/tmp/")]
+    assert _play(host, install, fake_release(tmp_path / "v1", "0.1.0-aaaa"), files).returncode == 0
+    state = host.root / "var/lib/numapin/cpu_manager_state"
+    state.parent.mkdir(parents=True)
+    state.write_text('{"policyName": "numapin"}')
+    kubelet = host.root / "var/lib/kubelet/config.yaml"
+    kubelet.parent.mkdir(parents=True)
+    kubelet.write_text("containerRuntimeEndpoint: unix:///var/run/numapin/criproxy.sock\n")
+
+    to_nri, to_proxy = _install_commands(SWITCH, NRI_MD)
+    assert to_nri[to_nri.index("--mode") + 1] == "nri" and to_proxy[to_proxy.index("--mode") + 1] == "proxy"
+    host.clear_calls()
+    r = _play(host, to_nri, tmp_path, files)
+    assert r.returncode == 1 and "kubelet still uses the proxy" in r.stderr  # kubelet not pointed back yet
+    assert host.calls() == [] and (host.root / PROXY_UNIT_PATH).exists() and host.active  # nothing changed
+    kubelet.write_text("cpuManagerPolicy: none\n")
+    r = _play(host, to_nri, tmp_path, files)
+    assert r.returncode == 0, r.stderr
+    calls = host.calls()
+    assert calls.index("disable --now numapin-criproxy.service") < calls.index("start numapin-nri.service"), calls
+    assert not (host.root / PROXY_UNIT_PATH).exists() and not (host.root / DROPIN_PATH).exists()
+    assert (host.root / NRI_UNIT_PATH).exists() and host.active
+    assert (host.root / "etc/numapin/nri.yaml").read_text() == files["/root/nri.yaml"].read_text()
+    assert state.read_text() == '{"policyName": "numapin"}'  # the same state
+
+    host.clear_calls()
+    r = _play(host, to_proxy, tmp_path, files)
+    assert r.returncode == 0, r.stderr
+    calls = host.calls()
+    assert calls.index("disable --now numapin-nri.service") < calls.index("start numapin-criproxy.service"), calls
+    assert not (host.root / NRI_UNIT_PATH).exists()
+    assert (host.root / PROXY_UNIT_PATH).exists() and (host.root / DROPIN_PATH).exists() and host.active
+    assert state.read_text() == '{"policyName": "numapin"}'
+
+
+def test_a_bad_mode_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    host = fake_host(tmp_path)
+    r = host.run("--mode", "kubelet", "--from", str(fake_release(tmp_path / "v1", "0.1.0-aaaa")))
+    assert r.returncode == 2 and "--mode must be proxy or nri" in r.stderr
+    assert host.calls() == [] and not (host.root / "opt/numapin").exists()
+
+
+NRI_RUNBOOKS = (NRI_INSTALL, NRI_UPGRADE, NRI_REMOVE, SWITCH)
+# the commands of docs/nri.md that this file does not play, and what covers each
+NRI_ELSEWHERE = {
+    "kubectl ": "the cluster's side: tests/install/test_nri_manifests.py, tests/webhook/test_manifests.py, "
+                "test_kustomize.py::test_the_nri_plugin_alone_renders_with_the_built_image",
+    "mkdir -p /tmp/numapin-node && tar": "node.md's same command, played by the systemd host's story",
+    "numapin status --status-url": "tests/nri/test_switch_modes.py (against a real plugin on containerd 2.1.9)",
+    "curl -s http://127.0.0.1:9464/status": "not played: /status's door is read by every tests/nri test "
+                                            "(NriProcess.wait_synchronized)",
+    "systemctl stop kubelet": "not played: no kubelet runs in the suite (node.md, support matrix)",
+    "systemctl start kubelet": "not played: no kubelet runs in the suite (node.md, support matrix)",
+}
+
+
+def test_every_nri_runbook_command_is_run_by_a_test() -> None:
+    commands = [c.split("  #")[0].strip() for t in NRI_RUNBOOKS for c in _sh_commands(_section(t, NRI_MD))]
+    left = [c for c in commands if not c.startswith(ON_THE_FAKE_HOST) and not c.startswith(tuple(NRI_ELSEWHERE))
+            and c != "numapin nri --help"]
+    assert left == []
+    assert guest_plays("mkdir -p /tmp/numapin-node && tar") and any(
+        c.startswith("mkdir -p /tmp/numapin-node && tar") for _, c in node_commands())
+    r = subprocess.run([sys.executable, "-m", "numapin", "nri", "--help"], capture_output=True, text=True,
+                       timeout=120, cwd=NODE_MD.parents[1])
+    assert r.returncode == 0 and "--nri-socket" in r.stdout, r.stderr

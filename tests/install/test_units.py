@@ -15,7 +15,7 @@ import pytest
 
 from criproxy.config import load_config
 from numapin.cli import build_parser
-from tests.install.node_host import DROPIN, SETTINGS, UNIT
+from tests.install.node_host import DROPIN, NRI_UNIT, SETTINGS, UNIT
 
 SYSTEMD_UNITS = Path("/lib/systemd/system")
 UNIT_KEYS = {
@@ -113,19 +113,29 @@ def systemd_root(tmp_path: Path) -> Path:
         (root / exe).chmod(0o755)
     (root / "etc/systemd/system/kubelet.service.d").mkdir(parents=True)
     shutil.copy(UNIT, root / "etc/systemd/system" / UNIT.name)
+    shutil.copy(NRI_UNIT, root / "etc/systemd/system" / NRI_UNIT.name)
     shutil.copy(DROPIN, root / "etc/systemd/system/kubelet.service.d/90-numapin.conf")
     return root
 
 
-def _verify(root: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}", "numapin-criproxy.service",
-                           "kubelet.service"], capture_output=True, text=True, timeout=60,
+def _verify(root: Path, *units: str) -> subprocess.CompletedProcess[str]:
+    units = units or ("numapin-criproxy.service", "kubelet.service")
+    return subprocess.run(["systemd-analyze", "verify", "--man=no", f"--root={root}", *units],
+                          capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "SYSTEMD_LOG_LEVEL": "info"})
 
 
 def test_systemd_verifies_the_unit_and_the_drop_in_without_a_warning(systemd_root: Path) -> None:
     r = _verify(systemd_root)
     assert r.returncode == 0 and r.stderr == "" and r.stdout == "", r.stderr + r.stdout
+
+
+def test_systemd_verifies_the_nri_plugins_unit_without_a_warning(systemd_root: Path) -> None:
+    r = _verify(systemd_root, NRI_UNIT.name, "kubelet.service")
+    assert r.returncode == 0 and r.stderr == "" and r.stdout == "", r.stderr + r.stdout
+    unit = systemd_root / "etc/systemd/system" / NRI_UNIT.name
+    unit.write_text(unit.read_text().replace("RestartSec=", "RestartSecs="))
+    assert "RestartSecs" in _verify(systemd_root, NRI_UNIT.name).stderr
 
 
 def test_systemd_verify_would_catch_a_bad_unit(systemd_root: Path) -> None:

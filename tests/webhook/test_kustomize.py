@@ -56,3 +56,16 @@ def test_render_is_the_manifests_with_the_built_image(rendered: list[dict[str, A
         else:
             assert out == src, f"kustomize changed {_key(src)}"
     assert images and set(images) == {IMAGE}
+
+
+def test_the_nri_plugin_alone_renders_with_the_built_image() -> None:
+    """manifests/nri/ (`kubectl apply -k manifests/nri/`): the NRI plugin's objects, as the top level has them."""
+    kubectl = debian_program("kubernetes-client", "usr/bin/kubectl")
+    r = subprocess.run([str(kubectl), "kustomize", str(MANIFESTS / "nri")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    rendered = [d for d in yaml.safe_load_all(r.stdout) if d]
+    sources = [d for d in yaml.safe_load_all((MANIFESTS / "nri/daemonset.yaml").read_text()) if d]
+    assert sorted(map(_key, rendered)) == sorted(map(_key, sources))
+    [ds] = [d for d in rendered if d["kind"] == "DaemonSet"]
+    assert [c["image"] for c in ds["spec"]["template"]["spec"]["containers"]] == [IMAGE]
