@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,29 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.criproxy import alternating, ready  # noqa: E402
-from benchmarks.proxy_lab import RESERVED, start_proxy, stop_process  # noqa: E402
+from benchmarks.proxy_lab import start_proxy, stop_process  # noqa: E402
 from numapin_lab.cri.client import CRIClient  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab, containerd_version  # noqa: E402
 
 GOALS = {"overhead_p50_ms": 0.05, "overhead_p99_ms": 0.10, "proxy_cpu_share_of_runtime": 0.5}
-
-
-def _start_compared(work: Path, runtime: str, root: Path) -> subprocess.Popen[bytes]:
-    """A proxy of the code in ``root`` (as ``proxy_lab.start_proxy`` starts this tree's) in ``work``."""
-    work.mkdir()
-    log = open(work / "proxy.log", "ab")  # noqa: SIM115
-    p = subprocess.Popen([sys.executable, "-m", "numapin", "criproxy", "--listen", str(work / "proxy.sock"),
-                          "--runtime-endpoint", f"unix://{runtime}", "--state-dir", str(work / "state"),
-                          "--sysfs", "/sys", "--reserved-cpus", str(RESERVED), "--metrics-address", "",
-                          "--log-level", "WARNING"], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
-                         stdout=log, stderr=log)
-    log.close()
-    deadline = time.monotonic() + 60
-    while not (work / "control.sock").exists():
-        if p.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"compared proxy did not start:\n{(work / 'proxy.log').read_text()[-2000:]}")
-        time.sleep(0.02)
-    return p
 
 
 async def run(calls: int, compare_root: Path | None = None) -> dict[str, Any]:
@@ -72,7 +53,8 @@ async def run(calls: int, compare_root: Path | None = None) -> dict[str, Any]:
         assert lab.proc is not None
         proxy = start_proxy(work, lab.socket)
         if compare_root is not None:
-            compared = _start_compared(work / "compared", lab.socket, compare_root)
+            (work / "compared").mkdir()
+            compared = start_proxy(work / "compared", lab.socket, root=compare_root)
         async with contextlib.AsyncExitStack() as stack:
             via = await stack.enter_async_context(CRIClient(str(work / "proxy.sock")))
             direct = await stack.enter_async_context(CRIClient(lab.socket))
