@@ -13,7 +13,8 @@ Runs, each as its own process (one after the other, so they do not load each oth
   containerd's own update of the same cpuset.
 
 The JSON has one row per figure: its value, its anchor (the counterpart measured in the same run), the goal and
-whether it is met, and each benchmark's whole output under ``raw``. A short table follows on stderr. Wall-clock
+whether it is met, and each benchmark's whole output under ``raw``. A short table follows on stderr. A benchmark
+that fails is named under ``errors`` (the others still run) and the exit status is 1. Wall-clock
 figures are noisy on a shared machine: compare a figure with its anchor, and repeat.
 
     python benchmarks/summary.py [--webhook-seconds 5] [--relay-calls 1000] [--resize-rounds 8] [--only NAME,...]
@@ -156,16 +157,23 @@ def main() -> None:
     }
     raw: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
+    errors: dict[str, str] = {}
     for part in PARTS:
         if part in only:
             started = time.monotonic()
             print(f"summary: running {' '.join(commands[part])}", file=sys.stderr, flush=True)
-            raw[part] = _run(commands[part], timeout=600)
+            try:
+                raw[part] = _run(commands[part], timeout=600)
+            except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:  # the others still run
+                errors[part] = f"{type(e).__name__}: {e}"
+                print(f"summary: {part} failed: {errors[part]}", file=sys.stderr, flush=True)
             seconds[part] = round(time.monotonic() - started, 1)
     rows = rows_of(raw)
     print(json.dumps({"benchmark": "summary", "cpu_count": os.cpu_count(), "load_average": os.getloadavg(),
-                      "seconds": seconds, "rows": rows, "raw": raw}, indent=1))
+                      "seconds": seconds, "errors": errors, "rows": rows, "raw": raw}, indent=1))
     print(table(rows), file=sys.stderr)
+    if errors:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
