@@ -16,7 +16,7 @@ asks an integer CPU count. The annotation's modes still judge each container by 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,6 +46,7 @@ __all__ = [
     "normalize_cpu_manager",
     "pod_guaranteed_cpus",
     "qos_class",
+    "read_containers",
 ]
 
 CPU_MANAGER_ANNOTATION = "qos.gocrane.io/cpu-manager"
@@ -113,8 +114,10 @@ class PodInfo:
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
     @classmethod
-    def from_pod(cls, pod: Mapping[str, Any]) -> PodInfo:
-        """Read a Kubernetes v1 Pod (as a dict). Raises PodSpecError naming the bad field."""
+    def from_pod(cls, pod: Mapping[str, Any], *,
+                 containers_of: Callable[[Mapping[str, Any]], tuple[ContainerInfo, ...]] | None = None) -> PodInfo:
+        """Read a Kubernetes v1 Pod (as a dict). Raises PodSpecError naming the bad field. ``containers_of``: what
+        reads the spec's containers (``read_containers``, or a caller's memo of it)."""
         if not isinstance(pod, Mapping):
             raise PodSpecError("pod must be a mapping (a v1 Pod object)")
         meta = _mapping(pod.get("metadata"), "metadata")
@@ -123,20 +126,7 @@ class PodInfo:
         for k, v in annotations.items():
             if not isinstance(v, str):
                 raise PodSpecError(f"metadata.annotations[{k!r}] must be a string")
-        containers: list[ContainerInfo] = []
-        names: set[str] = set()
-        for key, default_role in (("initContainers", "init"), ("containers", "app")):
-            items = spec.get(key) or []
-            if not isinstance(items, list):
-                raise PodSpecError(f"spec.{key} must be a list")
-            for i, item in enumerate(items):
-                c = _container(item, f"spec.{key}[{i}]", default_role)
-                if c.name in names:
-                    raise PodSpecError(f"spec.{key}[{i}].name: duplicate container name {c.name!r}")
-                names.add(c.name)
-                containers.append(c)
-        if not any(c.role == "app" for c in containers):
-            raise PodSpecError("spec.containers must list at least one container")
+        containers = (containers_of or read_containers)(spec)
         level = pod_level_resources(spec.get("resources"),
                                     [(c.role, c.cpu_request_milli, c.memory_request) for c in containers])
         status = pod.get("status")
@@ -160,9 +150,29 @@ class PodInfo:
             qos_class=qos,
             cpu_manager=mode,
             bypass=is_bypassed(annotations),
-            containers=tuple(containers),
+            containers=containers,
             pod_level_resources=level is not None,
         )
+
+
+def read_containers(spec: Mapping[str, Any]) -> tuple[ContainerInfo, ...]:
+    """The init containers (and native sidecars) then the app containers of a pod's ``spec``, read by the pod
+    model's rules: a pure function of the two lists. Raises PodSpecError naming the bad field."""
+    containers: list[ContainerInfo] = []
+    names: set[str] = set()
+    for key, default_role in (("initContainers", "init"), ("containers", "app")):
+        items = spec.get(key) or []
+        if not isinstance(items, list):
+            raise PodSpecError(f"spec.{key} must be a list")
+        for i, item in enumerate(items):
+            c = _container(item, f"spec.{key}[{i}]", default_role)
+            if c.name in names:
+                raise PodSpecError(f"spec.{key}[{i}].name: duplicate container name {c.name!r}")
+            names.add(c.name)
+            containers.append(c)
+    if not any(c.role == "app" for c in containers):
+        raise PodSpecError("spec.containers must list at least one container")
+    return tuple(containers)
 
 
 def normalize_cpu_manager(value: str) -> CPUManagerMode:
@@ -251,9 +261,31 @@ def pod_guaranteed_cpus(pod: PodInfo) -> int:
 def _mapping(value: object, field: str) -> Mapping[str, Any]:
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise PodSpecError(f"{field} must be a mapping")
     return value
+
+
+def _member(parent: Mapping[str, Any], key: str, field: str, *between: str) -> Mapping[str, Any]:
+    """``parent[key]`` as a mapping (empty when absent or null); the message names ``field.<between>.key``."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if type(value) is dict or isinstance(value, Mapping):
+        return value
+    raise PodSpecError(f"{'.'.join((field, *between, key))} must be a mapping")
+
+
+def _quantity(kind: Mapping[str, Any], key: str, res: str, field: str) -> int | None:
+    """The CPU (milli-CPUs) or memory (bytes) quantity ``kind[res]``, None when absent or null."""
+    value = kind.get(res)
+    if value is None:
+        return None
+    parse = cpu_milli if res == "cpu" else memory_bytes
+    try:
+        return parse(value)
+    except PodSpecError:  # again, with the field named in the message
+        return parse(value, field=f"{field}.resources.{key}.{res}")
 
 
 def _string(value: object, field: str) -> str:
@@ -265,6 +297,7 @@ def _string(value: object, field: str) -> str:
 
 
 def _container(item: object, field: str, default_role: str) -> ContainerInfo:
+    # perf (issue 37): the field names of the messages are built only when a value is wrong
     c = _mapping(item, field)
     name = c.get("name")
     if not isinstance(name, str) or not name:
@@ -275,18 +308,11 @@ def _container(item: object, field: str, default_role: str) -> ContainerInfo:
         if policy not in (None, "Always"):
             raise PodSpecError(f"{field}.restartPolicy: only 'Always' is allowed, got {policy!r}")
         role = "sidecar" if policy == "Always" else "init"
-    resources = _mapping(c.get("resources"), f"{field}.resources")
-    requests = _mapping(resources.get("requests"), f"{field}.resources.requests")
-    limits = _mapping(resources.get("limits"), f"{field}.resources.limits")
-
-    def get(kind: Mapping[str, Any], key: str, res: str) -> int | None:
-        if res not in kind or kind[res] is None:
-            return None
-        f = f"{field}.resources.{key}.{res}"
-        return cpu_milli(kind[res], field=f) if res == "cpu" else memory_bytes(kind[res], field=f)
-
-    cpu_lim, mem_lim = get(limits, "limits", "cpu"), get(limits, "limits", "memory")
-    cpu_req, mem_req = get(requests, "requests", "cpu"), get(requests, "requests", "memory")
+    resources = _member(c, "resources", field)
+    requests = _member(resources, "requests", field, "resources")
+    limits = _member(resources, "limits", field, "resources")
+    cpu_lim, mem_lim = _quantity(limits, "limits", "cpu", field), _quantity(limits, "limits", "memory", field)
+    cpu_req, mem_req = _quantity(requests, "requests", "cpu", field), _quantity(requests, "requests", "memory", field)
     # API defaulting: a request that is not set defaults to the limit.
     if cpu_req is None:
         cpu_req = cpu_lim

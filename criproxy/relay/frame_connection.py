@@ -36,7 +36,12 @@ class _RuntimeSide(asyncio.Protocol):
         self.conn = conn
 
     def data_received(self, data: bytes) -> None:
-        self.conn.from_runtime(data)
+        conn = self.conn
+        conn.cork()
+        try:
+            conn.from_runtime(data)
+        finally:
+            conn.uncork()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conn.runtime_lost(exc)
@@ -82,7 +87,11 @@ class _Connection(_FromKubelet, _FromRuntime, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.state == "relaying":
-            self.from_kubelet(data)
+            self.cork()
+            try:
+                self.from_kubelet(data)
+            finally:
+                self.uncork()
         elif self.state == "connecting":
             self.pending.extend(data)
             if len(self.pending) > MAX_PENDING:  # read on once the runtime connection is up

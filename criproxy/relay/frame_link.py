@@ -128,10 +128,35 @@ class _Link:
         self.heard = now       # when kubelet last sent anything
         self.draining = 0.0    # when it was asked to go for being idle (0: not asked)
         self.budget = FrameBudget(server.limits.frame_rate, server.limits.frame_burst, now)
+        self.flush_soon: asyncio.Handle | None = None  # the corked writes go at the loop's next turn (``uncork``)
+
+    # --- writes: one system call per peer for what one read and the interceptors it wakes send
+
+    def cork(self) -> None:
+        """A read begins: what it sends to either peer is collected (``_Peer.cork``) until ``uncork``."""
+        self.kube.cork()
+        self.rt.cork()
+
+    def uncork(self) -> None:
+        """A read is done. Without held calls, what it collected goes now (one write per peer); with held calls, at
+        the loop's next turn, after the interceptors it woke (scheduled before) have run as far as they can without
+        waiting: their frames (a held request's message, the answer's headers, message and trailers) go in the same
+        write as the read's own, instead of a write each. The order of what each peer is sent never changes."""
+        if self.held and self.state == "relaying":
+            if self.flush_soon is None:
+                self.flush_soon = asyncio.get_running_loop().call_soon(self.flush)
+        elif self.flush_soon is None:
+            self.flush()
+
+    def flush(self) -> None:
+        self.flush_soon = None
+        self.kube.flush()
+        self.rt.flush()
 
     # --- tear-down and what a client may cost
 
     def _close(self) -> None:
+        self.flush()  # what was collected goes before the close
         self.state = "closed"
         self.credit.set()  # window waiters see the end
         for peer in (self.kube, self.rt):
@@ -141,6 +166,7 @@ class _Link:
 
     def abort(self) -> None:
         for peer in (self.kube, self.rt):
+            peer.corked = None
             if peer.transport is not None:
                 peer.transport.abort()
         self.state = "closed"
@@ -187,6 +213,7 @@ class _Link:
         for held in self.held.values():
             held.done(error)
         self.state = "calming"  # data_received drops everything from now on
+        self.flush()
         if self.rt.transport is not None:
             self.rt.transport.close()
         asyncio.get_running_loop().call_later(_TURNED_AWAY_LINGER, self._close)

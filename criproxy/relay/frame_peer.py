@@ -32,8 +32,8 @@ def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
 class _Peer:
     """One side of a relayed connection, as the proxy writes to it."""
 
-    __slots__ = ("backlog", "backlog_size", "block_open", "init_window", "max_frame", "name", "queued", "transport",
-                 "window", "withhold")
+    __slots__ = ("backlog", "backlog_size", "block_open", "corked", "init_window", "max_frame", "name", "queued",
+                 "transport", "window", "withhold")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -48,6 +48,9 @@ class _Peer:
         # own) took their window when written and the others' DATA takes it as they go (see ``drain``)
         self.backlog: list[tuple[bytes, bool]] = []
         self.backlog_size = 0
+        # while not None: what is sent to it collects here, in order, and goes in one write at ``flush`` (perf, issue
+        # 37: each write is a system call that wakes the peer; see ``_Link.uncork``)
+        self.corked: list[bytes] | None = None
 
     def take(self, length: int) -> bool:
         """A relayed DATA frame of ``length`` bytes: taken off the connection window when it fits (True); False:
@@ -128,9 +131,24 @@ class _Peer:
             self._send(b"".join(out))
 
     def _send(self, data: bytes) -> None:
+        corked = self.corked
+        if corked is not None:
+            corked.append(data)
+            return
         t = self.transport
         if t is not None and not t.is_closing():
             t.write(data)
+
+    def cork(self) -> None:
+        """Collect what is sent from now on until ``flush`` (in order, after anything collected already)."""
+        if self.corked is None:
+            self.corked = []
+
+    def flush(self) -> None:
+        """Send what was collected since ``cork`` in one write, and write at once again from now on."""
+        corked, self.corked = self.corked, None
+        if corked:
+            self._send(corked[0] if len(corked) == 1 else b"".join(corked))
 
 
 def _pass_on(peer: _Peer, data: bytes, start: int, pos: int, out: list[bytes], block_open: bool,

@@ -87,3 +87,20 @@ def test_an_intent_too_long_to_read_back_is_never_written() -> None:
                   containers=tuple(ContainerInfo(name=f"container-{i:05d}") for i in range(2000)))
     with pytest.raises(PodSpecError, match="2000 containers"):
         encode_intent(pod)
+
+
+@pytest.mark.parametrize("name", ["app", "a\x7fb", "tab\there", "quote\"back\\slash", "é", "\u2028", "<&>", "\x01"])
+def test_the_intent_text_is_the_standard_librarys(name: str) -> None:
+    """Issue 37: the intent is written by msgspec when that gives the standard library's text (sorted keys, compact,
+    non-ASCII and DEL escaped): the text the proxy reads back and /validate compares must not change."""
+    containers = (ContainerInfo(name=name, role="init", cpu_request_milli=500, cpu_limit_milli=None,
+                                memory_request=1 << 30, memory_limit=1 << 30,
+                                hugepages=(("hugepages-1Gi", 1 << 30), ("hugepages-2Mi", 4 << 20))),
+                  ContainerInfo(name="z" + name, cpu_request_milli=2000, cpu_limit_milli=2000))
+    for level in (False, True):
+        pod = PodInfo(uid="u", namespace="ns", name="p", qos_class="Burstable", cpu_manager="share", bypass=False,
+                      containers=containers, pod_level_resources=level)
+        text = encode_intent(pod)
+        doc = json.loads(text)
+        assert text == json.dumps(doc, separators=(",", ":"), sort_keys=True)
+        assert _decode(text).containers == containers

@@ -104,3 +104,22 @@ async def test_a_review_over_a_bound_gets_400_naming_it_and_the_parser_lives_on(
             good["request"]["object"]["metadata"]["annotations"]["pad"] = "x" * pad
         status, answer = await client.post("/validate", good)
         assert status == 200 and answer["response"]["allowed"] is True, str(answer)[:300]
+
+
+def test_the_quick_walk_and_the_naming_walk_agree() -> None:
+    """Issue 37: ``check_bounds`` walks a review once without naming places and only walks it again, naming the
+    place, when something is over a bound; both walks must find the same reviews within bounds."""
+    from webhook.https.json_bounds import _first_problem, _within
+
+    long, surrogate = "x" * (MAX_STRING_BYTES + 1), "a\ud800"
+    docs: list[object] = [{"a": nest(MAX_DEPTH - 1)}, {"a": nest(MAX_DEPTH)}, nest(MAX_DEPTH), nest(MAX_DEPTH + 1),
+                          {"k": {"deep": nest(MAX_DEPTH - 2)}}, {"k": {"deep": nest(MAX_DEPTH - 1)}},
+                          [{"a": [{"b": nest(MAX_DEPTH - 4)}]}], [{"a": [{"b": nest(MAX_DEPTH - 3)}]}],
+                          {"s": long}, {long: 1}, {"s": [surrogate]}, {surrogate: 1}, {"l": [1, 2.5, None, True]},
+                          {"f": [float("inf")]}, {"f": {"g": float("nan")}}, {"é": "ü"}, "x", 1, None, [], {},
+                          {"s": "x" * MAX_STRING_BYTES}]
+    for doc in docs:
+        assert _within(doc) == (_first_problem(doc) is None), repr(doc)[:200]
+        assert check_bounds(doc) == _first_problem(doc)
+    for doc in ({"t": (1, 2)}, {"b": b"x"}, {"t": ("x" * (MAX_STRING_BYTES + 1),)}):  # not JSON's: the naming walk
+        assert not _within(doc) and check_bounds(doc) == _first_problem(doc)

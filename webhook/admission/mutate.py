@@ -19,9 +19,10 @@ from typing import Any
 
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, encode_intent
-from allocator.pod import CPU_MANAGER_ANNOTATION, CPU_MANAGER_VALUES, PodInfo
+from allocator.pod import CPU_MANAGER_ANNOTATION, CPU_MANAGER_VALUES
 from webhook.admission.jsonpatch_diff import diff
 from webhook.admission.pod_level import pod_level_warnings
+from webhook.admission.pod_model import pod_info
 from webhook.admission.review import AdmissionRequest, Verdict
 
 __all__ = ["is_pod_request", "mutate_pod", "mutate_review"]
@@ -51,7 +52,7 @@ def mutate_pod(pod: Mapping[str, Any], *, pod_level_managers: bool = False) -> t
     mutated: dict[str, Any] = dict(pod)
     mutated["metadata"] = meta
     try:
-        info = PodInfo.from_pod(_with_annotations(mutated, meta, annotations))
+        info = pod_info(_with_annotations(mutated, meta, annotations))
         intent = encode_intent(info)
     except PodSpecError as e:
         annotations.pop(INTENT_ANNOTATION, None)

@@ -6,7 +6,7 @@ and the pod goes through ``NodeAllocator.admit_pod(dry_run=True)``.
 Answers depend only on the node's shape (and free CPUs, for "now") and on the pod's resources, so they are cached
 by those keys: a thousand identical nodes cost one simulation. Allocators are cached too (dry runs leave them as
 they were). Simulations run in worker threads; one lock keeps the caches and allocators consistent (the event
-loop only peeks at the cache, without waiting for the lock).
+loop only peeks at the answers, without the lock).
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ class _LRU:
             self.data.move_to_end(key)
         return value
 
+    def peek(self, key: Any) -> Any:
+        """The value without the lock and without marking it used (a plain dictionary read: safe beside a writer
+        holding the lock; the values are immutable)."""
+        return self.data.get(key)
+
     def put(self, key: Any, value: Any) -> None:
         self.data[key] = value
         self.data.move_to_end(key)
@@ -116,13 +121,18 @@ class Simulator:
 
     def cached(self, node: NodeTopology, pod: PodInfo, *, occupied: bool, prior: tuple[PodInfo, ...] = ()
                ) -> Simulation | None:
-        """The cached answer, if any (cheap: no simulation; None as well while a simulation holds the lock)."""
-        if not self._lock.acquire(blocking=False):
-            return None
-        try:
-            result: Simulation | None = self._answers.get(self._key(node, pod, occupied, prior))
-        finally:
-            self._lock.release()
+        """The cached answer, if any (cheap: no simulation, and no wait for the lock a simulation in a worker thread
+        holds: perf, issue 37; under load, refusing to read while a thread held the lock sent request after request
+        to a thread of its own, each one more thread hop)."""
+        key = self._key(node, pod, occupied, prior)
+        result: Simulation | None
+        if self._lock.acquire(blocking=False):
+            try:
+                result = self._answers.get(key)
+            finally:
+                self._lock.release()
+        else:  # a simulation runs: read the answer as it is, without marking it used
+            result = self._answers.peek(key)
         return None if result is None else _named(result, pod)
 
     def admit(self, node: NodeTopology, pod: PodInfo, *, occupied: bool = True, prior: tuple[PodInfo, ...] = ()

@@ -45,6 +45,7 @@ from allocator.pod import (
     normalize_cpu_manager,
     pod_guaranteed_cpus,
 )
+from webhook.admission.pod_model import pod_info
 from webhook.admission.review import AdmissionRequest, FieldCause, Verdict
 from webhook.admission.simulate import Simulation, Simulator
 from webhook.admission.unjudged import UnjudgedRule
@@ -215,7 +216,7 @@ class PodValidator:
                 "FieldValueForbidden"))
 
         try:
-            info = self.simulator.gated(PodInfo.from_pod(pod))
+            info = self.simulator.gated(pod_info(pod))
         except PodSpecError as e:
             if req.operation == "CREATE":
                 return self.unjudged.verdict("validate", "pod_unreadable", f"pod not checked: {e}")

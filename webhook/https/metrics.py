@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -59,10 +61,17 @@ class WebhookMetrics:
         self.body_budget_bytes = Gauge(
             "numapin_webhook_inflight_body_bytes", "Bytes reserved by request bodies being read and judged.",
             registry=self.registry)
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def observe(self, endpoint: str, verdict: str, seconds: float) -> None:
-        self.requests.labels(endpoint, verdict).inc()
-        self.latency.labels(endpoint).observe(seconds)
+        # the labelled children, looked up once per (endpoint, verdict): ``labels()`` takes a lock and checks its
+        # arguments on every call (perf, issue 37); a handful of pairs, never removed
+        children = self._children.get((endpoint, verdict))
+        if children is None:
+            children = self._children[(endpoint, verdict)] = (self.requests.labels(endpoint, verdict),
+                                                              self.latency.labels(endpoint))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def count(self, endpoint: str, verdict: str) -> float:
         """The current value of a request counter (for tests and the benchmark)."""
