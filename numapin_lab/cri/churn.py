@@ -924,15 +924,19 @@ def config_of(p: argparse.ArgumentParser, args: argparse.Namespace) -> ChurnConf
                        max_pods=args.max_pods, proxy_root=args.proxy_root, time_scale=args.time_scale)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    cfg = config_of(p, args)
+Runner = Callable[[ChurnConfig, ContainerdLab, Path], Awaitable[ChurnReport]]
+
+
+def run_printed(args: argparse.Namespace, cfg: ChurnConfig, lab_of: Callable[[Path], ContainerdLab], run: Runner,
+                door: str) -> int:
+    """A churn from the command line: the lab in ``--workdir`` (or a new directory in /tmp, removed unless
+    ``--keep``), ``run`` with the door's process in ``<workdir>/<door>``; prints the JSON report, returns the exit
+    status (1 on a violation)."""
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="npx-churn-", dir="/tmp"))
-    lab = ContainerdLab(work / "ctrd")
+    lab = lab_of(work / "ctrd")
     try:
         lab.start()
-        report = asyncio.run(run_churn(cfg, lab, work / "proxy"))
+        report = asyncio.run(run(cfg, lab, work / door))
     finally:
         lab.stop()
         if not args.keep and not args.workdir:
@@ -940,6 +944,12 @@ def main(argv: list[str] | None = None) -> int:
     json.dump(report.to_json(), sys.stdout, indent=1)
     print()
     return 1 if report.violations else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    return run_printed(args, config_of(p, args), ContainerdLab, run_churn, "proxy")
 
 
 if __name__ == "__main__":

@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -36,7 +33,7 @@ from typing import Any
 
 import grpc.aio
 
-from .churn import Churn, ChurnConfig, ChurnReport, build_parser, config_of, leave_empty
+from .churn import Churn, ChurnConfig, ChurnReport, build_parser, config_of, leave_empty, run_printed
 from .client import CRIClient
 from .containerd import ContainerdLab
 from .containerd_versions import containerd_bin_dir
@@ -264,19 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--containerd", default="2.x", choices=("1.7", "2.x"),
                    help="which lab containerd (NRI needs 1.7 or later; default 2.x)")
     args = p.parse_args(argv)
-    cfg = config_of(p, args)
-    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="npx-nchurn-", dir="/tmp"))
-    lab = ContainerdLab(work / "ctrd", containerd_bin_dir(args.containerd), nri=True)
-    try:
-        lab.start()
-        report = asyncio.run(run_nri_churn(cfg, lab, work / "plugin"))
-    finally:
-        lab.stop()
-        if not args.keep and not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
-    json.dump(report.to_json(), sys.stdout, indent=1)
-    print()
-    return 1 if report.violations else 0
+    bin_dir = containerd_bin_dir(args.containerd)
+    return run_printed(args, config_of(p, args), lambda d: ContainerdLab(d, bin_dir, nri=True), run_nri_churn,
+                       "plugin")
 
 
 if __name__ == "__main__":

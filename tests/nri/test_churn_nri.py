@@ -8,8 +8,6 @@ The long form: ``python benchmarks/churn.py --door nri --ops 2000 --seed N``."""
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,19 +15,14 @@ import pytest
 from numapin_lab.cri.churn import ChurnConfig
 from numapin_lab.cri.churn_nri import run_nri_churn
 from numapin_lab.cri.containerd import ContainerdLab
-from numapin_lab.cri.ledger import scratch_dir
+from tests.criproxy import test_churn
 
 pytestmark = pytest.mark.containerd
 
+work = test_churn.work  # a scratch directory per test (the proxy churn's fixture)
+
 SEED = 20261161
 OPS = 30
-
-
-@pytest.fixture
-def work() -> Iterator[Path]:
-    d = scratch_dir("npx-nchurn-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("nri_lab", ["2.x"], indirect=True, ids=["containerd2.x"])

@@ -16,32 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.containerd import ContainerdLab
-from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.nri_process import NriProcess
-from tests.criproxy.test_e2e_containerd import SHARED
+from tests.nri import test_plugin_containerd
 
 pytestmark = pytest.mark.containerd
 
-
-@pytest.fixture
-async def plugin(nri_lab: ContainerdLab) -> AsyncIterator[NriProcess]:
-    d = scratch_dir("npx-nri-")
-    p = NriProcess(d, nri_lab.socket, nri_lab.nri_socket, reserved_cpus=SHARED)
-    await asyncio.to_thread(p.start)
-    try:
-        yield p
-    finally:
-        p.stop()
-        await nri_lab.remove_all_pods()
-        shutil.rmtree(d, ignore_errors=True)
+plugin = test_plugin_containerd.plugin  # numapin nri as a process, one per test
 
 
 BUG = pytest.mark.xfail(strict=True, reason="numapin nri after a containerd restart: see the module's docstring")
