@@ -272,7 +272,10 @@ async def run(args: argparse.Namespace) -> dict:
         result["load_average"] = os.getloadavg()
     finally:
         lab.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            print(f"logs kept in {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     return result
 
 
@@ -280,6 +283,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--containerd", default="2.x", choices=("1.7", "2.x"), help="the lab containerd (default 2.x)")
     ap.add_argument("--only", choices=("create", "resize", "cpu"), help="run only that part")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (the plugins' and proxy's logs)")
     ap.add_argument("--quick", action="store_true", help="fewer samples, 30 pods, 20 s per CPU figure")
     ap.add_argument("--running", type=int, default=4,
                     help="running shared containers while creates are measured (default 4)")
