@@ -870,14 +870,19 @@ async def run_churn(cfg: ChurnConfig, lab: ContainerdLab, workdir: Path) -> Chur
     kw = {"root": Path(cfg.proxy_root).resolve()} if cfg.proxy_root else {}
     proxy = ProxyProcess(workdir, lab.socket, reserved_cpus=cfg.reserved_cpus, sysfs=cfg.sysfs,
                          warm=cfg.warm_proxy, **kw)
-    await asyncio.to_thread(proxy.start)
-    churn = Churn(cfg, lab, proxy, report)
+    await drive(lab, proxy, lambda: Churn(cfg, lab, proxy, report))
+    return report
+
+
+async def drive(lab: ContainerdLab, door: ProxyProcess, make: Callable[[], Churn]) -> None:
+    """Start the door's process, run the churn ``make`` gives, then stop the process and leave containerd empty."""
+    await asyncio.to_thread(door.start)
+    churn = make()
     try:
         await churn.run()
     finally:
-        proxy.stop()
+        door.stop()
         await leave_empty(lab, churn)
-    return report
 
 
 async def leave_empty(lab: ContainerdLab, churn: Churn) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import grpc.aio
 
-from .churn import Churn, ChurnConfig, ChurnReport, build_parser, config_of, leave_empty, run_printed
+from .churn import Churn, ChurnConfig, ChurnReport, build_parser, config_of, drive, run_printed
 from .client import CRIClient
 from .containerd import ContainerdLab
 from .containerd_versions import containerd_bin_dir
@@ -246,13 +246,7 @@ async def run_nri_churn(cfg: ChurnConfig, lab: ContainerdLab, workdir: Path) -> 
     report = NriChurnReport(cfg.seed, cfg.ops)
     kw = {"root": Path(cfg.proxy_root).resolve()} if cfg.proxy_root else {}
     plugin = ChurnPlugin(workdir, lab.socket, lab.nri_socket, reserved_cpus=cfg.reserved_cpus, sysfs=cfg.sysfs, **kw)
-    await asyncio.to_thread(plugin.start)
-    churn = NriChurn(cfg, lab, plugin, report)
-    try:
-        await churn.run()
-    finally:
-        plugin.stop()
-        await leave_empty(lab, churn)
+    await drive(lab, plugin, lambda: NriChurn(cfg, lab, plugin, report))
     return report
 
 
