@@ -12,7 +12,8 @@ whose app container had exited before the restart is mishandled by ``numapin nri
   but when the pod is deleted (StopContainer, StopPodSandbox, RemoveContainer, RemovePodSandbox) its assignments
   are never released: /status and the state file keep them and the CPU is lost to every later pod.
 
-Without the containerd restart (``plugin-killed``) the same steps pass.
+Without the containerd restart (the plugin killed only) the same steps pass (checked once; not run in CI: the churn
+covers it).
 
 2. Found by benchmarks/nri.py: a growth after a shrink puts the pool's stale records back (the last test)."""
 
@@ -40,7 +41,6 @@ BUG = pytest.mark.xfail(strict=True, reason="numapin nri after a containerd rest
 
 @pytest.mark.parametrize("nri_lab", ["2.x"], indirect=True, ids=["containerd2.x"])
 @pytest.mark.parametrize(("kill_plugin", "restart_containerd"), [
-    pytest.param(True, False, id="plugin-killed"),
     pytest.param(True, True, id="plugin-killed-then-containerd-restart", marks=BUG),
     pytest.param(False, True, id="containerd-restart", marks=BUG)])
 async def test_a_pod_with_an_exited_container_across_a_containerd_restart_keeps_and_releases_its_cpus(
