@@ -261,7 +261,8 @@ class PodRun:
 
 # -- the harness -------------------------------------------------------------------------------------
 class Churn:
-    def __init__(self, cfg: ChurnConfig, lab: ContainerdLab, proxy: ProxyProcess, report: ChurnReport) -> None:
+    def __init__(self, cfg: ChurnConfig, lab: ContainerdLab, proxy: ProxyProcess, report: ChurnReport, *,
+                 kubelet_socket: str | None = None) -> None:
         self.cfg = cfg
         self.lab = lab
         self.proxy = proxy
@@ -275,7 +276,8 @@ class Churn:
         self.topology = Topology.from_sysfs(cfg.sysfs)
         self.reserved = CPUSet.parse(cfg.reserved_cpus)
         self.allocatable = self.topology.all_cpus - self.reserved
-        self.kubelet = CRIClient(proxy.socket, timeout=CALL_DEADLINE * cfg.time_scale)
+        # kubelet's runtime endpoint: the proxy's socket, or (NRI door) containerd's own
+        self.kubelet = CRIClient(kubelet_socket or proxy.socket, timeout=CALL_DEADLINE * cfg.time_scale)
         self.truth = KernelTruth(lab.socket)
         self.pods: dict[str, PodRun] = {}
         # every pod cgroup a sandbox was asked for: runc may have made it even when the call failed (containerd
@@ -316,6 +318,18 @@ class Churn:
         if self.up_since is None:
             return True
         return time.monotonic() - max(at, self.up_since) <= self.repair_bound
+
+    async def overlap_excused(self, exclusive: ContainerTruth, other: ContainerTruth) -> bool:
+        """Whether ``other`` running on CPUs of ``exclusive`` is excused (invariant a): here, a cgroup the harness
+        wrote itself (``drift_excused``); the NRI door adds containers created while the plugin was down."""
+        return self.drift_excused(other.id)
+
+    def fault_begins(self, cause: str) -> None:
+        """Called just before the harness kills the door's process or containerd (the NRI door opens a window)."""
+
+    async def door_back(self) -> bool:
+        """After containerd's restart: whether the door is serving again (the proxy answers /status)."""
+        return self.proxy.status() is not None
 
     async def call(self, method: str, call: Awaitable[T], deadline: float = CALL_DEADLINE, *,
                    fine: tuple[grpc.StatusCode, ...] = ()) -> tuple[bool, T | None]:
@@ -531,6 +545,7 @@ class Churn:
                 self.report.kills_while_admitting_exclusive += 1
             self.up_since = None
             self.fault_epoch += 1
+            self.fault_begins("door killed")
             await asyncio.to_thread(self.proxy.kill)
             self.report.proxy_kills += 1
             self.trace("proxy SIGKILLed" + (" during an exclusive CreateContainer"
@@ -546,6 +561,7 @@ class Churn:
             await asyncio.sleep(delay)
             self.up_since = None
             self.fault_epoch += 1
+            self.fault_begins("containerd killed")
             await asyncio.to_thread(self.lab.stop_containerd, signal.SIGKILL)
             self.trace("containerd SIGKILLed")
             await asyncio.sleep(self.rng.uniform(0.0, 1.0))
@@ -554,7 +570,7 @@ class Churn:
 
         await asyncio.gather(carrier(), killer())
         for _ in range(int(100 * self.cfg.time_scale)):  # the proxy notices containerd is back by itself
-            if await self.truth.running() is not None and self.proxy.status() is not None:
+            if await self.truth.running() is not None and await self.door_back():
                 break
             await asyncio.sleep(0.1)
         self.up_since = time.monotonic()
@@ -722,7 +738,7 @@ class Churn:
                 continue
             mine = x.cpus & own
             for y in running:
-                if y.id == x.id or not (y.cpus & mine) or self.drift_excused(y.id):
+                if y.id == x.id or not (y.cpus & mine) or await self.overlap_excused(x, y):
                     continue
                 # confirm: x runs (same process) before and after y is seen on its CPUs
                 x1 = await self.truth.one(x.id)
@@ -854,27 +870,39 @@ async def run_churn(cfg: ChurnConfig, lab: ContainerdLab, workdir: Path) -> Chur
     kw = {"root": Path(cfg.proxy_root).resolve()} if cfg.proxy_root else {}
     proxy = ProxyProcess(workdir, lab.socket, reserved_cpus=cfg.reserved_cpus, sysfs=cfg.sysfs,
                          warm=cfg.warm_proxy, **kw)
-    await asyncio.to_thread(proxy.start)
-    churn = Churn(cfg, lab, proxy, report)
-    try:
-        await churn.run()
-    finally:
-        proxy.stop()
-        async with CRIClient(lab.socket) as direct:  # leave containerd empty
-            with contextlib.suppress(grpc.aio.AioRpcError):
-                for sb in await direct.list_pod_sandbox():
-                    await direct.stop_pod_sandbox(sb.id)
-                    await direct.remove_pod_sandbox(sb.id)
-        # and no pod of the churn's, as kubelet leaves none: a container containerd started after its sandbox was
-        # removed (a start still under way in containerd when the churn's call timed out) or a sandbox containerd
-        # lost to a kill keeps running with no record; the lab's stop() kills what runs in these cgroups (after
-        # containerd is gone) and removes them
-        lab.pod_cgroups.update(p for p in churn.pod_cgroups if p.strip("/"))
+    await drive(lab, proxy, lambda: Churn(cfg, lab, proxy, report))
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m numapin_lab.cri.churn", description=__doc__.split("\n\n")[0],
+async def drive(lab: ContainerdLab, door: ProxyProcess, make: Callable[[], Churn]) -> None:
+    """Start the door's process, run the churn ``make`` gives, then stop the process and leave containerd empty."""
+    await asyncio.to_thread(door.start)
+    churn = make()
+    try:
+        await churn.run()
+    finally:
+        door.stop()
+        await leave_empty(lab, churn)
+
+
+async def leave_empty(lab: ContainerdLab, churn: Churn) -> None:
+    """After a run: no sandbox left in containerd, and the churn's pod cgroups handed to the lab to clean."""
+    async with CRIClient(lab.socket) as direct:  # leave containerd empty
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            for sb in await direct.list_pod_sandbox():
+                await direct.stop_pod_sandbox(sb.id)
+                await direct.remove_pod_sandbox(sb.id)
+    # and no pod of the churn's, as kubelet leaves none: a container containerd started after its sandbox was
+    # removed (a start still under way in containerd when the churn's call timed out) or a sandbox containerd
+    # lost to a kill keeps running with no record; the lab's stop() kills what runs in these cgroups (after
+    # containerd is gone) and removes them
+    lab.pod_cgroups.update(p for p in churn.pod_cgroups if p.strip("/"))
+
+
+def build_parser(prog: str = "python -m numapin_lab.cri.churn", description: str | None = None
+                 ) -> argparse.ArgumentParser:
+    """The churn's command line (the NRI door's adds its own options to it)."""
+    p = argparse.ArgumentParser(prog=prog, description=description or __doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=1, help="the seed of the operations (default 1)")
     p.add_argument("--ops", type=int, default=2000, help="number of operations (default 2000)")
@@ -886,20 +914,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--proxy-root", help="run the proxy from this numapin checkout instead of this one")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="multiply every deadline and bound by this (default 1; e.g. 5 under software emulation)")
-    args = p.parse_args(argv)
+    return p
+
+
+def config_of(p: argparse.ArgumentParser, args: argparse.Namespace) -> ChurnConfig:
+    """The configuration the parsed ``args`` ask for (a bad value exits through ``p.error``)."""
     if args.ops < 0 or args.max_pods < 1 or args.time_scale <= 0:
         p.error("--ops must be >= 0, --max-pods >= 1 and --time-scale > 0")
     try:
         CPUSet.parse(args.reserved_cpus)
     except ValueError as e:
         p.error(f"--reserved-cpus: {e}")
-    cfg = ChurnConfig(seed=args.seed, ops=args.ops, reserved_cpus=args.reserved_cpus, sysfs=args.sysfs,
-                      max_pods=args.max_pods, proxy_root=args.proxy_root, time_scale=args.time_scale)
+    return ChurnConfig(seed=args.seed, ops=args.ops, reserved_cpus=args.reserved_cpus, sysfs=args.sysfs,
+                       max_pods=args.max_pods, proxy_root=args.proxy_root, time_scale=args.time_scale)
+
+
+Runner = Callable[[ChurnConfig, ContainerdLab, Path], Awaitable[ChurnReport]]
+
+
+def run_printed(args: argparse.Namespace, cfg: ChurnConfig, lab_of: Callable[[Path], ContainerdLab], run: Runner,
+                door: str) -> int:
+    """A churn from the command line: the lab in ``--workdir`` (or a new directory in /tmp, removed unless
+    ``--keep``), ``run`` with the door's process in ``<workdir>/<door>``; prints the JSON report, returns the exit
+    status (1 on a violation)."""
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="npx-churn-", dir="/tmp"))
-    lab = ContainerdLab(work / "ctrd")
+    lab = lab_of(work / "ctrd")
     try:
         lab.start()
-        report = asyncio.run(run_churn(cfg, lab, work / "proxy"))
+        report = asyncio.run(run(cfg, lab, work / door))
     finally:
         lab.stop()
         if not args.keep and not args.workdir:
@@ -907,6 +949,12 @@ def main(argv: list[str] | None = None) -> int:
     json.dump(report.to_json(), sys.stdout, indent=1)
     print()
     return 1 if report.violations else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    return run_printed(args, config_of(p, args), ContainerdLab, run_churn, "proxy")
 
 
 if __name__ == "__main__":
