@@ -28,7 +28,9 @@ AGENT_FLAGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("--cpu-manager-policy-options", "cpu_manager_policy_options",
      {"help": "key=value,... (e.g. full-pcpus-only=true)"}),
     ("--reconcile-period", "reconcile_period",
-     {"help": "seconds between reconciles with containerd's container lists (default 0: only at start)"}),
+     {"help": "seconds between reconciles with containerd's container lists (default for the proxy 0: only at start; "
+              "for the NRI plugin 10: containerd does not tell plugins of pods and exited containers removed after "
+              "it restarted)"}),
     ("--converge-period", "converge_period",
      {"help": "seconds between checks of every running container's real cpuset in the kernel, repairing any "
               "that is not numapin's decision (default 1; 0: only at start and after pool changes)"}),

@@ -23,6 +23,10 @@ class NriConfig(AgentConfig):
     plugin_index: str = "90"      # two digits: containerd calls plugins in ascending order
     # containerd's CRI socket: the plugin's reads (lists, statuses; never a write: those ride in NRI's answers)
     runtime_endpoint: str = "unix:///run/containerd/containerd.sock"
+    # containerd keeps which pods and containers it told plugins of in memory only: after it restarts, a pod that
+    # existed before is stopped and removed without an NRI event, and so is an exited container; the reconcile with
+    # its lists gives their CPUs back
+    reconcile_period: float = 10.0
 
     @property
     def listen(self) -> str:

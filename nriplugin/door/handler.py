@@ -92,7 +92,7 @@ class NumapinHandler(BaseHandler):
     async def synchronize(self, ctx: CallContext, request: Any) -> Any:
         self._note_cgroups(request.containers)
         with self.records.event() as collector:
-            updates = self.records.answer(collector)
+            updates = self.records.answer(collector, current=self._current)
         task = asyncio.get_running_loop().create_task(self._reconcile_after_sync(len(request.containers)))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -110,6 +110,13 @@ class NumapinHandler(BaseHandler):
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _current(self, container_id: str) -> tuple[str, str] | None:
+        """A container's cpuset as numapin last put it (None: not tracked, or not numapin's to set)."""
+        t = self.agent.registry.containers.get(container_id)
+        if t is None or t.cpus is None or t.mode == "bypass" or t.exited:
+            return None
+        return str(t.cpus), str(t.mems) if t.mems is not None else ""
 
     def _note_cgroups(self, containers: Any) -> None:
         """The containers' cgroups from NRI (their OCI ``cgroupsPath``): the pusher writes a running one's cpuset
@@ -137,7 +144,8 @@ class NumapinHandler(BaseHandler):
                 raise
             self._note_cgroups([container])
             self._land(container.id, (admission.ident.uid, admission.name))
-            response = nri_pb2.CreateContainerResponse(update=self.records.answer(collector, exclude=container.id))
+            updates = self.records.answer(collector, exclude=container.id, current=self._current)
+            response = nri_pb2.CreateContainerResponse(update=updates)
         target = admission.target
         if target is not None:
             response.adjust.linux.resources.CopyFrom(_resources(target))
@@ -199,7 +207,7 @@ class NumapinHandler(BaseHandler):
                 target = await agent.resizer.resize(resize_request(request), apply)
             except Rejection as e:
                 raise _refusal(e) from None
-            updates = self.records.answer(collector, exclude=cid)
+            updates = self.records.answer(collector, exclude=cid, current=self._current)
         if target is not None:  # containerd takes the last update for the target as its resources (nri.md §5.3)
             own = nri_pb2.ContainerUpdate(container_id=cid)
             own.linux.resources.CopyFrom(_resources(target))
@@ -210,7 +218,7 @@ class NumapinHandler(BaseHandler):
     async def stop_container(self, ctx: CallContext, request: Any) -> Any:
         self.agent.pinning.container_stopped(request.container.id)
         with self.records.event() as collector:
-            return nri_pb2.StopContainerResponse(update=self.records.answer(collector))
+            return nri_pb2.StopContainerResponse(update=self.records.answer(collector, current=self._current))
 
     async def _removed(self, container_id: str) -> None:
         await self.agent.pinning.container_removed(container_id)

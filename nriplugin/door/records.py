@@ -14,7 +14,7 @@ on the container's next update, which numapin answers with its cpuset."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
 from protos import cri_pb2, nri_pb2
@@ -54,10 +54,14 @@ class EventRecords:
             collector.open = False
             self._current.reset(token)
 
-    def answer(self, collector: _Collector, *, exclude: str | None = None) -> list[nri_pb2.ContainerUpdate]:
+    def answer(self, collector: _Collector, *, exclude: str | None = None,
+               current: Callable[[str], tuple[str, str] | None] | None = None) -> list[nri_pb2.ContainerUpdate]:
         """The updates for the event's answer: the ones kept since the last answer, then the event's own; none for
         ``exclude`` (the container being created: containerd refuses an update of it, and it gets its cpuset in the
-        adjustment). Closes the collector: later writes wait for the next event."""
+        adjustment). ``current``: each container's cpuset (cpus, mems) as the pusher last put it in the kernel, None
+        for a container no longer tracked: an update kept from before says that, not what it said when it was made
+        (a record of a widening kept while the pool narrowed again must not widen it back in containerd's runc
+        update). Closes the collector: later writes wait for the next event."""
         collector.open = False
         merged = dict(self._pending)
         self._pending.clear()
@@ -65,7 +69,15 @@ class EventRecords:
             merged.pop(cid, None)
             merged[cid] = res
         merged.pop(exclude or "", None)
-        return [_update(cid, res) for cid, res in merged.items()]
+        out = []
+        for cid, res in merged.items():
+            if current is not None:
+                now = current(cid)
+                if now is None:
+                    continue
+                res.cpuset_cpus, res.cpuset_mems = now
+            out.append(_update(cid, res))
+        return out
 
     def forget(self, container_id: str) -> None:
         """The container is gone: nothing more to tell the runtime about it."""

@@ -1,48 +1,54 @@
-"""Bugs of ``numapin nri`` found by the NRI churn and benchmark, reduced to kubelet's steps (expected to fail, strict,
-until the fix lands in the door or the core; remove the marks then).
+"""Two faults of ``numapin nri`` the NRI churn and benchmark found, reduced to kubelet's steps (both fixed; these
+keep them fixed).
 
-1. Found by the NRI churn (seed 20261152 of numapin_lab.cri.churn_nri, 30 operations, containerd 2.1), reduced to
-kubelet's steps. After containerd restarts (the plugin's next Synchronize and the reconcile behind it), a pod
-whose app container had exited before the restart is mishandled by ``numapin nri``:
+1. containerd keeps which pods and containers it told plugins of in memory only. After it restarts, a pod that
+existed before is stopped and removed with no NRI event (StopPodSandbox, RemovePodSandbox, and RemoveContainer of an
+exited container are skipped), so its CPUs stayed assigned for good. The plugin now reconciles with containerd's
+lists periodically (``--reconcile-period``, 10 s by default for the NRI plugin; 1 s here), which releases them.
 
-- ``containerd-restart``: kubelet's attempt 1 of the exited app container is refused ("requested=1, available=0")
-  although the CPU is the pod's own (attempt 0 and the init container held it; the proxy gives it back to attempt
-  1 as kubelet's CPU manager does);
-- ``plugin-killed-then-containerd-restart`` (attempt 0 was created while the plugin was down): attempt 1 is pinned,
-  but when the pod is deleted (StopContainer, StopPodSandbox, RemoveContainer, RemovePodSandbox) its assignments
-  are never released: /status and the state file keep them and the CPU is lost to every later pod.
-
-Without the containerd restart (the plugin killed only) the same steps pass (checked once; not run in CI: the churn
-covers it).
-
-2. Found by benchmarks/nri.py: a growth after a shrink puts the pool's stale records back (the last test)."""
+2. A growth after a shrink put the pool's stale records back: the pusher's records of a widening, kept for the next
+answer, were answered as they were made, after the pool had narrowed again in the kernel, and containerd applied them
+before answering kubelet. The door now answers each kept update with the container's cpuset as numapin last put it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab
+from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.nri_process import NriProcess
 from tests.criproxy.test_e2e_containerd import SHARED, cpus_of, pid_of, start_pod
-from tests.nri import test_plugin_containerd
 
 pytestmark = pytest.mark.containerd
 
-plugin = test_plugin_containerd.plugin  # numapin nri as a process, one per test
 
 
-BUG = pytest.mark.xfail(strict=True, reason="numapin nri after a containerd restart: see the module's docstring")
+@pytest.fixture
+async def plugin(nri_lab: ContainerdLab) -> AsyncIterator[NriProcess]:
+    """numapin nri as a process, one per test, reconciling with containerd's lists every second (10 s by default)."""
+    d = scratch_dir("npx-nri-")
+    p = NriProcess(d, nri_lab.socket, nri_lab.nri_socket, reserved_cpus=SHARED,
+                   extra_args=("--reconcile-period", "1"))
+    await asyncio.to_thread(p.start)
+    try:
+        yield p
+    finally:
+        p.stop()
+        await nri_lab.remove_all_pods()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("nri_lab", ["2.x"], indirect=True, ids=["containerd2.x"])
 @pytest.mark.parametrize(("kill_plugin", "restart_containerd"), [
-    pytest.param(True, True, id="plugin-killed-then-containerd-restart", marks=BUG),
-    pytest.param(False, True, id="containerd-restart", marks=BUG)])
+    pytest.param(True, True, id="plugin-killed-then-containerd-restart"),
+    pytest.param(False, True, id="containerd-restart")])
 async def test_a_pod_with_an_exited_container_across_a_containerd_restart_keeps_and_releases_its_cpus(
         cri: CRIClient, plugin: NriProcess, nri_lab: ContainerdLab, kill_plugin: bool,
         restart_containerd: bool) -> None:
@@ -52,6 +58,7 @@ async def test_a_pod_with_an_exited_container_across_a_containerd_restart_keeps_
     init = await cri.create_container(sid, cri.container_config("init", cpu_milli=1000, limit_milli=1000,
                                                                 command=("true",)), cfg)
     await cri.start_container(init)
+    await _exited(cri, init)  # kubelet creates the app container once it has seen the init container exit
     if kill_plugin:
         plugin.kill()
     app0 = await cri.create_container(sid, cri.container_config("app", cpu_milli=1000, limit_milli=1000,
@@ -76,10 +83,20 @@ async def test_a_pod_with_an_exited_container_across_a_containerd_restart_keeps_
         for c in (init, app0, app1):
             await k.remove_container(c)
         await k.remove_pod_sandbox(sid)
-    await asyncio.sleep(0.5)
+    # containerd, restarted, sends no NRI event for a pod it had before: the periodic reconcile releases it
+    deadline = time.monotonic() + 15
+    while (plugin.status() or {}).get("assignments") and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
     st = plugin.status() or {}
     assert st.get("assignments") == [], st.get("assignments")
     assert plugin.state().get("entries", {}) == {}
+
+
+async def _exited(cri: CRIClient, cid: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (await cri.container_status(cid)).status.state != pb.CONTAINER_EXITED:
+        assert time.monotonic() < deadline, f"container {cid} did not exit within {timeout:g} s"
+        await asyncio.sleep(0.05)
 
 
 def kubelet_resources(milli: int) -> pb.LinuxContainerResources:
@@ -88,7 +105,6 @@ def kubelet_resources(milli: int) -> pb.LinuxContainerResources:
                                       memory_limit_in_bytes=64 << 20, oom_score_adj=-997)
 
 
-@pytest.mark.xfail(strict=True, reason="a stale record of the shared pool rides the next answer: see the test")
 @pytest.mark.parametrize("nri_lab", ["2.x"], indirect=True, ids=["containerd2.x"])
 async def test_a_growth_keeps_the_shared_containers_off_its_cpu_at_the_answer(cri: CRIClient,
                                                                             plugin: NriProcess) -> None:
