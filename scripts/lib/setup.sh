@@ -30,6 +30,10 @@ numapin_setup() {
     if ! command -v busybox >/dev/null || ldd "$(command -v busybox)" 2>&1 | grep -q '=>'; then
         pkgs+=(busybox-static)
     fi
+    if [ "$want" = test ]; then
+        # the CRI validation suite (tests/cri_validation) runs pods on a CNI bridge network: Debian's plugins
+        [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
+    fi
     if [ "$want" = test ] || [ "${NUMAPIN_NUMA_VM_PACKAGES:-}" = 1 ]; then
         # the multi-NUMA end-to-end tests (tests/numa) and `numapin demo --topology` boot this machine's Debian
         # kernel in QEMU with numa-lab's numa-vm.sh: its packages (as `numa-vm.sh install` names them) plus what
