@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FOCUS", "SKIP", "Comparison", "CritestRun", "SpecResult", "compare", "parse_junit", "run_critest"]
+__all__ = ["FOCUS", "SKIP", "Cancelled", "Comparison", "CritestRun", "SpecResult", "compare", "parse_junit",
+           "run_critest"]
 
 FOCUS: tuple[str, ...] = (
     r"PodSandbox runtime should support basic operations",
@@ -103,21 +105,39 @@ def critest_args(endpoint: str, report: Path, focus: Sequence[str] = FOCUS,
     return args
 
 
+class Cancelled(RuntimeError):
+    """A run stopped because its caller asked (the test session ended first)."""
+
+
 def run_critest(binary: Path, endpoint: str, directory: Path, label: str, *, focus: Sequence[str] = FOCUS,
-                skip: Mapping[str, str] = SKIP, timeout: float = 900.0) -> CritestRun:
+                skip: Mapping[str, str] = SKIP, timeout: float = 900.0,
+                cancel: threading.Event | None = None) -> CritestRun:
     """Run critest against the CRI socket ``endpoint`` (runtime and image service) in ``directory`` (its report and
-    output go there)."""
+    output go there); ``cancel`` set kills it and raises ``Cancelled``."""
     directory.mkdir(parents=True, exist_ok=True)
     report, output = directory / "junit.xml", directory / "critest.log"
     start = time.monotonic()
     with open(output, "wb") as log:
+        proc = subprocess.Popen([str(binary), *critest_args(endpoint, report, focus, skip)], cwd=directory,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "GINKGO_NO_COLOR": "TRUE"})
         try:
-            r = subprocess.run([str(binary), *critest_args(endpoint, report, focus, skip)], cwd=directory,
-                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                               check=False, env={**os.environ, "GINKGO_NO_COLOR": "TRUE"})
-            code = r.returncode
-        except subprocess.TimeoutExpired:
-            code = -1
+            while True:
+                try:
+                    code = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if (cancel is not None and cancel.is_set()) or time.monotonic() - start > timeout:
+                        proc.kill()
+                        proc.wait()
+                        if cancel is not None and cancel.is_set():
+                            raise Cancelled(f"critest ({label}) cancelled") from None
+                        code = -1
+                        break
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     seconds = time.monotonic() - start
     if not report.exists():
         tail = output.read_text(errors="replace")[-2000:]

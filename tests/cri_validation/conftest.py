@@ -1,13 +1,53 @@
-"""The CRI validation suite's lines in the session's summary: each run's counts and wall time, the specs that fail
-against containerd itself (not numapin's: with their reason) and any spec lost through numapin."""
+"""The CRI validation suite: when the tests are collected and a check of test_critest.py is selected, its three
+critest runs start in the background (tests/cri_validation/background.py) and those checks move to the end of the
+session, where they wait for the runs; the session's end cancels runs still going and waits for their tear-down
+(before the leftover check of tests/conftest.py). The summary gives each run's counts and wall time, the specs that
+fail against containerd itself (not numapin's: with their reason) and any spec lost through numapin."""
 
 from __future__ import annotations
 
 import pytest
 
 from numapin_lab.cri.critest import Comparison, CritestRun
+from tests.cri_validation.background import Validation
 
 REPORT = pytest.StashKey[list[str]]()
+_VALIDATION = pytest.StashKey[Validation]()
+MODULE = "test_critest.py"
+
+
+def _waits(item: pytest.Item) -> bool:
+    return item.path.name == MODULE and item.path.parent.name == "cri_validation"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The checks that read the runs go last (in their order), after everything that can run meanwhile."""
+    waiting = [i for i in items if _waits(i)]
+    if waiting:
+        items[:] = [i for i in items if not _waits(i)] + waiting
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the runs now, in the background (not for --collect-only, nor when no check of theirs is selected)."""
+    if session.config.option.collectonly or not any(map(_waits, session.items)):
+        return
+    session.config.stash[_VALIDATION] = Validation()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    validation = session.config.stash.get(_VALIDATION, None)
+    if validation is not None:
+        validation.close()
+
+
+@pytest.fixture(scope="session")
+def critest_runs(pytestconfig: pytest.Config) -> dict[str, CritestRun]:
+    """The three runs by door, waited for (started at collection)."""
+    validation = pytestconfig.stash.get(_VALIDATION, None)
+    if validation is None:
+        validation = pytestconfig.stash[_VALIDATION] = Validation()
+    return validation.result()
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ REPORT = """<?xml version="1.0" encoding="UTF-8"?>
 <testcase name="[BeforeSuite]" status="passed" time="0"></testcase>
 <testcase name="[It] [k8s.io] a runs" status="passed" time="1"></testcase>
 <testcase name="[It] [k8s.io] b runs" status="{b}" time="1">{b_failure}</testcase>
-<testcase name="[It] [k8s.io] c fails" status="failed" time="1"><failure message="Expected&#xA;    &lt;string&gt;: x&#xA;to be empty" type="failed">[FAILED] Expected</failure></testcase>
+<testcase name="[It] [k8s.io] c fails" status="failed" time="1">
+<failure message="Expected&#xA;    &lt;string&gt;: x&#xA;to be empty" type="failed">[FAILED]</failure></testcase>
 <testcase name="[It] [k8s.io] d skipped" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
 </testsuite></testsuites>
 """

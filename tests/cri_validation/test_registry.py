@@ -27,7 +27,7 @@ def test_the_registry_serves_every_name_as_its_own_image(tmp_path: Path) -> None
         base = f"http://{reg.address}/v2"
         one, d1 = _get(f"{base}/e2e-test-images/busybox/manifests/1.29-2")
         again, d1b = _get(f"{base}/e2e-test-images/busybox/manifests/other-tag")
-        two, d2 = _get(f"{base}/k8s-staging-cri-tools/test-image-1/manifests/latest")
+        two, _ = _get(f"{base}/k8s-staging-cri-tools/test-image-1/manifests/latest")
         assert d1 == d1b == "sha256:" + hashlib.sha256(one).hexdigest() and one == again
         m1, m2 = json.loads(one), json.loads(two)
         assert m1["config"]["digest"] != m2["config"]["digest"] and m1["layers"] == m2["layers"]
