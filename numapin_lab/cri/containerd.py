@@ -161,8 +161,12 @@ class ContainerdLab:
     this lab's containerd, shim and ctr are (None: the system's, from PATH)."""
 
     def __init__(self, directory: str | os.PathLike[str], bin_dir: str | os.PathLike[str] | None = None, *,
-                 systemd_cgroup: bool = False, nri: bool = False, cni: bool = False, mirror: str | None = None) -> None:
+                 systemd_cgroup: bool = False, nri: bool = False, cni: bool = False, mirror: str | None = None,
+                 niceness: int = 0) -> None:
         self.dir = Path(directory).resolve()
+        # containerd started under ``nice -n niceness`` (its shims, runc and the containers inherit it): for labs
+        # working in the background of a test session
+        self.niceness = niceness
         # ``host:port`` of a plain-HTTP registry every pull goes to, whatever registry the image names
         # (numapin_lab.cri.registry); None: pulls go where the name says (nowhere reachable here)
         self.mirror = mirror
@@ -398,7 +402,8 @@ disabled_plugins = [{self._disabled()}]
             os.unlink(self.socket)
         log = open(self.log, "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.proc = subprocess.Popen([self.exe("containerd"), "--config", str(self.config)],
+            nice = ["nice", "-n", str(self.niceness)] if self.niceness else []
+            self.proc = subprocess.Popen([*nice, self.exe("containerd"), "--config", str(self.config)],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                          env=self.env)
         finally:
@@ -602,12 +607,12 @@ def _pod_cgroup(sandbox_cgroup: str, sandbox_id: str) -> str | None:
 
 @contextlib.contextmanager
 def scratch_lab(prefix: str, bin_dir: Path | None = None, *, nri: bool = False,
-                cni: bool = False, mirror: str | None = None) -> Iterator[ContainerdLab]:
+                cni: bool = False, mirror: str | None = None, niceness: int = 0) -> Iterator[ContainerdLab]:
     """A started lab in a new directory ``/tmp/<prefix>*`` (short: unix socket paths), stopped and the directory
-    removed afterwards; ``bin_dir``, ``nri``, ``cni`` and ``mirror`` as for ``ContainerdLab``."""
+    removed afterwards; ``bin_dir``, ``nri``, ``cni``, ``mirror`` and ``niceness`` as for ``ContainerdLab``."""
     d = ledger.scratch_dir(prefix)
     try:
-        with ContainerdLab(d / "ctrd", bin_dir, nri=nri, cni=cni, mirror=mirror) as lab:
+        with ContainerdLab(d / "ctrd", bin_dir, nri=nri, cni=cni, mirror=mirror, niceness=niceness) as lab:
             yield lab
     finally:
         shutil.rmtree(d, ignore_errors=True)

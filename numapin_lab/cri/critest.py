@@ -34,7 +34,7 @@ FOCUS: tuple[str, ...] = (
     r"Networking runtime should support networking runtime should support (DNS config|set hostname)",
     r"NamespaceOption runtime should support HostNetwork",
     r"Container OOM",
-    r"Image Manager listImage",
+    r"Image Manager",
     r"Image Consistency",
 )
 
@@ -110,15 +110,16 @@ class Cancelled(RuntimeError):
 
 
 def run_critest(binary: Path, endpoint: str, directory: Path, label: str, *, focus: Sequence[str] = FOCUS,
-                skip: Mapping[str, str] = SKIP, timeout: float = 900.0,
-                cancel: threading.Event | None = None) -> CritestRun:
-    """Run critest against the CRI socket ``endpoint`` (runtime and image service) in ``directory`` (its report and
-    output go there); ``cancel`` set kills it and raises ``Cancelled``."""
+                skip: Mapping[str, str] = SKIP, timeout: float = 900.0, cancel: threading.Event | None = None,
+                niceness: int = 0) -> CritestRun:
+    """Run critest (under ``nice -n niceness``) against the CRI socket ``endpoint`` (runtime and image service) in
+    ``directory`` (its report and output go there); ``cancel`` set kills it and raises ``Cancelled``."""
     directory.mkdir(parents=True, exist_ok=True)
     report, output = directory / "junit.xml", directory / "critest.log"
     start = time.monotonic()
     with open(output, "wb") as log:
-        proc = subprocess.Popen([str(binary), *critest_args(endpoint, report, focus, skip)], cwd=directory,
+        nice = ["nice", "-n", str(niceness)] if niceness else []
+        proc = subprocess.Popen([*nice, str(binary), *critest_args(endpoint, report, focus, skip)], cwd=directory,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "GINKGO_NO_COLOR": "TRUE"})
         try:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from .proxy_process import stop_child
+
 __all__ = ["ImageSet", "RegistryProcess", "main"]
 
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -198,12 +200,7 @@ class RegistryProcess:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_child(self.proc)
             self.proc = None
 
     def __enter__(self) -> RegistryProcess:
