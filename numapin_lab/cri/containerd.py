@@ -4,7 +4,8 @@ and benchmarks.
 Everything lives in one directory: config, root, state, logs and the socket. The busybox and pause images
 are built offline from the static busybox binary (Debian's busybox-static) as a docker archive and
 imported into the ``k8s.io`` namespace. Only host-network pods work, unless ``cni=True`` gives the lab a bridge network
-of its own (``numapin_lab.cri.cni``, Debian's containernetworking-plugins). ``stop()`` leaves no
+of its own (``numapin_lab.cri.cni``, Debian's containernetworking-plugins); ``mirror`` sends every image pull to one
+local registry (``numapin_lab.cri.registry``). ``stop()`` leaves no
 process, mount, socket or cgroup behind: it kills the containers (and what ran in them), removes the shims' sockets
 and, as kubelet does for its pods, the cgroups of the pods this containerd ran (runc never removes a pod's cgroup,
 the parent of its containers') and the network's bridge; ``leftovers()`` says what stayed. Nothing else is touched.
