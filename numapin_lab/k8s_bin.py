@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = ["CACHE_ENV", "K8sBinError", "find_binary"]
@@ -33,22 +34,22 @@ def _exports(line: str) -> dict[str, str]:
     return dict(w.split("=", 1) for w in words[1:] if "=" in w)
 
 
-def find_binary(name: str) -> Path:
-    """The path of ``name`` (``critest``, ``crictl``, ``kubelet``, ...)."""
+def find_binary(name: str, env: Mapping[str, str] = os.environ) -> Path:
+    """The path of ``name`` (``critest``, ``crictl``, ``kubelet``, ...), looked up in ``env`` first."""
     var = _ENV.get(name)
     if var is None:
         raise K8sBinError(f"unknown binary {name!r} (known: {', '.join(_ENV)})")
-    env = os.environ.get(var)
-    if env:
-        path = Path(env)
+    given = env.get(var)
+    if given:
+        path = Path(given)
         if not (path.is_file() and os.access(path, os.X_OK)):
-            raise K8sBinError(f"${var} is {env}, which is not an executable file")
+            raise K8sBinError(f"${var} is {given}, which is not an executable file")
         return path
     unpack = next((c / "unpack.sh" for c in _CANDIDATES if (c / "unpack.sh").is_file()), None)
     if unpack is None:
         raise K8sBinError(f"{name} not found: set ${var} to its path, or provide k8s-bin/unpack.sh (looked in "
                           f"{', '.join(map(str, _CANDIDATES))})")
-    cache = os.environ.get(CACHE_ENV, "/var/cache/numapin-k8s-bin")
+    cache = env.get(CACHE_ENV, "/var/cache/numapin-k8s-bin")
     r = subprocess.run(["bash", str(unpack), cache], capture_output=True, text=True, timeout=600, check=False)
     if r.returncode != 0:
         raise K8sBinError(f"{unpack} {cache} failed ({r.returncode}): {r.stderr.strip()[-800:]}")

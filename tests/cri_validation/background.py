@@ -30,6 +30,8 @@ DOORS = ("containerd", "criproxy", "nri")
 # the labs and critest yield to the rest of the suite (its critical path), as the VM boots do (they run at 19); the
 # proxy and the plugin run at the session's own priority, as on a node
 NICENESS = 10
+# the names of its threads: a test that counts the process's threads can tell these from its own
+THREAD_PREFIX = "numapin-critest"
 
 
 def _lab(stack: ExitStack, prefix: str, mirror: str, *, nri: bool = False) -> ContainerdLab:
@@ -55,7 +57,7 @@ def validate(cancel: threading.Event) -> dict[str, CritestRun]:
             stack.callback(plugin.stop)
             plugin.start()
             targets = dict(zip(DOORS, (direct.socket, proxy.socket, plugged.socket), strict=True))
-            with ThreadPoolExecutor(len(targets)) as pool:
+            with ThreadPoolExecutor(len(targets), thread_name_prefix=THREAD_PREFIX) as pool:
                 futures = {k: pool.submit(run_critest, critest, sock, work / k, k, cancel=cancel,
                                           niceness=NICENESS)
                            for k, sock in targets.items()}
@@ -74,7 +76,7 @@ class Validation:
     def __init__(self) -> None:
         self.cancel = threading.Event()
         self.future: Future[dict[str, CritestRun]] = Future()
-        self.thread = threading.Thread(target=self._run, name="numapin-critest", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=THREAD_PREFIX, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
