@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import shutil
 import threading
+import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 from numapin_lab.cri.containerd import ContainerdLab, _busybox, build_image_archive, scratch_lab
 from numapin_lab.cri.containerd_versions import containerd_bin_dir
@@ -39,8 +41,25 @@ def _lab(stack: ExitStack, prefix: str, mirror: str, *, nri: bool = False) -> Co
                                             niceness=NICENESS))
 
 
-def validate(cancel: threading.Event) -> dict[str, CritestRun]:
-    """The three runs by door (``DOORS``)."""
+@dataclass(frozen=True)
+class Validated:
+    """The three runs by door (``DOORS``), and how many containers each numapin door admitted meanwhile (its
+    ``numapin_criproxy_allocations_total``, all modes: that critest's containers went through numapin)."""
+
+    runs: dict[str, CritestRun]
+    admitted: dict[str, float]
+
+
+def admitted(door: ProxyProcess) -> float:
+    """The door's containers admitted so far, by its /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{door.port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("numapin_criproxy_allocations_total"))
+
+
+def validate(cancel: threading.Event) -> Validated:
+    """The three runs, and what the doors admitted."""
     critest = find_binary("critest")
     work = scratch_dir("crv-")
     try:
@@ -65,7 +84,7 @@ def validate(cancel: threading.Event) -> dict[str, CritestRun]:
             for name, door in (("criproxy", proxy), ("nri", plugin)):
                 if not door.running:
                     raise RuntimeError(f"numapin {name} died during critest:\n{door.log_tail()}")
-            return done
+            return Validated(done, {"criproxy": admitted(proxy), "nri": admitted(plugin)})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -75,7 +94,7 @@ class Validation:
 
     def __init__(self) -> None:
         self.cancel = threading.Event()
-        self.future: Future[dict[str, CritestRun]] = Future()
+        self.future: Future[Validated] = Future()
         self.thread = threading.Thread(target=self._run, name=THREAD_PREFIX, daemon=True)
         self.thread.start()
 
@@ -85,7 +104,7 @@ class Validation:
         except BaseException as e:  # handed to the checks that wait for it
             self.future.set_exception(e)
 
-    def result(self) -> dict[str, CritestRun]:
+    def result(self) -> Validated:
         return self.future.result()
 
     def close(self) -> None:

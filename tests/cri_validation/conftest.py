@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from numapin_lab.cri.critest import Comparison, CritestRun
-from tests.cri_validation.background import Validation
+from tests.cri_validation.background import Validated, Validation
 
 REPORT = pytest.StashKey[list[str]]()
 _VALIDATION = pytest.StashKey[Validation]()
@@ -42,8 +42,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def critest_runs(pytestconfig: pytest.Config) -> dict[str, CritestRun]:
-    """The three runs by door, waited for (started at collection)."""
+def critest_runs(pytestconfig: pytest.Config) -> Validated:
+    """The three runs (and what the doors admitted), waited for (started at collection)."""
     validation = pytestconfig.stash.get(_VALIDATION, None)
     if validation is None:
         validation = pytestconfig.stash[_VALIDATION] = Validation()

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import pytest
 
-from numapin_lab.cri.critest import Comparison, CritestRun, compare
+from numapin_lab.cri.critest import Comparison, compare
+from tests.cri_validation.background import Validated
 from tests.cri_validation.conftest import report_lines
 
 pytestmark = pytest.mark.containerd
 
 MIN_PASSED = 48  # of the 54 specs FOCUS selects, 51 pass directly here (a run that passes fewer is broken)
+MIN_ADMITTED = 20  # 31 containers here go through each door's admission: one that admitted fewer was not in the path
 
 
-def test_critest_runs_against_containerd_itself(critest_runs: dict[str, CritestRun],
+def test_critest_runs_against_containerd_itself(critest_runs: Validated,
                                                 critest_report: list[str]) -> None:
     """The baseline is a real run: enough specs passed directly (a broken lab or image would fail most)."""
-    direct = critest_runs["containerd"]
+    direct = critest_runs.runs["containerd"]
     passed = direct.outcome("passed")
     critest_report.extend(report_lines(direct, None))
     assert len(passed) >= MIN_PASSED, (f"only {len(passed)} specs passed against containerd itself:\n"
@@ -35,10 +37,13 @@ def test_critest_runs_against_containerd_itself(critest_runs: dict[str, CritestR
 
 
 @pytest.mark.parametrize("door", ["criproxy", "nri"])
-def test_every_spec_that_passes_directly_passes_through_numapin(critest_runs: dict[str, CritestRun], door: str,
+def test_every_spec_that_passes_directly_passes_through_numapin(critest_runs: Validated, door: str,
                                                                critest_report: list[str]) -> None:
-    c: Comparison = compare(critest_runs["containerd"], critest_runs[door])
-    critest_report.extend(report_lines(critest_runs[door], c))
+    c: Comparison = compare(critest_runs.runs["containerd"], critest_runs.runs[door])
+    critest_report.extend(report_lines(critest_runs.runs[door], c))
+    critest_report.append(f"  numapin {door} admitted {critest_runs.admitted[door]:g} containers meanwhile")
+    assert critest_runs.admitted[door] >= MIN_ADMITTED, (  # critest's containers went through numapin's decisions
+        f"numapin {door} admitted only {critest_runs.admitted[door]:g} containers during critest")
     assert not c.missing, f"specs that passed directly did not run through {door}: {c.missing}"
     assert not c.lost, f"specs that pass against containerd fail through numapin {door}:\n" + "\n".join(
         f"  {n}: {m}" for n, m in c.lost.items())
