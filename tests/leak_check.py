@@ -1,8 +1,9 @@
-"""The test session's end check: what the lab made (tests/conftest.py points ``numapin_lab.cri.ledger`` at a file
-for the session) that is still there when the session ends: pods' cgroups, processes (containerd, shims, runc,
-``numapin``, the containers' ``sleep``), mounts and scratch or lab directories. Only what this session's ledger
-names is looked at, so other sessions on the machine (and the developer's own containers) are never counted nor
-touched. ``sweep`` removes what ``find_leftovers`` found, so a failed run does not leave the machine slower."""
+"""The test session's end check: what the lab made (tests/conftest.py points ``numapin_lab.cri.ledger`` at a file for
+the session) that is still there when the session ends: pods' cgroups, processes (containerd, shims, runc,
+``numapin``, the containers' ``sleep``), mounts, scratch or lab directories and the labs' network bridges. Only what
+this session's ledger names is looked at, so other sessions on the machine (and the developer's own containers) are
+never counted nor touched. ``sweep`` removes what ``find_leftovers`` found, so a failed run does not leave the
+machine slower."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from numapin_lab.cri import ledger
 from numapin_lab.cri.cgroups import cgroup_mounts, existing_cgroup_dirs, remove_cgroup
+from numapin_lab.cri.cni import bridge_exists, remove_bridge
 from numapin_lab.cri.containerd import shim_socket
 
 __all__ = ["Leftovers", "find_leftovers", "sweep"]
@@ -27,13 +29,15 @@ class Leftovers:
     processes: tuple[tuple[int, str], ...]  # (pid, command line)
     mounts: tuple[str, ...]
     paths: tuple[str, ...]              # lab and scratch directories
+    links: tuple[str, ...] = ()         # the labs' network bridges
 
     def __bool__(self) -> bool:
-        return bool(self.cgroups or self.processes or self.mounts or self.paths)
+        return bool(self.cgroups or self.processes or self.mounts or self.paths or self.links)
 
     def lines(self) -> list[str]:
         return ([f"cgroup {c}" for c in self.cgroups] + [f"process {p}: {cmd}" for p, cmd in self.processes]
-                + [f"mount {m}" for m in self.mounts] + [f"path {p}" for p in self.paths])
+                + [f"mount {m}" for m in self.mounts] + [f"path {p}" for p in self.paths]
+                + [f"link {name}" for name in self.links])
 
 
 def _under(path: str, tops: list[str]) -> bool:
@@ -67,7 +71,7 @@ def find_leftovers(ledger_file: str | os.PathLike[str]) -> Leftovers:
     with open("/proc/mounts") as f:
         mounts = [line.split()[1] for line in f if _under(line.split()[1], dirs)]
     return Leftovers(tuple(cgroups), tuple(_processes(dirs, noted["cgroup"])), tuple(mounts),
-                     tuple(d for d in dirs if os.path.lexists(d)))
+                     tuple(d for d in dirs if os.path.lexists(d)), tuple(n for n in noted["link"] if bridge_exists(n)))
 
 
 def sweep(ledger_file: str | os.PathLike[str]) -> list[str]:
@@ -87,4 +91,6 @@ def sweep(ledger_file: str | os.PathLike[str]) -> list[str]:
         shutil.rmtree(d, ignore_errors=True)
     for c in noted["cgroup"]:
         remove_cgroup(c)
+    for name in found.links:
+        remove_bridge(name)
     return find_leftovers(ledger_file).lines()

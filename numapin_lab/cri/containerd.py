@@ -3,10 +3,12 @@ and benchmarks.
 
 Everything lives in one directory: config, root, state, logs and the socket. The busybox and pause images
 are built offline from the static busybox binary (Debian's busybox-static) as a docker archive and
-imported into the ``k8s.io`` namespace. Only host-network pods work (no CNI). ``stop()`` leaves no
+imported into the ``k8s.io`` namespace. Only host-network pods work, unless ``cni=True`` gives the lab a bridge network
+of its own (``numapin_lab.cri.cni``, Debian's containernetworking-plugins); ``mirror`` sends every image pull to one
+local registry (``numapin_lab.cri.registry``). ``stop()`` leaves no
 process, mount, socket or cgroup behind: it kills the containers (and what ran in them), removes the shims' sockets
 and, as kubelet does for its pods, the cgroups of the pods this containerd ran (runc never removes a pod's cgroup,
-the parent of its containers'); ``leftovers()`` says what stayed. Nothing else is touched.
+the parent of its containers') and the network's bridge; ``leftovers()`` says what stayed. Nothing else is touched.
 
 Needs root and the Debian packages containerd, runc and busybox-static (``scripts/test.sh`` installs
 them); ``LabError`` says what is missing. ``bin_dir`` runs another containerd (its ``containerd``,
@@ -37,6 +39,7 @@ from nodeagent.node.kernel import KernelRoots, cgroup_of_pid
 
 from . import ledger
 from .cgroups import existing_cgroup_dirs, processes_in, remove_cgroup
+from .cni import CniNetwork, bridge_exists
 
 __all__ = ["BUSYBOX_IMAGE", "PAUSE_IMAGE", "ContainerdLab", "LabError", "containerd_version", "scratch_lab",
            "shim_socket", "version_of"]
@@ -159,8 +162,19 @@ class ContainerdLab:
     this lab's containerd, shim and ctr are (None: the system's, from PATH)."""
 
     def __init__(self, directory: str | os.PathLike[str], bin_dir: str | os.PathLike[str] | None = None, *,
-                 systemd_cgroup: bool = False, nri: bool = False) -> None:
+                 systemd_cgroup: bool = False, nri: bool = False, cni: bool = False, mirror: str | None = None,
+                 niceness: int = 0) -> None:
         self.dir = Path(directory).resolve()
+        # containerd started under ``nice -n niceness`` (its shims, runc and the containers inherit it): for labs
+        # working in the background of a test session
+        self.niceness = niceness
+        # ``host:port`` of a plain-HTTP registry every pull goes to, whatever registry the image names
+        # (numapin_lab.cri.registry); None: pulls go where the name says (nowhere reachable here)
+        self.mirror = mirror
+        # a CNI bridge network of the lab's own (numapin_lab.cri.cni) for pods off the host's network; without it
+        # the CNI directories are empty and only host-network pods run
+        self.cni = cni
+        self.network: CniNetwork | None = None
         # NRI (containerd >= 1.7): on with ``nri``, its socket ``nri_socket`` and plugin dirs in the lab's directory;
         # otherwise switched off explicitly on >= 1.7 (2.x turns it on by default, on the machine-wide
         # /var/run/nri/nri.sock, running /opt/nri/plugins)
@@ -275,6 +289,26 @@ disabled_plugins = [{self._disabled()}]
 [plugins]
 """
 
+    def _cni_dirs(self) -> tuple[str, str]:
+        """(bin dir, conf dir) for containerd's CNI: Debian's plugins and the lab's conflist with a network,
+        empty directories of the lab's without."""
+        d = self.dir
+        if self.network is not None:
+            return str(self.network.plugins), f"{d}/cni/net.d"
+        return f"{d}/cni/bin", f"{d}/cni/net.d"
+
+    def _registry_config(self, table: str) -> str:
+        """The registry section (hosts directories with one ``_default`` entry: the mirror) under ``table``."""
+        if self.mirror is None:
+            return ""
+        hosts = self.dir / "certs.d"
+        (hosts / "_default").mkdir(parents=True, exist_ok=True)
+        (hosts / "_default/hosts.toml").write_text(
+            f'[host."http://{self.mirror}"]\n  capabilities = ["pull", "resolve"]\n')
+        return f"""    [{table}.registry]
+      config_path = "{hosts}"
+"""
+
     def _config_v3(self) -> str:
         """containerd 2.x's format: the same settings as ``_config_v2``, in the split CRI plugins; CDI looks only in
         the lab's own directory."""
@@ -284,7 +318,7 @@ disabled_plugins = [{self._disabled()}]
     snapshotter = "overlayfs"
     [{img}.pinned_images]
       sandbox = "{PAUSE_IMAGE}"
-  [{rt}]
+{self._registry_config(img)}  [{rt}]
     disable_apparmor = true
     restrict_oom_score_adj = true
     tolerate_missing_hugetlb_controller = true
@@ -292,8 +326,8 @@ disabled_plugins = [{self._disabled()}]
     netns_mounts_under_state_dir = true
     cdi_spec_dirs = ["{d}/cdi"]
     [{rt}.cni]
-      bin_dirs = ["{d}/cni/bin"]
-      conf_dir = "{d}/cni/net.d"
+      bin_dirs = ["{self._cni_dirs()[0]}"]
+      conf_dir = "{self._cni_dirs()[1]}"
     [{rt}.containerd]
       default_runtime_name = "runc"
       [{rt}.containerd.runtimes.runc]
@@ -322,8 +356,8 @@ disabled_plugins = [{self._disabled()}]
     disable_hugetlb_controller = true
     netns_mounts_under_state_dir = true
     [{cri}.cni]
-      bin_dir = "{d}/cni/bin"
-      conf_dir = "{d}/cni/net.d"
+      bin_dir = "{self._cni_dirs()[0]}"
+      conf_dir = "{self._cni_dirs()[1]}"
     [{cri}.containerd]
       snapshotter = "overlayfs"
       default_runtime_name = "runc"
@@ -332,7 +366,7 @@ disabled_plugins = [{self._disabled()}]
         [{cri}.containerd.runtimes.runc.options]
           SystemdCgroup = {"true" if self.systemd_cgroup else "false"}
           Root = "{d}/state/runc"
-  [plugins."io.containerd.internal.v1.opt"]
+{self._registry_config(cri)}  [plugins."io.containerd.internal.v1.opt"]
     path = "{d}/opt"
 """
 
@@ -348,7 +382,11 @@ disabled_plugins = [{self._disabled()}]
         (self.dir / MARKER).touch()
         ledger.note("lab", str(self.dir))
         self.version = containerd_version(self.bin_dir)
+        if self.cni and self.network is None:
+            self.network = CniNetwork.create(self.dir)
         self._write_config()
+        if self.network is not None:
+            (self.dir / "cni/net.d/10-numapin-lab.conflist").write_text(self.network.conflist(self.dir / "cni/ipam"))
         image = self.dir / "images.tar"
         if not image.exists():
             build_image_archive(image, _busybox())
@@ -365,7 +403,8 @@ disabled_plugins = [{self._disabled()}]
             os.unlink(self.socket)
         log = open(self.log, "ab")  # noqa: SIM115 - handed to the child
         try:
-            self.proc = subprocess.Popen([self.exe("containerd"), "--config", str(self.config)],
+            nice = ["nice", "-n", str(self.niceness)] if self.niceness else []
+            self.proc = subprocess.Popen([*nice, self.exe("containerd"), "--config", str(self.config)],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                          env=self.env)
         finally:
@@ -529,6 +568,8 @@ disabled_plugins = [{self._disabled()}]
                 os.unlink(p)
         for cgroup in sorted(self.pod_cgroups):
             remove_cgroup(cgroup)
+        if self.network is not None:
+            self.network.remove()
 
     def leftovers(self) -> list[str]:
         """What ``stop()`` should have removed but did not (for the clean-up test)."""
@@ -539,6 +580,8 @@ disabled_plugins = [{self._disabled()}]
         if self.proc is not None and self.proc.poll() is None:
             out.append(f"containerd pid {self.proc.pid}")
         out += [f"cgroup {d}" for c in sorted(self.pod_cgroups) for d in existing_cgroup_dirs(c)]
+        if self.network is not None and bridge_exists(self.network.bridge):
+            out.append(f"link {self.network.bridge}")
         return out
 
     def __enter__(self) -> ContainerdLab:
@@ -564,12 +607,13 @@ def _pod_cgroup(sandbox_cgroup: str, sandbox_id: str) -> str | None:
 
 
 @contextlib.contextmanager
-def scratch_lab(prefix: str, bin_dir: Path | None = None, *, nri: bool = False) -> Iterator[ContainerdLab]:
+def scratch_lab(prefix: str, bin_dir: Path | None = None, *, nri: bool = False,
+                cni: bool = False, mirror: str | None = None, niceness: int = 0) -> Iterator[ContainerdLab]:
     """A started lab in a new directory ``/tmp/<prefix>*`` (short: unix socket paths), stopped and the directory
-    removed afterwards; ``bin_dir`` and ``nri`` as for ``ContainerdLab``."""
+    removed afterwards; ``bin_dir``, ``nri``, ``cni``, ``mirror`` and ``niceness`` as for ``ContainerdLab``."""
     d = ledger.scratch_dir(prefix)
     try:
-        with ContainerdLab(d / "ctrd", bin_dir, nri=nri) as lab:
+        with ContainerdLab(d / "ctrd", bin_dir, nri=nri, cni=cni, mirror=mirror, niceness=niceness) as lab:
             yield lab
     finally:
         shutil.rmtree(d, ignore_errors=True)

@@ -18,10 +18,20 @@ from typing import Any
 
 from ..warm_start import PROXY_MODULES, discard, launch, spawn_warm
 
-__all__ = ["ProxyProcess", "free_port"]
+__all__ = ["ProxyProcess", "free_port", "stop_child"]
 
 ROOT = Path(__file__).resolve().parents[2]
 WARM_MODULES = (*PROXY_MODULES, "nodeagent.serve.http_server")  # this proxy serves /status
+
+
+def stop_child(proc: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if ``proc`` has not ended within ``timeout`` seconds; reaped either way."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def free_port() -> int:
@@ -117,12 +127,7 @@ class ProxyProcess:
             discard(self._next)
             self._next = None
         if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            stop_child(self.proc)
             self.proc = None
 
     def state(self) -> dict[str, Any]:

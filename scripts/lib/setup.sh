@@ -35,6 +35,8 @@ numapin_setup() {
         # promtool (the alert rules' unit tests) is unpacked from Debian's prometheus package by the tests
         # (tests/debian_tools.py): installing the package would start a Prometheus server on this machine
         command -v etcd >/dev/null || vm_pkgs+=(etcd-server)
+        # the CRI validation suite (tests/cri_validation) runs pods on a CNI bridge network: Debian's plugins
+        [ -x /usr/lib/cni/bridge ] || pkgs+=(containernetworking-plugins)
     fi
     if [ "$want" = test ] || [ "${NUMAPIN_NUMA_VM_PACKAGES:-}" = 1 ]; then
         # the multi-NUMA end-to-end tests (tests/numa) and `numapin demo --topology` boot this machine's Debian
