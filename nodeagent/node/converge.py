@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from allocator.cpuset import CPUSet
 from allocator.node import NodeAllocator
 from allocator.topology import Topology
+from nodeagent.decisions.pod_events import EventSink, no_events, pod_event
 from nodeagent.decisions.registry import Registry, Tracked
 from nodeagent.node.cpuset_pusher import CpusetPusher
 from nodeagent.node.kernel import CgroupLayout, KernelReader, KernelView, cgroup_of_pid, cgroup_of_spec
@@ -98,7 +99,7 @@ class Converger:
     def __init__(self, reader: RuntimeReader, registry: Registry, pusher: CpusetPusher, layout: CgroupLayout,
                  decide: Callable[[Tracked], Decision | None], *, period: float = 1.0, timeout: float = 10.0,
                  on_repair: Callable[[str, bool], None] | None = None,
-                 on_pass: Callable[[float], None] | None = None) -> None:
+                 on_pass: Callable[[float], None] | None = None, on_event: EventSink = no_events) -> None:
         self.runtime = reader
         self.registry = registry
         self.pusher = pusher
@@ -108,6 +109,7 @@ class Converger:
         self.timeout = timeout
         self.on_repair = on_repair or (lambda trigger, ok: None)
         self.on_pass = on_pass or (lambda seconds: None)
+        self.on_event = on_event  # Repaired on the pod of a container put back on its decision
         self._cgroups = pusher.cgroups            # container id -> cgroup (fixed for the container's life)
         self.reader = KernelReader(layout)
         self._retry_at: dict[str, float] = {}      # container id -> when to ask the runtime again
@@ -200,6 +202,9 @@ class Converger:
             repairs.append(Repair(t.id, t.pod_ref, t.name, why, d.cpus, d.mems, ok))
             self.on_repair(trigger, ok)
             if ok:
+                self.on_event(pod_event(t.pod_ref, t.pod_uid, "Warning", "Repaired",
+                                        f"container {t.name} ({t.mode}) ran on {why}, not its decision: put back "
+                                        f"on cpus {d.cpus} mems {d.mems} ({trigger})"))
                 log.warning("converge (%s): repaired pod=%s container=%s id=%s (%s): the kernel showed %s, "
                             "the decision is cpus=%s mems=%s", trigger, t.pod_ref, t.name, t.id[:13], t.mode, why,
                             d.cpus, d.mems)

@@ -1,0 +1,189 @@
+"""Events on pods (nodeagent.serve.events) from a real ``numapin criproxy`` process in front of a real containerd,
+recorded on the session's real kube-apiserver v1.36.2 with the node agent's own RBAC (the ClusterRole of
+manifests/criproxy/installer-daemonset.yaml, bound to a user of its own): ``kubectl describe pod`` and ``kubectl get
+events`` show Pinned and Refused; a flood of the same refusal stays one Event whose count the pod's spam filter
+caps (the rest dropped and counted); an API server that is not there changes nothing on the node (the same CPUs in
+the kernel, the drop counted)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+import pytest
+import yaml
+
+from numapin_lab.cri.client import CRIClient
+from numapin_lab.cri.containerd import ContainerdLab
+from numapin_lab.cri.ledger import scratch_dir
+from numapin_lab.cri.proxy_process import ProxyProcess, free_port
+from numapin_lab.k8s.control_plane import ControlPlane
+
+from . import test_e2e_containerd as e2e
+from .test_e2e_containerd import EXCL, SHARED, cpus_of, pid_of
+
+lab, machine_cpus = e2e.lab, e2e.machine_cpus  # the same containerd
+
+pytestmark = [pytest.mark.containerd, pytest.mark.apiserver]
+
+ROOT = Path(__file__).resolve().parents[2]
+USER = "numapin-events-lab"
+FLOOD = 30  # refused creates of one pod: more than the spam filter's burst of 25
+
+
+def _grant_the_agents_role(cp: ControlPlane) -> Path:
+    """The node agent's ClusterRole as shipped, bound to ``USER``; that user's kubeconfig."""
+    docs = yaml.safe_load_all((ROOT / "manifests/criproxy/installer-daemonset.yaml").read_text())
+    role = next(d for d in docs if d and d["kind"] == "ClusterRole")
+    cp.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump(role))
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": USER},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": USER}]}
+    cp.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump(binding))
+    kubeconfig = cp.kubeconfig_for(USER)
+    for verb, allowed in (("create", "yes"), ("patch", "yes"), ("delete", "no"), ("list", "no")):
+        got = cp.kubectl("auth", "can-i", verb, "events", "-n", "default", user_kubeconfig=kubeconfig, check=False)
+        assert got.stdout.strip() == allowed, (verb, got.stdout, got.stderr)
+    return kubeconfig
+
+
+def _make_pod(cp: ControlPlane, namespace: str, name: str, cpu: str) -> str:
+    """A Guaranteed Pod object (as the API server holds it; no kubelet runs it) of one container; its uid."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+           "spec": {"nodeName": "lab", "containers": [{
+               "name": "main", "image": "busybox",
+               "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}, "limits": {"cpu": cpu, "memory": "64Mi"}}}]}}
+    cp.kubectl("create", "--validate=false", "-f", "-", input=json.dumps(pod))
+    return cp.kubectl("get", "pod", name, "-n", namespace, "-o", "jsonpath={.metadata.uid}").stdout.strip()
+
+
+def _metrics(proxy: ProxyProcess) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{proxy.port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(r"^(numapin_criproxy_events_\w+\{[^}]*\}) (\S+)$", text, re.M)}
+
+
+def _events(cp: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(cp.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
+    return items
+
+
+async def _until(what: str, check: Any, timeout: float = 60.0) -> None:
+    """Poll ``check()`` (in a thread) until it is true; a failure names ``what``."""
+    deadline = time.monotonic() + timeout
+    while not await asyncio.to_thread(check):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not seen within {timeout:g} s: {what}")
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def namespace(control_plane: ControlPlane) -> AsyncIterator[str]:
+    ns = f"numapin-events-{os.getpid()}-{time.monotonic_ns() % 100000}"
+    await asyncio.to_thread(control_plane.kubectl, "create", "namespace", ns)
+    yield ns
+    await asyncio.to_thread(control_plane.kubectl, "delete", "namespace", ns, "--wait=false")
+
+
+async def _proxy(lab: ContainerdLab, kubeconfig: Path) -> ProxyProcess:
+    p = ProxyProcess(scratch_dir("npx-ev-"), lab.socket, reserved_cpus=SHARED,
+                     extra_args=("--kubeconfig", str(kubeconfig)))
+    await asyncio.to_thread(p.start)
+    return p
+
+
+async def _stop(lab: ContainerdLab, p: ProxyProcess) -> None:
+    p.stop()
+    await lab.remove_all_pods()
+    shutil.rmtree(p.dir, ignore_errors=True)
+
+
+async def _pinned_pod(kubelet: CRIClient, namespace: str, name: str, uid: str) -> int:
+    """Sandbox and running container of the pod (1 CPU, Guaranteed) as kubelet makes them; its pid."""
+    cfg = kubelet.sandbox_config(name, uid, namespace=namespace)
+    sid = await kubelet.run_pod_sandbox(cfg)
+    cid = await kubelet.create_container(sid, kubelet.container_config("main", cpu_milli=1000, limit_milli=1000),
+                                         cfg)
+    await kubelet.start_container(cid)
+    return await pid_of(kubelet, cid)
+
+
+async def test_pinned_and_refused_show_on_the_pod_and_a_flood_stays_one_event(
+        lab: ContainerdLab, control_plane: ControlPlane, namespace: str, machine_cpus: str) -> None:
+    cp = control_plane
+    kubeconfig = await asyncio.to_thread(_grant_the_agents_role, cp)
+    db_uid = await asyncio.to_thread(_make_pod, cp, namespace, "db", "1")
+    big_uid = await asyncio.to_thread(_make_pod, cp, namespace, "big", "2")
+    proxy = await _proxy(lab, kubeconfig)
+    try:
+        async with CRIClient(proxy.socket) as kubelet:
+            db_pid = await _pinned_pod(kubelet, namespace, "db", db_uid)
+            assert cpus_of(db_pid) == (EXCL, EXCL)
+            cfg = kubelet.sandbox_config("big", big_uid, namespace=namespace)
+            sid = await kubelet.run_pod_sandbox(cfg)
+            for _ in range(FLOOD):  # kubelet's retries of a create numapin refuses (2 CPUs, 1 allocatable)
+                with pytest.raises(grpc.aio.AioRpcError):
+                    await kubelet.create_container(
+                        sid, kubelet.container_config("main", cpu_milli=2000, limit_milli=2000), cfg)
+
+        def refused_counted() -> bool:
+            got = [e for e in _events(cp, namespace) if e["reason"] == "Refused"]
+            return len(got) == 1 and got[0]["count"] == 25
+
+        await _until("one Refused Event of count 25 (the spam filter's burst)", refused_counted)
+        events = {e["reason"]: e for e in _events(cp, namespace)}
+        assert set(events) == {"Pinned", "Refused"}, events
+        pinned, refused = events["Pinned"], events["Refused"]
+        assert pinned["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
+                                            "name": "db", "uid": db_uid}
+        assert pinned["type"] == "Normal" and pinned["source"] == {"component": "numapin", "host": "lab"}
+        assert pinned["message"].startswith(f"container main: exclusive cpus {EXCL} on NUMA node(s) ")
+        assert refused["type"] == "Warning" and refused["involvedObject"]["uid"] == big_uid
+        assert refused["message"].startswith("container main: "), refused["message"]
+        metrics = _metrics(proxy)
+        assert metrics['numapin_criproxy_events_sent_total{action="created"}'] == 2
+        assert metrics['numapin_criproxy_events_sent_total{action="patched"}'] == 24
+        assert metrics['numapin_criproxy_events_dropped_total{why="rate-limited"}'] == FLOOD - 25
+        described = (await asyncio.to_thread(cp.kubectl, "describe", "pod", "db", "-n", namespace)).stdout
+        assert re.search(rf"Normal\s+Pinned\s+.*numapin\s+container main: exclusive cpus {EXCL}", described), \
+            described
+        described = (await asyncio.to_thread(cp.kubectl, "describe", "pod", "big", "-n", namespace)).stdout
+        assert re.search(r"Warning\s+Refused\s+.*\(x25 over .*\)\s+numapin\s+container main: ", described), described
+        listed = (await asyncio.to_thread(cp.kubectl, "get", "events", "-n", namespace)).stdout
+        assert re.search(r"Normal\s+Pinned\s+pod/db\s", listed) and re.search(r"Warning\s+Refused\s+pod/big\s",
+                                                                                listed), listed
+    finally:
+        await _stop(lab, proxy)
+
+
+async def test_an_api_server_that_is_not_there_changes_nothing_on_the_node(
+        lab: ContainerdLab, control_plane: ControlPlane, machine_cpus: str, tmp_path: Path) -> None:
+    doc = yaml.safe_load(control_plane.kubeconfig_for(USER).read_text())
+    doc["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"  # nobody listens there
+    gone = tmp_path / "gone.yaml"
+    gone.write_text(yaml.safe_dump(doc))
+    proxy = await _proxy(lab, gone)
+    try:
+        async with CRIClient(proxy.socket) as kubelet:
+            pid = await _pinned_pod(kubelet, "default", "db", f"uid-gone-{time.monotonic_ns()}")
+            assert cpus_of(pid) == (EXCL, EXCL)  # the same decision as with the API server there
+
+        def dropped() -> bool:
+            return _metrics(proxy).get('numapin_criproxy_events_dropped_total{why="unreachable"}', 0) >= 1
+
+        await _until("the Pinned Event dropped as unreachable", dropped)
+        assert 'numapin_criproxy_events_sent_total{action="created"}' not in _metrics(proxy)
+        assert "Event Pinned on pod default/db dropped (unreachable)" in proxy.log.read_text()
+    finally:
+        await _stop(lab, proxy)
