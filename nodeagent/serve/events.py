@@ -6,13 +6,14 @@ Recording never delays or fails a decision: ``record`` (called in the decision p
 pod's spam filter and appends to a bounded queue; a background task (``run``) drains it to the API server. An Event
 that says the same as one already sent on the same pod increments that Event's ``count`` and ``lastTimestamp``
 (a PATCH) instead of creating another. What cannot go (the pod's burst spent, the queue full, the API server slow,
-gone or refusing) is dropped, counted by why, and logged at most once a minute.
+gone or refusing) is dropped, counted by why, and logged at most once a minute for each why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import time
 from collections import deque
@@ -65,8 +66,8 @@ class EventRecorder:
         self._aggregates = Aggregates()
         self._last_ns = 0
         self._client: Any = None  # kubernetes-asyncio's ApiClient, made by the first send
-        self._dropped_unlogged = 0
-        self._last_log: float | None = None
+        self._last_log: dict[str, float] = {}  # why -> when a drop was last logged
+        self._unlogged: dict[str, int] = {}    # why -> drops not logged since
 
     # -- the decision path: never waits ---------------------------------------------------------------------
     def record(self, event: PodEvent) -> None:
@@ -88,6 +89,9 @@ class EventRecorder:
 
     # -- the background task --------------------------------------------------------------------------------
     async def run(self) -> None:
+        await self._wake.wait()
+        # the API client's import takes seconds on a loaded node: in a worker thread, never on the decisions' loop
+        await asyncio.to_thread(importlib.import_module, "kubernetes_asyncio.client")
         from kubernetes_asyncio.client.rest import ApiException
 
         while True:
@@ -147,16 +151,18 @@ class EventRecorder:
                 "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1}
 
     def _drop(self, why: str, event: PodEvent, detail: str) -> None:
+        """Count the drop; log it, unless a drop for the same ``why`` was logged less than a minute ago."""
         self.on_dropped(why)
         now = self.clock()
-        if self._last_log is not None and now - self._last_log < LOG_EVERY_SECONDS:
-            self._dropped_unlogged += 1
+        last = self._last_log.get(why)
+        if last is not None and now - last < LOG_EVERY_SECONDS:
+            self._unlogged[why] = self._unlogged.get(why, 0) + 1
             return
-        also = f" ({self._dropped_unlogged} more dropped since the last line)" if self._dropped_unlogged else ""
+        more = self._unlogged.pop(why, 0)
+        also = f" ({more} more dropped so since the last line)" if more else ""
         log.warning("Event %s on pod %s/%s dropped (%s): %s%s", event.reason, event.namespace, event.name, why,
                     detail, also)
-        self._dropped_unlogged = 0
-        self._last_log = now
+        self._last_log[why] = now
 
     async def close(self) -> None:
         """Close the API client (the task that ``run``s is cancelled by its owner first)."""

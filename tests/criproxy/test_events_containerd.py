@@ -2,21 +2,27 @@
 recorded on the session's real kube-apiserver v1.36.2 with the node agent's own RBAC (the ClusterRole of
 manifests/criproxy/installer-daemonset.yaml, bound to a user of its own): ``kubectl describe pod`` and ``kubectl get
 events`` show Pinned and Refused; a flood of the same refusal stays one Event whose count the pod's spam filter
-caps (the rest dropped and counted); an API server that is not there changes nothing on the node (the same CPUs in
-the kernel, the drop counted)."""
+caps (the rest dropped and counted); an API server gone while the agent runs changes nothing on the node (the same
+CPUs in the kernel, the drop counted). One proxy for the module, reaching the API server through a TCP relay of the
+test's that cuts every connection when the API server must be gone."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import selectors
 import shutil
+import socket
+import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc.aio
 import pytest
@@ -25,7 +31,7 @@ import yaml
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.containerd import ContainerdLab
 from numapin_lab.cri.ledger import scratch_dir
-from numapin_lab.cri.proxy_process import ProxyProcess, free_port
+from numapin_lab.cri.proxy_process import ProxyProcess
 from numapin_lab.k8s.control_plane import ControlPlane
 
 from . import test_e2e_containerd as e2e
@@ -47,7 +53,8 @@ def _grant_the_agents_role(cp: ControlPlane) -> Path:
     cp.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump(role))
     binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                "metadata": {"name": USER},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": role["metadata"]["name"]},
                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": USER}]}
     cp.kubectl("apply", "--validate=false", "-f", "-", input=yaml.safe_dump(binding))
     kubeconfig = cp.kubeconfig_for(USER)
@@ -96,94 +103,154 @@ async def namespace(control_plane: ControlPlane) -> AsyncIterator[str]:
     await asyncio.to_thread(control_plane.kubectl, "delete", "namespace", ns, "--wait=false")
 
 
-async def _proxy(lab: ContainerdLab, kubeconfig: Path) -> ProxyProcess:
+class ApiCut:
+    """A TCP relay on 127.0.0.1 (the API server's certificate names it) to ``target``; ``cut()`` closes the
+    listener and every connection: from then on the API server is not there for whoever came through it."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # cut
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    upstream.close()
+                    return
+                self._open += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+
+    def _pipe(self, a: socket.socket, b: socket.socket) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(a, selectors.EVENT_READ, b)
+        sel.register(b, selectors.EVENT_READ, a)
+        try:
+            while True:
+                for key, _ in sel.select():
+                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                    if not data:
+                        return
+                    key.data.sendall(data)
+        except OSError:
+            return
+        finally:
+            sel.close()
+            a.close()
+            b.close()
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            self.listener.close()
+            for s in self._open:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture(scope="module")
+def cut_and_proxy(lab: ContainerdLab, control_plane: ControlPlane) -> Iterator[tuple[ApiCut, ProxyProcess]]:
+    """The proxy process with the node agent's credential (its RBAC), reaching the API server through an ApiCut."""
+    kubeconfig = _grant_the_agents_role(control_plane)
+    url = urlsplit(control_plane.url)
+    cut = ApiCut((url.hostname or "127.0.0.1", url.port or 443))
+    doc = yaml.safe_load(kubeconfig.read_text())
+    doc["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{cut.port}"
+    relayed = kubeconfig.with_name("kubeconfig-events-relayed.yaml")
+    relayed.write_text(yaml.safe_dump(doc))
     p = ProxyProcess(scratch_dir("npx-ev-"), lab.socket, reserved_cpus=SHARED,
-                     extra_args=("--kubeconfig", str(kubeconfig)))
-    await asyncio.to_thread(p.start)
-    return p
+                     extra_args=("--kubeconfig", str(relayed)))
+    p.start()
+    try:
+        yield cut, p
+    finally:
+        p.stop()
+        cut.cut()
+        asyncio.run(lab.remove_all_pods())
+        shutil.rmtree(p.dir, ignore_errors=True)
 
 
-async def _stop(lab: ContainerdLab, p: ProxyProcess) -> None:
-    p.stop()
-    await lab.remove_all_pods()
-    shutil.rmtree(p.dir, ignore_errors=True)
-
-
-async def _pinned_pod(kubelet: CRIClient, namespace: str, name: str, uid: str) -> int:
-    """Sandbox and running container of the pod (1 CPU, Guaranteed) as kubelet makes them; its pid."""
+async def _pinned_pod(kubelet: CRIClient, namespace: str, name: str, uid: str) -> tuple[str, str, int]:
+    """Sandbox and running container of the pod (1 CPU, Guaranteed) as kubelet makes them; their ids, its pid."""
     cfg = kubelet.sandbox_config(name, uid, namespace=namespace)
     sid = await kubelet.run_pod_sandbox(cfg)
     cid = await kubelet.create_container(sid, kubelet.container_config("main", cpu_milli=1000, limit_milli=1000),
                                          cfg)
     await kubelet.start_container(cid)
-    return await pid_of(kubelet, cid)
+    return sid, cid, await pid_of(kubelet, cid)
 
 
 async def test_pinned_and_refused_show_on_the_pod_and_a_flood_stays_one_event(
-        lab: ContainerdLab, control_plane: ControlPlane, namespace: str, machine_cpus: str) -> None:
-    cp = control_plane
-    kubeconfig = await asyncio.to_thread(_grant_the_agents_role, cp)
+        cut_and_proxy: tuple[ApiCut, ProxyProcess], control_plane: ControlPlane, namespace: str,
+        machine_cpus: str) -> None:
+    cp, (_, proxy) = control_plane, cut_and_proxy
     db_uid = await asyncio.to_thread(_make_pod, cp, namespace, "db", "1")
     big_uid = await asyncio.to_thread(_make_pod, cp, namespace, "big", "2")
-    proxy = await _proxy(lab, kubeconfig)
-    try:
-        async with CRIClient(proxy.socket) as kubelet:
-            db_pid = await _pinned_pod(kubelet, namespace, "db", db_uid)
-            assert cpus_of(db_pid) == (EXCL, EXCL)
-            cfg = kubelet.sandbox_config("big", big_uid, namespace=namespace)
-            sid = await kubelet.run_pod_sandbox(cfg)
-            for _ in range(FLOOD):  # kubelet's retries of a create numapin refuses (2 CPUs, 1 allocatable)
-                with pytest.raises(grpc.aio.AioRpcError):
-                    await kubelet.create_container(
-                        sid, kubelet.container_config("main", cpu_milli=2000, limit_milli=2000), cfg)
+    async with CRIClient(proxy.socket) as kubelet:
+        db_sid, db, db_pid = await _pinned_pod(kubelet, namespace, "db", db_uid)
+        assert cpus_of(db_pid) == (EXCL, EXCL)
+        cfg = kubelet.sandbox_config("big", big_uid, namespace=namespace)
+        sid = await kubelet.run_pod_sandbox(cfg)
+        for _ in range(FLOOD):  # kubelet's retries of a create numapin refuses (2 CPUs, 1 allocatable)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await kubelet.create_container(
+                    sid, kubelet.container_config("main", cpu_milli=2000, limit_milli=2000), cfg)
+        await e2e.delete_pod(kubelet, db_sid, db)  # its CPU back: the module's next test pins again
+        await kubelet.stop_pod_sandbox(sid)
+        await kubelet.remove_pod_sandbox(sid)
 
-        def refused_counted() -> bool:
-            got = [e for e in _events(cp, namespace) if e["reason"] == "Refused"]
-            return len(got) == 1 and got[0]["count"] == 25
+    def refused_counted() -> bool:
+        got = [e for e in _events(cp, namespace) if e["reason"] == "Refused"]
+        return len(got) == 1 and got[0]["count"] == 25
 
-        await _until("one Refused Event of count 25 (the spam filter's burst)", refused_counted)
-        events = {e["reason"]: e for e in _events(cp, namespace)}
-        assert set(events) == {"Pinned", "Refused"}, events
-        pinned, refused = events["Pinned"], events["Refused"]
-        assert pinned["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
-                                            "name": "db", "uid": db_uid}
-        assert pinned["type"] == "Normal" and pinned["source"] == {"component": "numapin", "host": "lab"}
-        assert pinned["message"].startswith(f"container main: exclusive cpus {EXCL} on NUMA node(s) ")
-        assert refused["type"] == "Warning" and refused["involvedObject"]["uid"] == big_uid
-        assert refused["message"].startswith("container main: "), refused["message"]
-        metrics = _metrics(proxy)
-        assert metrics['numapin_criproxy_events_sent_total{action="created"}'] == 2
-        assert metrics['numapin_criproxy_events_sent_total{action="patched"}'] == 24
-        assert metrics['numapin_criproxy_events_dropped_total{why="rate-limited"}'] == FLOOD - 25
-        described = (await asyncio.to_thread(cp.kubectl, "describe", "pod", "db", "-n", namespace)).stdout
-        assert re.search(rf"Normal\s+Pinned\s+.*numapin\s+container main: exclusive cpus {EXCL}", described), \
-            described
-        described = (await asyncio.to_thread(cp.kubectl, "describe", "pod", "big", "-n", namespace)).stdout
-        assert re.search(r"Warning\s+Refused\s+.*\(x25 over .*\)\s+numapin\s+container main: ", described), described
-        listed = (await asyncio.to_thread(cp.kubectl, "get", "events", "-n", namespace)).stdout
-        assert re.search(r"Normal\s+Pinned\s+pod/db\s", listed) and re.search(r"Warning\s+Refused\s+pod/big\s",
-                                                                                listed), listed
-    finally:
-        await _stop(lab, proxy)
+    await _until("one Refused Event of count 25 (the spam filter's burst)", refused_counted)
+    events = {e["reason"]: e for e in _events(cp, namespace)}
+    assert set(events) == {"Pinned", "Refused"}, events
+    pinned, refused = events["Pinned"], events["Refused"]
+    assert pinned["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
+                                        "name": "db", "uid": db_uid}
+    assert pinned["type"] == "Normal" and pinned["source"] == {"component": "numapin", "host": "lab"}
+    assert pinned["message"].startswith(f"container main: exclusive cpus {EXCL} on NUMA node(s) ")
+    assert refused["type"] == "Warning" and refused["involvedObject"]["uid"] == big_uid
+    assert refused["message"].startswith("container main: "), refused["message"]
+    metrics = _metrics(proxy)
+    assert metrics['numapin_criproxy_events_sent_total{action="created"}'] == 2
+    assert metrics['numapin_criproxy_events_sent_total{action="patched"}'] == 24
+    assert metrics['numapin_criproxy_events_dropped_total{why="rate-limited"}'] == FLOOD - 25
+    described = (await asyncio.to_thread(cp.kubectl, "describe", "pod", "db", "-n", namespace)).stdout
+    assert re.search(rf"Normal\s+Pinned\s+.*numapin\s+container main: exclusive cpus {EXCL}", described), described
+    described = (await asyncio.to_thread(cp.kubectl, "describe", "pod", "big", "-n", namespace)).stdout
+    assert re.search(r"Warning\s+Refused\s+.*\(x25 over .*\)\s+numapin\s+container main: ", described), described
+    listed = (await asyncio.to_thread(cp.kubectl, "get", "events", "-n", namespace)).stdout
+    assert re.search(r"Normal\s+Pinned\s+pod/db\s", listed) and re.search(r"Warning\s+Refused\s+pod/big\s",
+                                                                            listed), listed
 
 
-async def test_an_api_server_that_is_not_there_changes_nothing_on_the_node(
-        lab: ContainerdLab, control_plane: ControlPlane, machine_cpus: str, tmp_path: Path) -> None:
-    doc = yaml.safe_load(control_plane.kubeconfig_for(USER).read_text())
-    doc["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"  # nobody listens there
-    gone = tmp_path / "gone.yaml"
-    gone.write_text(yaml.safe_dump(doc))
-    proxy = await _proxy(lab, gone)
-    try:
-        async with CRIClient(proxy.socket) as kubelet:
-            pid = await _pinned_pod(kubelet, "default", "db", f"uid-gone-{time.monotonic_ns()}")
-            assert cpus_of(pid) == (EXCL, EXCL)  # the same decision as with the API server there
+async def test_an_api_server_gone_changes_nothing_on_the_node(
+        cut_and_proxy: tuple[ApiCut, ProxyProcess], machine_cpus: str) -> None:
+    cut, proxy = cut_and_proxy
+    before = _metrics(proxy)
+    cut.cut()  # the API server is gone for the agent, its connections with it
+    async with CRIClient(proxy.socket) as kubelet:
+        sid, cid, pid = await _pinned_pod(kubelet, "default", "gone", f"uid-gone-{time.monotonic_ns()}")
+        assert cpus_of(pid) == (EXCL, EXCL)  # the same decision as with the API server there
+        await e2e.delete_pod(kubelet, sid, cid)
 
-        def dropped() -> bool:
-            return _metrics(proxy).get('numapin_criproxy_events_dropped_total{why="unreachable"}', 0) >= 1
+    def dropped() -> bool:
+        return _metrics(proxy).get('numapin_criproxy_events_dropped_total{why="unreachable"}', 0) >= 1
 
-        await _until("the Pinned Event dropped as unreachable", dropped)
-        assert 'numapin_criproxy_events_sent_total{action="created"}' not in _metrics(proxy)
-        assert "Event Pinned on pod default/db dropped (unreachable)" in proxy.log.read_text()
-    finally:
-        await _stop(lab, proxy)
+    await _until("the Pinned Event dropped as unreachable", dropped)
+    after = _metrics(proxy)
+    sent = [k for k in after if k.startswith("numapin_criproxy_events_sent_total")]
+    assert {k: after[k] for k in sent} == {k: before.get(k) for k in sent}
+    assert "Event Pinned on pod default/gone dropped (unreachable)" in proxy.log.read_text()
