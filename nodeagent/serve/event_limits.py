@@ -66,7 +66,7 @@ class SpamFilter:
         now = self.clock()
         b = self._buckets.get(pod) or _Bucket(float(self.burst), now)
         tokens = min(float(self.burst), b.tokens + max(now - b.at, 0.0) / self.refill_seconds)
-        allowed = tokens >= 1.0
+        allowed = tokens >= 1.0 - 1e-9  # (float sums of refills)
         self._buckets.put(pod, _Bucket(tokens - 1.0 if allowed else tokens, now))
         return allowed
 
