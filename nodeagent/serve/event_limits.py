@@ -1,14 +1,13 @@
 """The two memories of the Event recorder (``nodeagent.serve.events``), as kubelet's recorder keeps them: a token
 bucket per pod (a burst of 25 Events, then one per 5 minutes: a pod in a retry loop cannot flood the API server),
 and the Events already on the API server by what they say (a repeat increments the existing Event's count). Both
-are bounded (least recently used forgotten first) and read an injected clock."""
+are bounded (least recently used forgotten first); the buckets read an injected clock."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any
 
 __all__ = ["Aggregate", "AggregateKey", "Aggregates", "SpamFilter"]
 
@@ -16,32 +15,14 @@ BURST = 25               # kubelet's defaults (client-go's record package)
 REFILL_SECONDS = 300.0
 MAX_KEYS = 4096
 
-K = TypeVar("K")
-V = TypeVar("V")
 
-
-class _Lru(Generic[K, V]):
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[K, V] = OrderedDict()
-
-    def get(self, key: K) -> V | None:
-        value = self._items.get(key)
-        if value is not None:
-            self._items.move_to_end(key)
-        return value
-
-    def put(self, key: K, value: V) -> None:
-        self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
-
-    def pop(self, key: K) -> None:
-        self._items.pop(key, None)
-
-    def __len__(self) -> int:
-        return len(self._items)
+def _touch(memory: dict[Any, Any], key: Any, value: Any, size: int) -> None:
+    """``memory[key] = value`` as its most recent entry (a dict keeps insertion order), the oldest dropped past
+    ``size``."""
+    memory.pop(key, None)
+    memory[key] = value
+    if len(memory) > size:
+        del memory[next(iter(memory))]
 
 
 @dataclass(frozen=True)
@@ -60,14 +41,15 @@ class SpamFilter:
         self.burst = burst
         self.refill_seconds = refill_seconds
         self.clock = clock
-        self._buckets: _Lru[str, _Bucket] = _Lru(max_pods)
+        self.max_pods = max_pods
+        self._buckets: dict[str, _Bucket] = {}  # pod -> its bucket, least recently used first
 
     def allow(self, pod: str) -> bool:
         now = self.clock()
         b = self._buckets.get(pod) or _Bucket(float(self.burst), now)
         tokens = min(float(self.burst), b.tokens + max(now - b.at, 0.0) / self.refill_seconds)
         allowed = tokens >= 1.0 - 1e-9  # (float sums of refills)
-        self._buckets.put(pod, _Bucket(tokens - 1.0 if allowed else tokens, now))
+        _touch(self._buckets, pod, _Bucket(tokens - 1.0 if allowed else tokens, now), self.max_pods)
         return allowed
 
 
@@ -88,13 +70,17 @@ class Aggregates:
     """The Events on the API server by ``AggregateKey`` (bounded: a forgotten one is created anew)."""
 
     def __init__(self, size: int = MAX_KEYS) -> None:
-        self._lru: _Lru[AggregateKey, Aggregate] = _Lru(size)
+        self.size = size
+        self._sent: dict[AggregateKey, Aggregate] = {}  # least recently used first
 
     def get(self, key: AggregateKey) -> Aggregate | None:
-        return self._lru.get(key)
+        found = self._sent.get(key)
+        if found is not None:
+            _touch(self._sent, key, found, self.size)
+        return found
 
     def put(self, key: AggregateKey, value: Aggregate) -> None:
-        self._lru.put(key, value)
+        _touch(self._sent, key, value, self.size)
 
     def forget(self, key: AggregateKey) -> None:
-        self._lru.pop(key)
+        self._sent.pop(key, None)
