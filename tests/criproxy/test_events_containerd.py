@@ -2,9 +2,9 @@
 recorded on the session's real kube-apiserver v1.36.2 with the node agent's own RBAC (the ClusterRole of
 manifests/criproxy/installer-daemonset.yaml, bound to a user of its own): ``kubectl describe pod`` and ``kubectl get
 events`` show Pinned and Refused; a flood of the same refusal stays one Event whose count the pod's spam filter
-caps (the rest dropped and counted); an API server gone while the agent runs changes nothing on the node (the same
-CPUs in the kernel, the drop counted). One proxy for the module, reaching the API server through a TCP relay of the
-test's that cuts every connection when the API server must be gone."""
+caps (the rest dropped and counted); an API server that hangs, then is gone, while the agent runs changes nothing on
+the node (the same CPUs in the kernel while the Event is not done, the drop counted). One proxy for the module,
+reaching the API server through a TCP relay of the test's that stalls, then cuts, every connection."""
 
 from __future__ import annotations
 
@@ -104,8 +104,9 @@ async def namespace(control_plane: ControlPlane) -> AsyncIterator[str]:
 
 
 class ApiCut:
-    """A TCP relay on 127.0.0.1 (the API server's certificate names it) to ``target``; ``cut()`` closes the
-    listener and every connection: from then on the API server is not there for whoever came through it."""
+    """A TCP relay on 127.0.0.1 (the API server's certificate names it) to ``target``. ``stall()``: nothing is
+    forwarded any more (the API server hangs); ``cut()`` closes the listener and every connection: from then on the
+    API server is not there for whoever came through it."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -114,6 +115,7 @@ class ApiCut:
         self._open: list[socket.socket] = []
         self._lock = threading.Lock()
         self._cut = False
+        self._stalled = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -141,13 +143,17 @@ class ApiCut:
                     data = key.fileobj.recv(65536)  # type: ignore[union-attr]
                     if not data:
                         return
-                    key.data.sendall(data)
+                    if not self._stalled.is_set():
+                        key.data.sendall(data)
         except OSError:
             return
         finally:
             sel.close()
             a.close()
             b.close()
+
+    def stall(self) -> None:
+        self._stalled.set()
 
     def cut(self) -> None:
         with self._lock:
@@ -222,7 +228,8 @@ async def test_pinned_and_refused_show_on_the_pod_and_a_flood_stays_one_event(
     assert pinned["type"] == "Normal" and pinned["source"] == {"component": "numapin", "host": "lab"}
     assert pinned["message"].startswith(f"container main: exclusive cpus {EXCL} on NUMA node(s) ")
     assert refused["type"] == "Warning" and refused["involvedObject"]["uid"] == big_uid
-    assert refused["message"].startswith("container main: "), refused["message"]
+    assert refused["message"].startswith("container main: UnexpectedAdmissionError: "), refused["message"]
+    assert "requested=2, available=0" in refused["message"]  # numapin's numbers (db holds the one CPU)
     metrics = _metrics(proxy)
     assert metrics['numapin_criproxy_events_sent_total{action="created"}'] == 2
     assert metrics['numapin_criproxy_events_sent_total{action="patched"}'] == 24
@@ -240,10 +247,12 @@ async def test_an_api_server_gone_changes_nothing_on_the_node(
         cut_and_proxy: tuple[ApiCut, ProxyProcess], machine_cpus: str) -> None:
     cut, proxy = cut_and_proxy
     before = _metrics(proxy)
-    cut.cut()  # the API server is gone for the agent, its connections with it
+    cut.stall()  # the API server hangs: the decision does not wait for its Event
     async with CRIClient(proxy.socket) as kubelet:
         sid, cid, pid = await _pinned_pod(kubelet, "default", "gone", f"uid-gone-{time.monotonic_ns()}")
         assert cpus_of(pid) == (EXCL, EXCL)  # the same decision as with the API server there
+        assert _metrics(proxy) == before  # decided, started and in the kernel while its Event is not done
+        cut.cut()  # the API server is gone for the agent, its connections with it
         await e2e.delete_pod(kubelet, sid, cid)
 
     def dropped() -> bool:
