@@ -1,10 +1,11 @@
 """Events on pods (nodeagent.serve.events) from a real ``numapin criproxy`` process in front of a real containerd,
 recorded on the session's real kube-apiserver v1.36.2 with the node agent's own RBAC (the ClusterRole of
 manifests/criproxy/installer-daemonset.yaml, bound to a user of its own): ``kubectl describe pod`` and ``kubectl get
-events`` show Pinned and Refused; a flood of the same refusal stays one Event whose count the pod's spam filter
-caps (the rest dropped and counted); an API server that hangs, then is gone, while the agent runs changes nothing on
-the node (the same CPUs in the kernel while the Event is not done, the drop counted). One proxy for the module,
-reaching the API server through a TCP relay of the test's that stalls, then cuts, every connection."""
+events`` show Pinned, Refused, Repaired and Resized; a flood of the same refusal stays one Event whose count the
+pod's spam filter caps (the rest dropped and counted); an API server that hangs, then is gone, while the agent runs
+changes nothing on the node (the same CPUs in the kernel while the Event is not done, the drop counted). One proxy
+for the module, reaching the API server through a TCP relay of the test's that stalls, then cuts, every
+connection."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from numapin_lab.cri.proxy_process import ProxyProcess
 from numapin_lab.k8s.control_plane import ControlPlane
 
 from . import test_e2e_containerd as e2e
+from .test_converge_containerd import write_cgroup_cpus
 from .test_e2e_containerd import EXCL, SHARED, cpus_of, pid_of
 
 lab, machine_cpus = e2e.lab, e2e.machine_cpus  # the same containerd
@@ -196,7 +198,7 @@ async def _pinned_pod(kubelet: CRIClient, namespace: str, name: str, uid: str) -
     return sid, cid, await pid_of(kubelet, cid)
 
 
-async def test_pinned_and_refused_show_on_the_pod_and_a_flood_stays_one_event(
+async def test_pinned_refused_repaired_resized_show_on_the_pod_and_a_flood_stays_one_event(
         cut_and_proxy: tuple[ApiCut, ProxyProcess], control_plane: ControlPlane, namespace: str,
         machine_cpus: str) -> None:
     cp, (_, proxy) = control_plane, cut_and_proxy
@@ -205,6 +207,11 @@ async def test_pinned_and_refused_show_on_the_pod_and_a_flood_stays_one_event(
     async with CRIClient(proxy.socket) as kubelet:
         db_sid, db, db_pid = await _pinned_pod(kubelet, namespace, "db", db_uid)
         assert cpus_of(db_pid) == (EXCL, EXCL)
+        write_cgroup_cpus(db_pid, machine_cpus)  # someone else moves it: the convergence puts it back
+        await _until("db repaired", lambda: cpus_of(db_pid) == (EXCL, EXCL))
+        bigger = kubelet.container_config("main", cpu_milli=2000, limit_milli=2000).linux.resources
+        with pytest.raises(grpc.aio.AioRpcError):  # kubelet's in-place resize to 2 CPUs: no CPU for it
+            await kubelet.update_container_resources(db, bigger)
         cfg = kubelet.sandbox_config("big", big_uid, namespace=namespace)
         sid = await kubelet.run_pod_sandbox(cfg)
         for _ in range(FLOOD):  # kubelet's retries of a create numapin refuses (2 CPUs, 1 allocatable)
@@ -221,7 +228,13 @@ async def test_pinned_and_refused_show_on_the_pod_and_a_flood_stays_one_event(
 
     await _until("one Refused Event of count 25 (the spam filter's burst)", refused_counted)
     events = {e["reason"]: e for e in _events(cp, namespace)}
-    assert set(events) == {"Pinned", "Refused"}, events
+    assert set(events) == {"Pinned", "Refused", "Repaired", "Resized"}, events
+    repaired, resized = events["Repaired"], events["Resized"]
+    assert repaired["type"] == "Warning" and repaired["involvedObject"]["uid"] == db_uid
+    assert repaired["message"] == (f"container main (exclusive) ran on cgroup cpuset.cpus {machine_cpus}, not its "
+                                   f"decision: put back on cpus {EXCL} mems 0 (periodic)"), repaired["message"]
+    assert resized["type"] == "Warning" and resized["involvedObject"]["uid"] == db_uid
+    assert resized["message"].startswith("container main: resize refused ("), resized["message"]
     pinned, refused = events["Pinned"], events["Refused"]
     assert pinned["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
                                         "name": "db", "uid": db_uid}
@@ -231,7 +244,7 @@ async def test_pinned_and_refused_show_on_the_pod_and_a_flood_stays_one_event(
     assert refused["message"].startswith("container main: UnexpectedAdmissionError: "), refused["message"]
     assert "requested=2, available=0" in refused["message"]  # numapin's numbers (db holds the one CPU)
     metrics = _metrics(proxy)
-    assert metrics['numapin_criproxy_events_sent_total{action="created"}'] == 2
+    assert metrics['numapin_criproxy_events_sent_total{action="created"}'] == 4
     assert metrics['numapin_criproxy_events_sent_total{action="patched"}'] == 24
     assert metrics['numapin_criproxy_events_dropped_total{why="rate-limited"}'] == FLOOD - 25
     described = (await asyncio.to_thread(cp.kubectl, "describe", "pod", "db", "-n", namespace)).stdout
