@@ -95,6 +95,12 @@ class ConvergeReport:
         return sum(1 for r in self.repairs if not r.ok)
 
 
+# the checks whose repairs are told on the pod (a Repaired Event): containers found off a decision that was already
+# in place; the checks right after numapin's own moves (a mode change, a resize) finish those moves
+_TOLD_ON_THE_POD = frozenset({"periodic", "after a pool change", "start-up reconcile", "after start",
+                              "before an exclusive start"})
+
+
 class Converger:
     def __init__(self, reader: RuntimeReader, registry: Registry, pusher: CpusetPusher, layout: CgroupLayout,
                  decide: Callable[[Tracked], Decision | None], *, period: float = 1.0, timeout: float = 10.0,
@@ -201,7 +207,7 @@ class Converger:
             ok = t.id not in still
             repairs.append(Repair(t.id, t.pod_ref, t.name, why, d.cpus, d.mems, ok))
             self.on_repair(trigger, ok)
-            if ok:
+            if ok and trigger in _TOLD_ON_THE_POD:
                 self.on_event(pod_event(t.pod_ref, t.pod_uid, "Warning", "Repaired",
                                         f"container {t.name} ({t.mode}) ran on {why}, not its decision: put back "
                                         f"on cpus {d.cpus} mems {d.mems} ({trigger})"))

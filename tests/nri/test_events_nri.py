@@ -1,6 +1,7 @@
 """The second door records the same Events: ``numapin nri`` (a real process, containerd's NRI plugin) with the node
-agent's credential pins a pod and the API server holds the Event on it (the proxy's Events, the aggregation and the
-drops: tests/criproxy/test_events_containerd.py). One containerd (the newest) keeps its CI cost to one plugin."""
+agent's credential pins a pod, moves it to mode none (``numapin mode``), and the API server holds both Events on it
+(the proxy's Events, the aggregation and the drops: tests/criproxy/test_events_containerd.py). One containerd (the
+newest) keeps its CI cost to one plugin."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.criproxy.test_e2e_containerd import EXCL, SHARED, cpus_of, pid_of
 from tests.criproxy.test_events_containerd import _events, _grant_the_agents_role, _make_pod, _until, namespace
 
 from .conftest import VERSIONS
+from .test_plugin_containerd import _numapin
 
 pytestmark = [pytest.mark.containerd, pytest.mark.apiserver]
 
@@ -26,8 +28,8 @@ __all__ = ["namespace"]  # the fixture, shared with the proxy's test
 
 
 @pytest.mark.parametrize("nri_lab", [VERSIONS[-1]], indirect=True, ids=[f"containerd{VERSIONS[-1]}"])
-async def test_the_nri_plugin_records_pinned_on_the_pod(nri_lab: ContainerdLab, control_plane: ControlPlane,
-                                                       namespace: str) -> None:
+async def test_the_nri_plugin_records_pinned_and_mode_changed_on_the_pod(
+        nri_lab: ContainerdLab, control_plane: ControlPlane, namespace: str) -> None:
     cp = control_plane
     kubeconfig: Path = await asyncio.to_thread(_grant_the_agents_role, cp, check=False)
     uid = await asyncio.to_thread(_make_pod, cp, namespace, "db", "1")
@@ -42,10 +44,19 @@ async def test_the_nri_plugin_records_pinned_on_the_pod(nri_lab: ContainerdLab, 
                 sid, kubelet.container_config("main", cpu_milli=1000, limit_milli=1000), cfg)
             await kubelet.start_container(cid)
             assert cpus_of(await pid_of(kubelet, cid)) == (EXCL, EXCL)
-        await _until("the Pinned Event", lambda: [e["reason"] for e in _events(cp, namespace)] == ["Pinned"])
-        pinned = _events(cp, namespace)[0]
+        moved = await asyncio.to_thread(_numapin, "mode", f"{namespace}/db", "none", "--socket", p.control_socket)
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+
+        def both() -> bool:
+            return sorted(e["reason"] for e in _events(cp, namespace)) == ["ModeChanged", "Pinned"]
+
+        await _until("Pinned and ModeChanged", both)
+        events = {e["reason"]: e for e in _events(cp, namespace)}
+        pinned, changed = events["Pinned"], events["ModeChanged"]
         assert pinned["involvedObject"]["uid"] == uid and pinned["source"] == {"component": "numapin", "host": "lab"}
         assert pinned["message"].startswith(f"container main: exclusive cpus {EXCL} on NUMA node(s) ")
+        assert changed["type"] == "Normal" and changed["involvedObject"]["uid"] == uid
+        assert changed["message"].startswith("mode kubelet -> none: main exclusive->shared"), changed["message"]
     finally:
         p.stop()
         await nri_lab.remove_all_pods()
