@@ -30,6 +30,7 @@ from nodeagent.decisions.allocation import PinningOptions
 from nodeagent.decisions.cri_pods import rebuild_cri_pods
 from nodeagent.decisions.mode_apply import ModeApplier
 from nodeagent.decisions.pinning import Pinning
+from nodeagent.decisions.pod_events import no_events
 from nodeagent.decisions.pod_watch import NodePodWatch
 from nodeagent.decisions.reconcile import ReconcileReport, reconcile
 from nodeagent.decisions.registry import Registry, Tracked
@@ -45,6 +46,7 @@ from nodeagent.node.memory_settings import memory_config_of
 from nodeagent.node.systemd_cpusets import SystemdCpusets
 from nodeagent.ports import RecordWriter, RuntimeCallError, RuntimeReader
 from nodeagent.serve.control import ControlServer
+from nodeagent.serve.events import EventRecorder
 from nodeagent.serve.metrics import ProxyMetrics
 from nodeagent.serve.nrt import ApiPublisher, nrt_memory_of, write_nrt
 from nodeagent.serve.status import ProxyView, status_document
@@ -115,6 +117,11 @@ class NodeAgent:
         self._tasks: set[asyncio.Task[None]] = set()  # the background tasks (``_spawn``), all cancelled by stop
         self._nrt_dirty = asyncio.Event()
         self._api: ApiPublisher | None = None
+        self.events: EventRecorder | None = None  # Events on pods (AgentConfig.events_wanted)
+        if config.events_wanted:
+            self.events = EventRecorder(config.kubeconfig, config.node_name,
+                                        on_dropped=self.metrics.observe_event_dropped,
+                                        on_sent=self.metrics.observe_event_sent)
         self._control: ControlServer | None = None
         self._stop_watch = asyncio.Event()
         # numapinStateVersion of the published NRT: unique to this process, bumped on every publication
@@ -193,9 +200,10 @@ class NodeAgent:
                               on_resized=lambda: self.converger.kick(),
                               memory_nodes=allocator.container_mems,
                               systemd=SystemdCpusets() if direct and through_systemd else None)
+        on_event = self.events.record if self.events is not None else no_events
         converger = Converger(reader, self.registry, pusher, layout, self.decide,
                               period=cfg.converge_period or 3600.0, on_repair=self.metrics.observe_repair,
-                              on_pass=self.metrics.observe_converge)
+                              on_pass=self.metrics.observe_converge, on_event=on_event)
         starts = StartGuard(self.registry, converger, self.decide, on_refusal=self.metrics.observe_start_refusal)
         pinning = Pinning(
             node_config, allocator, store, pusher, self.registry,
@@ -206,7 +214,7 @@ class NodeAgent:
             on_change=self._state_changed, on_admitted=self.metrics.observe_admission,
             on_rejected=self.metrics.observe_rejection, on_bypass_ignored=self.metrics.observe_bypass_ignored,
             on_narrow=self.metrics.observe_narrowing, on_cdi_problem=self.metrics.observe_cdi_problem,
-            refuse_exclusive=self.kubelet.refusal)
+            refuse_exclusive=self.kubelet.refusal, on_event=on_event)
         modes = ModeApplier(pinning, reader, self.registry, converger, lift_cfs_quota=cfg.lift_cfs_quota,
                             on_transition=self.metrics.observe_mode_change,
                             on_refusal=self.metrics.observe_mode_refusal,
@@ -230,12 +238,14 @@ class NodeAgent:
 
     def begin(self) -> None:
         """The loops: the start-up reconcile (then the convergence), NRT publishing, mode changes, kubelet's
-        checks."""
+        checks, the Events on pods."""
         self._nrt_dirty.set()
         self._spawn(self._reconcile_loop(), "reconcile")
         self._spawn(self._nrt_loop(), "nrt")
         self._spawn(self._modes_loop(), "modes")
         self._spawn(self.kubelet.run(), "kubelet-watch")
+        if self.events is not None:
+            self._spawn(self.events.run(), "events")
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         """The one place background tasks start: each is kept until it ends and cancelled by ``stop_serving``; one
@@ -374,6 +384,8 @@ class NodeAgent:
             await self._parts.pinning.stop_background(1.0 if grace is None else grace)
         if self._api is not None:
             await self._api.close()
+        if self.events is not None:
+            await self.events.close()
         if self._parts is not None:
             records = self._parts.pusher.records
             if not await records.settle(5.0):

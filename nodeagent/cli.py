@@ -117,6 +117,13 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--watch-pods", dest="watch_pods", action="store_true", default=None,
                         help="watch this node's pods on the API server and apply changes of their CPU mode "
                              "(qos.gocrane.io/cpu-manager) while they run; credentials from --kubeconfig or in-cluster")
+    e = parser.add_mutually_exclusive_group()
+    e.add_argument("--record-events", dest="record_events", action="store_true", default=None,
+                   help="record Events on pods (Pinned, Refused, Resized, ModeChanged, Repaired; kubectl describe "
+                        "pod shows them) with --kubeconfig's or in-cluster credentials (default: on when the agent "
+                        "has credentials: --kubeconfig, --publish-nrt or --watch-pods)")
+    e.add_argument("--no-record-events", dest="record_events", action="store_false",
+                   help="record no Events on pods, even with API credentials")
 
 
 def agent_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -125,4 +132,5 @@ def agent_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides["lift_cfs_quota"] = args.lift_cfs_quota
     overrides["publish_nrt"] = args.publish_nrt
     overrides["watch_pods"] = args.watch_pods
+    overrides["record_events"] = args.record_events
     return overrides

@@ -70,6 +70,9 @@ class AgentConfig:
     kubeconfig: str | None = None
     publish_nrt: bool = False
     watch_pods: bool = False      # learn changes of pods' CPU mode from the API server (needs API credentials)
+    # Events on pods (nodeagent.serve.events): None = when the agent has API credentials (--kubeconfig, or in-cluster
+    # with --publish-nrt / --watch-pods); True = also in-cluster alone; False = never
+    record_events: bool | None = None
     control_socket: str | None = None  # root-only socket of ``numapin mode``; None: the door's default
     metrics_address: str = "127.0.0.1:9464"
     import_kubelet_state: str | None = None
@@ -138,6 +141,13 @@ class AgentConfig:
         return "/var/run/numapin/control.sock"
 
     @property
+    def events_wanted(self) -> bool:
+        """Whether Events on pods are recorded (``record_events``; unset: when the agent has API credentials)."""
+        if self.record_events is not None:
+            return self.record_events
+        return bool(self.kubeconfig) or self.publish_nrt or self.watch_pods
+
+    @property
     def self_pod(self) -> tuple[str, str] | None:
         if self.self_pod_namespace and self.self_pod_name:
             return (self.self_pod_namespace, self.self_pod_name)
@@ -204,7 +214,7 @@ def coerce_setting(name: str, value: Any) -> Any:
         return value
     if name == "num_reserved_cpus":
         return coerce_count(where, value)
-    if name in ("lift_cfs_quota", "publish_nrt", "watch_pods"):
+    if name in ("lift_cfs_quota", "publish_nrt", "watch_pods", "record_events"):
         if isinstance(value, bool):
             return value
         if str(value).lower() in ("true", "1", "yes"):

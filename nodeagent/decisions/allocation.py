@@ -24,6 +24,7 @@ from allocator.node import NodeAllocator, NodeConfig
 from nodeagent.decisions.bypass import BypassRule
 from nodeagent.decisions.cri_intent import PodIdentity, SelfPod
 from nodeagent.decisions.memory_nodes import MemoryNodes
+from nodeagent.decisions.pod_events import EventSink, PodEvent, no_events
 from nodeagent.decisions.registry import Registry, TrackedMode
 from nodeagent.decisions.state_files import save_pair
 from nodeagent.node.cdi import DEFAULT_SPEC_DIRS
@@ -68,7 +69,8 @@ class _Allocation:
                  on_bypass_ignored: Callable[[str], None] | None = None,
                  on_narrow: Callable[[float], None] | None = None,
                  on_cdi_problem: Callable[[str], None] | None = None,
-                 refuse_exclusive: Callable[[], str | None] | None = None) -> None:
+                 refuse_exclusive: Callable[[], str | None] | None = None,
+                 on_event: EventSink = no_events) -> None:
         self.allocator = allocator
         self.store = store
         self.memory_store = memory_store  # memory_manager_state (memoryManagerPolicy Static), saved with the CPUs'
@@ -91,6 +93,7 @@ class _Allocation:
         self.on_admitted = on_admitted or (lambda mode: None)  # a container created, with its mode
         self.on_rejected = on_rejected or (lambda reason: None)  # a create refused, with kubelet's reason
         self.on_narrow = on_narrow or (lambda seconds: None)
+        self.on_event = on_event  # an Event on a pod (Pinned, Refused): recorded in the background, never waited for
         # container id -> (cpu_period, cpu_quota) kubelet asked for a pinned container (which runs without a quota)
         self.kubelet_cfs: dict[str, tuple[int, int]] = {}
         # a bypass annotation the proxy ignored (outside --bypass-namespaces), with the pod's namespace
@@ -102,6 +105,12 @@ class _Allocation:
         self.policy = config.topology_manager_policy
         self.scope = config.topology_manager_scope
         self.topology = config.topology
+
+    def _refused(self, ident: PodIdentity, name: str, reason: str, message: str) -> None:
+        """A create refused: counted by kubelet's ``reason`` and told on the pod (a Warning Event)."""
+        self.on_rejected(reason)
+        self.on_event(PodEvent(ident.namespace, ident.name, ident.uid, "Warning", "Refused",
+                               f"container {name}: {reason}: {message}"))
 
     def _mems_of(self, cpus: CPUSet, uid: str = "", name: str = "") -> CPUSet:
         return self.mems.of(uid, name, cpus)  # the Memory Manager's nodes for a container it accounts

@@ -32,6 +32,7 @@ from nodeagent.decisions.cri_intent import (
     pod_from_cri,
     qos_from_cgroup_parent,
 )
+from nodeagent.decisions.pod_events import PodEvent
 from nodeagent.decisions.pod_roles import KIND_ANNOTATION, Instance
 from nodeagent.decisions.registry import CriPod, Tracked, TrackedMode
 from nodeagent.decisions.resized_pod import with_cri_size
@@ -229,7 +230,8 @@ class _Creates(_Allocation):
         try:
             await asyncio.wait_for(self.ready.wait(), max(budget, 0.0))
         except TimeoutError:
-            self.on_rejected("NotReconciled")
+            self._refused(ident, name, "NotReconciled", "the node agent has not finished its start-up reconcile "
+                                                        "with the runtime; kubelet retries")
             raise Rejection(grpc.StatusCode.UNAVAILABLE,
                             f"numapin: pod {ident.ref} container {name} not admitted yet: the proxy "
                             "has not finished its start-up reconcile with the runtime (is the runtime reachable? "
@@ -248,7 +250,7 @@ class _Creates(_Allocation):
             was_init = cri_pod.roles.on_create(name, req.config.annotations.get(KIND_ANNOTATION), others)
             pod = pod_from_cri(req, cri_pod.resources, cri_pod.roles)
         except PodSpecError as e:
-            self.on_rejected("InvalidIntent")
+            self._refused(ident, name, "InvalidIntent", str(e))
             raise Rejection(grpc.StatusCode.INVALID_ARGUMENT,
                             f"numapin: pod {ident.ref} container {name}: {e}") from None
         if was_init and self._passed_on(ident.uid, name):
@@ -329,7 +331,7 @@ class _Creates(_Allocation):
                                                devices={name: devices} if devices else None, reallocate=reallocate,
                                                only=name if self._admitted_before(ident.uid, sandbox_id) else None)
         except AllocatorError as e:
-            self.on_rejected(getattr(e, "reason", type(e).__name__))
+            self._refused(ident, name, getattr(e, "reason", type(e).__name__), str(e))
             raise Rejection(grpc.StatusCode.FAILED_PRECONDITION,
                             f"numapin: pod {ident.ref} container {name}: {e}") from None
         if not decision.admitted:
@@ -371,7 +373,7 @@ class _Creates(_Allocation):
         if reason is None:
             return
         self.mems.restore(before)
-        self.on_rejected("KubeletDrift")
+        self._refused(ident, name, "KubeletDrift", f"no new exclusive CPUs while {reason}")
         raise Rejection(grpc.StatusCode.FAILED_PRECONDITION,
                         f"numapin: pod {ident.ref} container {name}: no new exclusive CPUs while {reason}")
 
@@ -443,11 +445,18 @@ class _Creates(_Allocation):
             resources.CopyFrom(req.config.linux.resources)
             self.registry.pods.setdefault(ident.uid, CriPod()).resources[name] = resources
         self.on_admitted(placement.mode)
+        if placement.pinned:
+            kept = " (kept from before: the container was created again)" if placement.had_cpus else ""
+            self.on_event(PodEvent(ident.namespace, ident.name, ident.uid, "Normal", "Pinned",
+                                   f"container {name}: {placement.mode} cpus {placement.cpus} on NUMA node(s) "
+                                   f"{self.topology.numa_of(placement.cpus)}, memory on NUMA node(s) "
+                                   f"{placement.mems}{kept}"))
         log.info("decision pod=%s container=%s id=%s mode=%s cpus=%s mems=%s reason=%s", ident.ref, name,
                  cid[:13], placement.mode, placement.cpus, placement.mems, placement.reason)
 
     def _reject(self, decision: PodDecision, ident: PodIdentity, name: str) -> None:
-        self.on_rejected(decision.reason or "Rejected")
+        self._refused(ident, name, decision.reason or "Rejected",
+                      f"topology manager policy {self.policy} scope {self.scope}: {decision.message}")
         code = (grpc.StatusCode.RESOURCE_EXHAUSTED if decision.reason == "UnexpectedAdmissionError"
                 else grpc.StatusCode.FAILED_PRECONDITION)
         msg = (f"numapin: pod {ident.ref} container {name} rejected ({decision.reason}) by topology manager "

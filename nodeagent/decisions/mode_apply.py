@@ -48,6 +48,7 @@ from allocator.state import CPUState
 from nodeagent.decisions.cri_intent import container_from_cri, qos_from_cgroup_parent
 from nodeagent.decisions.mode_request import ModeAnswer, ModeRequest
 from nodeagent.decisions.pinning import Pinning
+from nodeagent.decisions.pod_events import EventType, pod_event
 from nodeagent.decisions.registry import Registry, Tracked, TrackedMode
 from nodeagent.node.cfs import UNLIMITED_QUOTA, milli_cpu_to_quota
 from nodeagent.node.converge import Converger
@@ -149,12 +150,16 @@ class ModeApplier:
                 self.models[uid] = pod
                 if not change.admitted:
                     self.on_refusal(change.reason or "Refused")
+                    self._tell(uid, ref, "Warning", f"mode {current} -> {target} refused ({change.reason}): "
+                                                    f"{change.message}")
                     return ModeAnswer("refused", change.message, change.reason, change.to_dict())
                 drift = self.pinning.refuse_exclusive() if any(
                     m.new_cpus is not None and m.old_cpus is None for m in change.moves) else None
                 if drift is not None:  # kubelet writes cpusets too: no container gets new exclusive CPUs
                     self.pinning.mems.restore(before)
                     self.on_refusal("KubeletDrift")
+                    self._tell(uid, ref, "Warning", f"mode {current} -> {target} refused (KubeletDrift): no new "
+                                                    f"exclusive CPUs while {drift}")
                     return ModeAnswer("refused", f"pod {ref}: mode {target} refused: no new exclusive CPUs while "
                                                  f"{drift}", "KubeletDrift")
                 try:
@@ -166,6 +171,7 @@ class ModeApplier:
         self.on_transition(change.old, change.new)
         moved = ", ".join(f"{m.name} {m.old_mode}->{m.new_mode} cpus={m.new_cpus or 'shared pool'}"
                           for m in change.moves if m.moved) or "no container moved"
+        self._tell(uid, ref, "Normal", f"mode {change.old} -> {change.new}: {moved}")
         return ModeAnswer("changed", f"pod {ref}: mode {change.old} -> {change.new} ({moved}; applied in "
                                      f"{seconds * 1000:.0f} ms)", change=change.to_dict())
 
@@ -320,9 +326,14 @@ class ModeApplier:
                    f"off the new exclusive CPUs ({e}); the pod keeps running in mode {change.old}, {restored}; "
                    "fix the cause (see the proxy's log) and ask again")
         log.warning("mode change rolled back: %s", message)
+        self._tell(change.uid, ref, "Warning", message.removeprefix(f"pod {ref}: "))
         self.failures[change.uid] = {"mode": change.new, "reason": ROLLED_BACK, "message": message,
                                      "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         return ModeAnswer("error", message, ROLLED_BACK, change.to_dict())
+
+    def _tell(self, uid: str, ref: str, type: EventType, message: str) -> None:
+        """An Event ModeChanged on the pod (``ref``: namespace/name)."""
+        self.pinning.on_event(pod_event(ref, uid, type, "ModeChanged", message))
 
     async def _resize_shared(self) -> None:
         pool, mems = self.pinning.shared_pool()

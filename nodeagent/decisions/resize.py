@@ -62,6 +62,7 @@ from allocator.resize import ResizeOutcome
 from allocator.state import CPUState
 from nodeagent.decisions.cri_intent import container_from_cri, qos_from_cgroup_parent
 from nodeagent.decisions.pinning import Pinning
+from nodeagent.decisions.pod_events import pod_event
 from nodeagent.decisions.registry import Tracked, TrackedMode
 from nodeagent.decisions.resized_pod import carries_cpu, cfs_summary, with_cri_size
 from nodeagent.decisions.target import TargetResources
@@ -450,6 +451,12 @@ class Resizer:
                                          str(cpus_to or ""), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                          seconds, reason, message))
         self.on_resize(result, seconds)
+        if result == "resized":
+            told = f"container {t.name}: {size_from} -> {size_to}, cpus {cpus_from} -> {cpus_to}"
+        else:
+            told = message.removeprefix(f"numapin: pod {t.pod_ref} ")
+        self.pinning.on_event(pod_event(t.pod_ref, t.pod_uid, "Normal" if result == "resized" else "Warning",
+                                        "Resized", told))
 
     def recent(self) -> list[dict[str, Any]]:
         """The last resizes, newest last."""

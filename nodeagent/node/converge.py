@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from allocator.cpuset import CPUSet
 from allocator.node import NodeAllocator
 from allocator.topology import Topology
+from nodeagent.decisions.pod_events import EventSink, no_events, pod_event
 from nodeagent.decisions.registry import Registry, Tracked
 from nodeagent.node.cpuset_pusher import CpusetPusher
 from nodeagent.node.kernel import CgroupLayout, KernelReader, KernelView, cgroup_of_pid, cgroup_of_spec
@@ -94,11 +95,17 @@ class ConvergeReport:
         return sum(1 for r in self.repairs if not r.ok)
 
 
+# the checks whose repairs are told on the pod (a Repaired Event): containers found off a decision that was already
+# in place; the checks right after numapin's own moves (a mode change, a resize) finish those moves
+_TOLD_ON_THE_POD = frozenset({"periodic", "after a pool change", "start-up reconcile", "after start",
+                              "before an exclusive start"})
+
+
 class Converger:
     def __init__(self, reader: RuntimeReader, registry: Registry, pusher: CpusetPusher, layout: CgroupLayout,
                  decide: Callable[[Tracked], Decision | None], *, period: float = 1.0, timeout: float = 10.0,
                  on_repair: Callable[[str, bool], None] | None = None,
-                 on_pass: Callable[[float], None] | None = None) -> None:
+                 on_pass: Callable[[float], None] | None = None, on_event: EventSink = no_events) -> None:
         self.runtime = reader
         self.registry = registry
         self.pusher = pusher
@@ -108,6 +115,7 @@ class Converger:
         self.timeout = timeout
         self.on_repair = on_repair or (lambda trigger, ok: None)
         self.on_pass = on_pass or (lambda seconds: None)
+        self.on_event = on_event  # Repaired on the pod of a container put back on its decision
         self._cgroups = pusher.cgroups            # container id -> cgroup (fixed for the container's life)
         self.reader = KernelReader(layout)
         self._retry_at: dict[str, float] = {}      # container id -> when to ask the runtime again
@@ -199,7 +207,10 @@ class Converger:
             ok = t.id not in still
             repairs.append(Repair(t.id, t.pod_ref, t.name, why, d.cpus, d.mems, ok))
             self.on_repair(trigger, ok)
-            if ok:
+            if ok and trigger in _TOLD_ON_THE_POD:
+                self.on_event(pod_event(t.pod_ref, t.pod_uid, "Warning", "Repaired",
+                                        f"container {t.name} ({t.mode}) ran on {why}, not its decision: put back "
+                                        f"on cpus {d.cpus} mems {d.mems} ({trigger})"))
                 log.warning("converge (%s): repaired pod=%s container=%s id=%s (%s): the kernel showed %s, "
                             "the decision is cpus=%s mems=%s", trigger, t.pod_ref, t.name, t.id[:13], t.mode, why,
                             d.cpus, d.mems)

@@ -83,6 +83,13 @@ class ProxyMetrics:
                                            "Unix time since when the newest NodeResourceTopology waits to be "
                                            "written, by target (file, api); 0 while it is published",
                                            ["target"], registry=r)
+        self.events_sent = Counter("numapin_criproxy_events_sent",
+                                   "Events on pods sent to the API server, by action: created (a new Event), patched "
+                                   "(a repeat counted on the existing Event)", ["action"], registry=r)
+        self.events_dropped = Counter("numapin_criproxy_events_dropped",
+                                      "Events on pods not recorded, by why: rate-limited (the pod's burst spent), "
+                                      "queue-full (the API server too slow), unreachable, refused (by the API server)",
+                                      ["why"], registry=r)
         self._nrt_waiting: dict[str, float] = {}  # target -> since when its newest document waits
 
     def observe_call(self, method: str, seconds: float, code: grpc.StatusCode) -> None:
@@ -127,6 +134,12 @@ class ProxyMetrics:
     def observe_resize(self, result: str, seconds: float) -> None:
         self.resizes.labels(result).inc()
         self.resize_seconds.observe(seconds)
+
+    def observe_event_sent(self, action: str) -> None:
+        self.events_sent.labels(action).inc()
+
+    def observe_event_dropped(self, why: str) -> None:
+        self.events_dropped.labels(why).inc()
 
     def observe_cdi_problem(self, reason: str) -> None:
         self.cdi_problems.labels(reason).inc()
