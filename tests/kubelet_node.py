@@ -1,0 +1,37 @@
+"""The session's real node (``numapin_lab.k8s.lab_node``): kubelet v1.36.2 (``cpuManagerPolicy: none``) registered
+with the session's ``control_plane`` as node ``numapin-node``, its runtime endpoint a ``numapin criproxy`` (CPU 0
+reserved) in front of a containerd of its own, and kube-scheduler. Started once, by the first test that asks for
+``kubelet_node``, shared by the kubelet stories, stopped at the session's end (kernel settings put back, its cgroup
+root and directory removed; the ledger's end check sweeps what a killed run leaves). A missing binary or package
+FAILS the test that asks (never a skip). Stories share it: each makes pods of its own names and deletes them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from numapin_lab.cri.containerd import LabError
+from numapin_lab.k8s.binaries import K8sBinariesMissing
+from numapin_lab.k8s.control_plane import ControlPlane
+from numapin_lab.k8s.lab_node import LabNode
+from numapin_lab.k8s.scheduler import Scheduler
+
+__all__ = ["kubelet_node"]
+
+
+@pytest.fixture(scope="session")
+def kubelet_node(control_plane: ControlPlane) -> Iterator[LabNode]:
+    node = LabNode(control_plane)
+    try:
+        node.start()
+    except (K8sBinariesMissing, LabError) as e:
+        pytest.fail(str(e), pytrace=False)
+    assert node.dir is not None
+    scheduler = Scheduler(control_plane, node.dir)
+    try:
+        scheduler.start()
+        yield node
+    finally:
+        scheduler.stop()
+        node.stop()
