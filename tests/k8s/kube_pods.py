@@ -62,6 +62,7 @@ class Pods:
     def __init__(self, node: LabNode) -> None:
         self.node = node
         self.cp = node.cp
+        self.made: list[str] = []  # the pods this story created, for ``delete_all`` at its end
 
     def manifest(self, name: str, *, cpu: str, cpu_limit: str | None = None, memory: str = "32Mi",
                  annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -79,8 +80,9 @@ class Pods:
 
     def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Create through the API (the scheduler binds it) and wait until its container runs."""
-        self.cp.kubectl("create", "--validate=false", "-f", "-", input=json.dumps(manifest))
         name = manifest["metadata"]["name"]
+        self.made.append(name)
+        self.cp.kubectl("create", "--validate=false", "-f", "-", input=json.dumps(manifest))
         return wait_for(lambda: self._running(name), f"pod {name} running")  # type: ignore[no-any-return]
 
     def _running(self, name: str) -> dict[str, Any] | None:
@@ -97,6 +99,12 @@ class Pods:
         for name in names:
             wait_for(lambda n=name: self.cp.kubectl("get", "pod", n, check=False).returncode != 0,  # type: ignore[misc]
                      f"pod {name} gone")
+
+    def delete_all(self) -> None:
+        """Delete the pods this story made that are still there (its end, passed or failed)."""
+        left = [n for n in self.made if self.cp.kubectl("get", "pod", n, check=False).returncode == 0]
+        if left:
+            self.delete(*left)
 
     def container_id(self, pod: Mapping[str, Any], container: str = "c") -> str:
         status = next(s for s in pod["status"]["containerStatuses"] if s["name"] == container)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from allocator.cpuset import CPUSet
-from numapin_lab.k8s.lab_node import LabNode
 from tests.k8s.kube_pods import Pods, wait_for
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.kubelet]
@@ -15,34 +14,25 @@ pytestmark = [pytest.mark.apiserver, pytest.mark.kubelet]
 ALL, RESERVED, EXCLUSIVE = CPUSet.parse("0-1"), CPUSet.parse("0"), CPUSet.parse("1")
 
 
-def test_a_guaranteed_pod_is_pinned_and_a_burstable_one_narrowed_then_widened(kubelet_node: LabNode) -> None:
-    pods = Pods(kubelet_node)
+def test_a_guaranteed_pod_is_pinned_and_a_burstable_one_narrowed_then_widened(pods: Pods) -> None:
     b = pods.create(pods.manifest("pin-b", cpu="100m"))
     assert b["status"]["qosClass"] == "Burstable"
     assert pods.cpus(b) == ALL, pods.kernel(b)
-    try:
-        g = pods.create(pods.manifest("pin-g", cpu="1", cpu_limit="1"))
-        assert g["status"]["qosClass"] == "Guaranteed" and g["spec"]["nodeName"] == kubelet_node.name
-        assert pods.cpus(g) == EXCLUSIVE, pods.kernel(g)
-        assert pods.cpus(b) == RESERVED, pods.kernel(b)  # narrowed before g's container started
-        pods.delete("pin-g")
-        wait_for(lambda: pods.cpus(b) == ALL, "the Burstable pod widened again once the Guaranteed one went")
-        after = pods.get("pin-b")
-        assert after["status"]["containerStatuses"][0]["restartCount"] == 0
-        assert pods.container_id(after) == pods.container_id(b)  # the same container, moved in place
-    finally:
-        pods.delete("pin-b")
+    g = pods.create(pods.manifest("pin-g", cpu="1", cpu_limit="1"))
+    assert g["status"]["qosClass"] == "Guaranteed" and g["spec"]["nodeName"] == pods.node.name
+    assert pods.cpus(g) == EXCLUSIVE, pods.kernel(g)
+    assert pods.cpus(b) == RESERVED, pods.kernel(b)  # narrowed before g's container started
+    pods.delete("pin-g")
+    wait_for(lambda: pods.cpus(b) == ALL, "the Burstable pod widened again once the Guaranteed one went")
+    after = pods.get("pin-b")
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert pods.container_id(after) == pods.container_id(b)  # the same container, moved in place
 
 
-def test_a_share_pod_gets_its_own_cpu_that_stays_in_the_shared_pool(kubelet_node: LabNode) -> None:
-    pods = Pods(kubelet_node)
+def test_a_share_pod_gets_its_own_cpu_that_stays_in_the_shared_pool(pods: Pods) -> None:
     b = pods.create(pods.manifest("share-b", cpu="100m"))
-    try:
-        s = pods.create(pods.manifest("share-s", cpu="1", cpu_limit="1",
-                                      annotations={"qos.gocrane.io/cpu-manager": "share"}))
-        assert s["metadata"]["annotations"]["qos.gocrane.io/cpu-manager"] == "share"
-        assert pods.cpus(s) == EXCLUSIVE, pods.kernel(s)
-        assert pods.cpus(b) == ALL, pods.kernel(b)  # CPU 1 is still the shared pool's
-        pods.delete("share-s")
-    finally:
-        pods.delete("share-b")
+    s = pods.create(pods.manifest("share-s", cpu="1", cpu_limit="1",
+                                  annotations={"qos.gocrane.io/cpu-manager": "share"}))
+    assert s["metadata"]["annotations"]["qos.gocrane.io/cpu-manager"] == "share"
+    assert pods.cpus(s) == EXCLUSIVE, pods.kernel(s)
+    assert pods.cpus(b) == ALL, pods.kernel(b)  # CPU 1 is still the shared pool's
