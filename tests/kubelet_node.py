@@ -12,17 +12,25 @@ from collections.abc import Iterator
 import pytest
 
 from numapin_lab.cri.containerd import LabError
+from numapin_lab.k8s import manifests
 from numapin_lab.k8s.binaries import K8sBinariesMissing
 from numapin_lab.k8s.control_plane import ControlPlane
+from numapin_lab.k8s.crds import install_nrt_crd
 from numapin_lab.k8s.lab_node import LabNode
 from numapin_lab.k8s.scheduler import Scheduler
 
-__all__ = ["kubelet_node"]
+__all__ = ["PROXY_USER", "kubelet_node"]
+
+PROXY_USER = "system:serviceaccount:kube-system:numapin-criproxy"  # the identity manifests/criproxy's RBAC binds
 
 
 @pytest.fixture(scope="session")
 def kubelet_node(control_plane: ControlPlane) -> Iterator[LabNode]:
-    node = LabNode(control_plane)
+    install_nrt_crd(control_plane)
+    manifests.apply(control_plane, manifests.docs(manifests.CRIPROXY_RBAC))
+    proxy_kubeconfig = control_plane.kubeconfig_for(PROXY_USER)
+    node = LabNode(control_plane, proxy_args=("--kubeconfig", str(proxy_kubeconfig),
+                                              "--topology-manager-policy", "single-numa-node"))
     try:
         node.start()
     except (K8sBinariesMissing, LabError) as e:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from numapin_lab.cri.proxy_process import free_port
 from numapin_lab.k8s.control_plane import ControlPlane, ControlPlaneError, node_user
 from numapin_lab.k8s.kernel_tunables import KernelTunables
 from numapin_lab.k8s.process import Daemon
@@ -40,14 +41,6 @@ CONTAINER_LOGS = Path("/var/log/containers")  # kubelet's links to its container
 
 class KubeletError(RuntimeError):
     """kubelet did not start or did not register its node (the message quotes its log)."""
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def kubelet_config(*, runtime_endpoint: str, cgroup_root: str, pod_logs_dir: Path, port: int,
@@ -121,7 +114,7 @@ class Kubelet:
         self.root_dir.mkdir(exist_ok=True)
         self.pod_logs.mkdir(exist_ok=True)
         config = kubelet_config(runtime_endpoint=self.runtime_endpoint, cgroup_root=self.cgroup_root,
-                                pod_logs_dir=self.pod_logs, port=_free_port(), healthz_port=_free_port())
+                                pod_logs_dir=self.pod_logs, port=free_port(), healthz_port=free_port())
         self.config.write_text(yaml.safe_dump(config, sort_keys=False))
         if self._tunables is None:  # a restart keeps the values found before the first start
             self._tunables = KernelTunables.record()
