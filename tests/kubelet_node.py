@@ -19,7 +19,7 @@ from numapin_lab.k8s.crds import install_nrt_crd
 from numapin_lab.k8s.lab_node import LabNode
 from numapin_lab.k8s.scheduler import Scheduler
 
-__all__ = ["PROXY_USER", "kubelet_node"]
+__all__ = ["PROXY_USER", "kubelet_node", "kubelet_nri_node"]
 
 PROXY_USER = "system:serviceaccount:kube-system:numapin-criproxy"  # the identity manifests/criproxy's RBAC binds
 
@@ -42,4 +42,21 @@ def kubelet_node(control_plane: ControlPlane) -> Iterator[LabNode]:
         yield node
     finally:
         scheduler.stop()
+        node.stop()
+
+
+@pytest.fixture(scope="session")
+def kubelet_nri_node(kubelet_node: LabNode) -> Iterator[LabNode]:
+    """A second node, ``numapin-nri-node``: kubelet v1.36.2 on containerd 2.x's own socket, ``numapin nri`` plugged
+    into that containerd (CPU 0 reserved), scheduled by the same kube-scheduler. Both nodes are this machine's CPUs:
+    a story uses one node at a time (the pods it makes select their node) and deletes its pods."""
+    node = LabNode(kubelet_node.cp, name="numapin-nri-node", door="nri",
+                   proxy_args=("--topology-manager-policy", "single-numa-node"))
+    try:
+        node.start()
+    except (K8sBinariesMissing, LabError) as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield node
+    finally:
         node.stop()

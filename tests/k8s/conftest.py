@@ -1,5 +1,6 @@
-"""``pods``: the stories' handle on the session's real node (tests/kubelet_node.py), which deletes at the story's
-end the pods it made, so that a failed story leaves the shared node's CPUs to the next one."""
+"""``pods``: the stories' handle on one of the session's real nodes (tests/kubelet_node.py): ``kubelet_node``
+(numapin criproxy) unless parametrized ``indirect`` with ``"nri"`` (``kubelet_nri_node``, numapin nri). It deletes
+at the story's end the pods it made, so that a failed story leaves the nodes' CPUs to the next one."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from tests.k8s.kube_pods import Pods
 
 
 @pytest.fixture
-def pods(kubelet_node: LabNode) -> Iterator[Pods]:
-    handle = Pods(kubelet_node)
+def pods(request: pytest.FixtureRequest) -> Iterator[Pods]:
+    door = getattr(request, "param", "proxy")
+    node: LabNode = request.getfixturevalue({"proxy": "kubelet_node", "nri": "kubelet_nri_node"}[door])
+    handle = Pods(node)
     try:
         yield handle
     finally:

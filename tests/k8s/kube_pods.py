@@ -66,12 +66,14 @@ class Pods:
 
     def manifest(self, name: str, *, cpu: str, cpu_limit: str | None = None, memory: str = "32Mi",
                  annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """A pod of one container ``c`` (busybox sleeping) on the host network, tolerating the node's NotReady
-        (no CNI here): Guaranteed when ``cpu_limit`` equals ``cpu``, Burstable otherwise (no CPU limit: None)."""
+        """A pod of one container ``c`` (busybox sleeping) on the host network for this node (``nodeSelector``: the
+        scheduler still binds it), tolerating the node's NotReady (no CNI here): Guaranteed when ``cpu_limit``
+        equals ``cpu``, Burstable otherwise (no CPU limit: None)."""
         limits = {"memory": memory} | ({"cpu": cpu_limit} if cpu_limit else {})
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "annotations": dict(annotations or {})},
                 "spec": {"hostNetwork": True, "terminationGracePeriodSeconds": 0,
+                         "nodeSelector": {"kubernetes.io/hostname": self.node.name},
                          "tolerations": [{"operator": "Exists"}],
                          "containers": [{"name": "c", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                                          "command": ["sleep", "86400"],

@@ -1,6 +1,7 @@
 """numapin under a real kubelet v1.36.2 (``cpuManagerPolicy: none``) and API server: pods made with kubectl, judged
 from the kernel and from what ``kubectl get pod`` shows. This machine has CPUs 0-1; the node's proxy reserves CPU 0,
-so CPU 1 is the only one a container can have to itself."""
+so CPU 1 is the only one a container can have to itself. The first story runs through both of numapin's doors: the
+proxy (kubelet's runtime endpoint) and the NRI plugin (kubelet on containerd 2.x's own socket)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ pytestmark = [pytest.mark.apiserver, pytest.mark.kubelet]
 ALL, RESERVED, EXCLUSIVE = CPUSet.parse("0-1"), CPUSet.parse("0"), CPUSet.parse("1")
 
 
+@pytest.mark.parametrize("pods", ["proxy", "nri"], indirect=True)
 def test_a_guaranteed_pod_is_pinned_and_a_burstable_one_narrowed_then_widened(pods: Pods) -> None:
     b = pods.create(pods.manifest("pin-b", cpu="100m"))
     assert b["status"]["qosClass"] == "Burstable"
