@@ -42,6 +42,7 @@ class LabNode:
         self.proxy: ProxyProcess | None = None
         self.kubelet: Kubelet | None = None
         self.start_seconds: dict[str, float] = {}  # what each part's start took
+        self.stop_seconds: dict[str, float] = {}  # and its stop
 
     def start(self) -> LabNode:
         try:
@@ -79,19 +80,29 @@ class LabNode:
         """kubelet first (nothing re-creates the pods then), then containerd with every container, the proxy, the
         cgroup root and the directory; returns the kernel settings put back."""
         restored: dict[str, tuple[str, str]] = {}
+        t = time.monotonic()
         if self.kubelet is not None:
             restored = self.kubelet.stop()
             self.kubelet = None
+        t = self._stopped("kubelet", t)
         if self.containerd is not None:
             self.containerd.stop()
             self.containerd = None
+        t = self._stopped("containerd", t)
         if self.proxy is not None:
             self.proxy.stop()
             self.proxy = None
+        t = self._stopped(self.door, t)
         if self.cgroup_root:
             remove_cgroup_root(self.cgroup_root)
             self.cgroup_root = ""
+        self._stopped("cgroups", t)
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
         return restored
+
+    def _stopped(self, part: str, since: float) -> float:
+        now = time.monotonic()
+        self.stop_seconds[part] = now - since
+        return now
