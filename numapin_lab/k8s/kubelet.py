@@ -25,6 +25,8 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -32,7 +34,7 @@ import yaml
 from numapin_lab.cri.proxy_process import free_port
 from numapin_lab.k8s.control_plane import ControlPlane, ControlPlaneError, node_user
 from numapin_lab.k8s.kernel_tunables import KernelTunables
-from numapin_lab.k8s.process import Daemon
+from numapin_lab.k8s.process import Daemon, wait_ready
 
 __all__ = ["CONTAINER_LOGS", "Kubelet", "KubeletError", "kubelet_config"]
 
@@ -97,7 +99,8 @@ class Kubelet:
         self.pod_logs = directory / "pod-logs"
         self.config = directory / "kubelet-config.yaml"
         self.log = directory / "kubelet.log"
-        self.start_seconds = 0.0  # how long start() took, until the node was Ready to take pods
+        self.start_seconds = 0.0  # how long start() took, until it served its health check and had its node
+        self.healthz_port = 0
         self._daemon: Daemon | None = None
         self._tunables: KernelTunables | None = None
         self._made_container_logs = False
@@ -113,8 +116,9 @@ class Kubelet:
         t0 = time.monotonic()
         self.root_dir.mkdir(exist_ok=True)
         self.pod_logs.mkdir(exist_ok=True)
+        self.healthz_port = free_port()
         config = kubelet_config(runtime_endpoint=self.runtime_endpoint, cgroup_root=self.cgroup_root,
-                                pod_logs_dir=self.pod_logs, port=free_port(), healthz_port=free_port())
+                                pod_logs_dir=self.pod_logs, port=free_port(), healthz_port=self.healthz_port)
         self.config.write_text(yaml.safe_dump(config, sort_keys=False))
         if self._tunables is None:  # a restart keeps the values found before the first start
             self._tunables = KernelTunables.record()
@@ -122,7 +126,8 @@ class Kubelet:
         self._daemon = Daemon("kubelet", self.argv(), self.log)
         self._daemon.start()
         try:
-            self._wait_node(timeout)
+            wait_ready(self._daemon, self._healthy, timeout=timeout, what=f"kubelet healthy, node {self.node_name}",
+                       error=KubeletError)
         except BaseException:
             self.stop()
             raise
@@ -141,23 +146,22 @@ class Kubelet:
         r = self.cp.kubectl("get", "node", self.node_name, "-o", "json", check=False)
         return json.loads(r.stdout) if r.returncode == 0 else None  # type: ignore[no-any-return]
 
-    def _wait_node(self, timeout: float) -> None:
-        """Until the node is registered and kubelet reports its allocatable CPUs (its pod admission works)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._daemon is None or self._daemon.exit_code() is not None:
-                code = self._daemon.exit_code() if self._daemon else None
-                raise KubeletError(f"kubelet exited ({code}):\n{self.tail()}")
-            try:
-                node = self.node()
-            except (ControlPlaneError, subprocess.TimeoutExpired, ValueError):
-                node = None
-            status = node.get("status", {}) if node else {}
-            if isinstance(status, dict) and status.get("allocatable", {}).get("cpu"):
-                return
-            if time.monotonic() > deadline:
-                raise KubeletError(f"node {self.node_name} not registered within {timeout:.0f} s:\n{self.tail()}")
-            time.sleep(0.5)
+    def _healthy(self) -> bool:
+        """Whether kubelet answers its health check (it serves it once its runtime answered: a kubelet that found
+        no runtime exits instead) and its node is registered with its allocatable CPUs (its pod admission works).
+        The node alone is not enough after a restart: it is still there from the previous start."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.healthz_port}/healthz", timeout=2) as r:
+                if r.read().strip() != b"ok":
+                    return False
+        except (urllib.error.URLError, OSError):
+            return False
+        try:
+            node = self.node()
+        except (ControlPlaneError, subprocess.TimeoutExpired, ValueError):
+            return False
+        status = node.get("status", {}) if node else {}
+        return isinstance(status, dict) and bool(status.get("allocatable", {}).get("cpu"))
 
     def kill(self) -> None:
         """Stop the kubelet process only (its pods keep running), as a crash or an upgrade would."""

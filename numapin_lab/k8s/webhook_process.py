@@ -8,14 +8,13 @@ from __future__ import annotations
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from numapin_lab.cri.proxy_process import free_port
 from numapin_lab.k8s.control_plane import ControlPlane
-from numapin_lab.k8s.process import Daemon
+from numapin_lab.k8s.process import Daemon, wait_ready
 
 __all__ = ["WebhookError", "WebhookProcess"]
 
@@ -54,19 +53,16 @@ class WebhookProcess:
             "--kubeconfig", str(kubeconfig)], self.dir / "webhook.log")
         self._daemon.start()
         ctx = ssl.create_default_context(cafile=str(self.certs / "ca.crt"))
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._daemon.exit_code() is not None:
-                raise WebhookError(f"numapin webhook exited ({self._daemon.exit_code()}):\n{self._daemon.tail()}")
+
+        def ready() -> bool:
             try:
                 with urllib.request.urlopen(f"{self.url}/readyz", context=ctx, timeout=2) as resp:
-                    if resp.status == 200:
-                        return self
+                    return resp.status == 200
             except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise WebhookError(f"numapin webhook not ready within {timeout:.0f} s:\n{self._daemon.tail()}")
-            time.sleep(0.2)
+                return False
+
+        wait_ready(self._daemon, ready, timeout=timeout, what="numapin webhook ready", error=WebhookError)
+        return self
 
     def tail(self, lines: int = 30) -> str:
         return self._daemon.tail(lines) if self._daemon is not None else "(never started)"
