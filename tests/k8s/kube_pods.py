@@ -96,11 +96,17 @@ class Pods:
         return json.loads(self.cp.kubectl("get", "pod", name, "-o", "json").stdout)  # type: ignore[no-any-return]
 
     def delete(self, *names: str) -> None:
-        """Delete as a user does (graceful, the pod's grace period) and wait until kubelet removed them."""
+        """Delete as a user does (the pod's grace period, 0 here) and wait until the API no longer has them and the
+        node's agent gave their CPUs back (the object goes before kubelet stops the sandbox: a story starting right
+        after would otherwise find the CPUs still taken)."""
+        uids = [self.get(n)["metadata"]["uid"] for n in names]
         self.cp.kubectl("delete", "pod", "--wait=false", *names)
         for name in names:
             wait_for(lambda n=name: self.cp.kubectl("get", "pod", n, check=False).returncode != 0,  # type: ignore[misc]
                      f"pod {name} gone")
+        agent = self.node.proxy
+        assert agent is not None
+        wait_for(lambda: not set(uids) & set(agent.state().get("entries", {})), f"the CPUs of {names} released")
 
     def delete_all(self) -> None:
         """Delete the pods this story made that are still there (its end, passed or failed)."""
