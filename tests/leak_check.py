@@ -1,8 +1,9 @@
-"""The test session's end check: what the lab made (tests/conftest.py points ``numapin_lab.cri.ledger`` at a file
-for the session) that is still there when the session ends: pods' cgroups, processes (containerd, shims, runc,
-``numapin``, the containers' ``sleep``), mounts and scratch or lab directories. Only what this session's ledger
-names is looked at, so other sessions on the machine (and the developer's own containers) are never counted nor
-touched. ``sweep`` removes what ``find_leftovers`` found, so a failed run does not leave the machine slower."""
+"""The test session's end check: what the lab made (tests/conftest.py points ``numapin_lab.cri.ledger`` at a file for
+the session) that is still there when the session ends: pods' cgroups, processes (containerd, shims, runc,
+``numapin``, the containers' ``sleep``), mounts, scratch or lab directories, and kernel settings a lab kubelet
+changed. Only what this session's ledger names is looked at, so other sessions on the machine (and the developer's
+own containers) are never counted nor touched. ``sweep`` removes what ``find_leftovers`` found, so a failed run does
+not leave the machine slower."""
 
 from __future__ import annotations
 
@@ -27,13 +28,15 @@ class Leftovers:
     processes: tuple[tuple[int, str], ...]  # (pid, command line)
     mounts: tuple[str, ...]
     paths: tuple[str, ...]              # lab and scratch directories
+    sysctls: tuple[tuple[str, str, str], ...] = ()  # kernel settings changed: (name, the machine's value, now)
 
     def __bool__(self) -> bool:
-        return bool(self.cgroups or self.processes or self.mounts or self.paths)
+        return bool(self.cgroups or self.processes or self.mounts or self.paths or self.sysctls)
 
     def lines(self) -> list[str]:
         return ([f"cgroup {c}" for c in self.cgroups] + [f"process {p}: {cmd}" for p, cmd in self.processes]
-                + [f"mount {m}" for m in self.mounts] + [f"path {p}" for p in self.paths])
+                + [f"mount {m}" for m in self.mounts] + [f"path {p}" for p in self.paths]
+                + [f"kernel setting {n} is {now}, was {was}" for n, was, now in self.sysctls])
 
 
 def _under(path: str, tops: list[str]) -> bool:
@@ -59,6 +62,23 @@ def _processes(dirs: list[str], cgroups: list[str]) -> list[tuple[int, str]]:
     return out
 
 
+def _sysctls(noted: list[str]) -> list[tuple[str, str, str]]:
+    """(name, the first value noted for it, its value now) of each noted kernel setting whose value changed."""
+    first: dict[str, str] = {}
+    for entry in noted:
+        name, _, value = entry.partition("=")
+        first.setdefault(name, value)
+    out = []
+    for name, value in first.items():
+        try:
+            now = (Path("/proc/sys") / name).read_text().strip()
+        except OSError:
+            continue
+        if now != value:
+            out.append((name, value, now))
+    return out
+
+
 def find_leftovers(ledger_file: str | os.PathLike[str]) -> Leftovers:
     noted = ledger.read(ledger_file)
     dirs = noted["lab"] + noted["dir"]
@@ -67,7 +87,7 @@ def find_leftovers(ledger_file: str | os.PathLike[str]) -> Leftovers:
     with open("/proc/mounts") as f:
         mounts = [line.split()[1] for line in f if _under(line.split()[1], dirs)]
     return Leftovers(tuple(cgroups), tuple(_processes(dirs, noted["cgroup"])), tuple(mounts),
-                     tuple(d for d in dirs if os.path.lexists(d)))
+                     tuple(d for d in dirs if os.path.lexists(d)), tuple(_sysctls(noted["sysctl"])))
 
 
 def sweep(ledger_file: str | os.PathLike[str]) -> list[str]:
@@ -87,4 +107,7 @@ def sweep(ledger_file: str | os.PathLike[str]) -> list[str]:
         shutil.rmtree(d, ignore_errors=True)
     for c in noted["cgroup"]:
         remove_cgroup(c)
+    for name, was, _now in found.sysctls:
+        with contextlib.suppress(OSError):
+            (Path("/proc/sys") / name).write_text(was + "\n")
     return find_leftovers(ledger_file).lines()

@@ -1,10 +1,13 @@
 """The kernel settings kubelet changes when it starts (``protectKernelDefaults: false``, its default): recorded
-before a lab kubelet starts and put back after it stops, so the machine is left as it was found."""
+before a lab kubelet starts and put back after it stops, so the machine is left as it was found; noted in the lab's
+ledger, so that the session's end check puts them back after a kubelet that was never stopped (a killed run)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from numapin_lab.cri import ledger
 
 __all__ = ["KUBELET_TUNABLES", "KernelTunables"]
 
@@ -22,7 +25,12 @@ class KernelTunables:
 
     @classmethod
     def record(cls, names: tuple[str, ...] = KUBELET_TUNABLES, root: Path = Path("/proc/sys")) -> KernelTunables:
-        return cls(tuple((n, (root / n).read_text().strip()) for n in names), root)
+        """The settings now, noted in the lab's ledger too (a killed test run's end check puts them back)."""
+        found = cls(tuple((n, (root / n).read_text().strip()) for n in names), root)
+        if root == Path("/proc/sys"):
+            for name, value in found.values:
+                ledger.note("sysctl", f"{name}={value}")
+        return found
 
     def changed(self) -> dict[str, tuple[str, str]]:
         """The settings whose value differs now: name -> (recorded, now)."""
