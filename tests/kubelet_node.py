@@ -29,7 +29,7 @@ def kubelet_node(control_plane: ControlPlane) -> Iterator[LabNode]:
     install_nrt_crd(control_plane)
     manifests.apply(control_plane, manifests.docs(manifests.CRIPROXY_RBAC))
     proxy_kubeconfig = control_plane.kubeconfig_for(PROXY_USER)
-    node = LabNode(control_plane, proxy_args=("--kubeconfig", str(proxy_kubeconfig),
+    node = LabNode(control_plane, proxy_args=("--kubeconfig", str(proxy_kubeconfig), "--watch-pods",
                                               "--topology-manager-policy", "single-numa-node"))
     try:
         node.start()
