@@ -2,6 +2,7 @@
 
 ``sysfs_machine``: build a generated sysfs tree of a known machine (tests/fixtures).
 ``control_plane``: the session's real etcd + kube-apiserver v1.36.2, started once (tests/control_plane.py).
+``kubelet_node``, ``kubelet_nri_node``: real kubelet v1.36.2 nodes (criproxy; nri), a scheduler (tests/kubelet_node.py).
 
 The end check: the lab notes what it makes in a ledger (``numapin_lab.cri.ledger``; here one file per session, its
 path in the environment so that child processes note too). When the session ends, anything the ledger names that is
@@ -27,9 +28,10 @@ import pytest
 from numapin_lab.cri import ledger
 from tests.control_plane import control_plane
 from tests.fixtures.make_sysfs import sysfs_machine
+from tests.kubelet_node import kubelet_node, kubelet_nri_node
 from tests.leak_check import find_leftovers, sweep
 
-__all__ = ["control_plane", "sysfs_machine"]
+__all__ = ["control_plane", "kubelet_node", "kubelet_nri_node", "sysfs_machine"]
 
 _LEDGER_KEY = pytest.StashKey[Path]()
 _SIGTERM_KEY = pytest.StashKey[list[int]]()

@@ -1,9 +1,9 @@
 """The test session's end check: what the lab made (tests/conftest.py points ``numapin_lab.cri.ledger`` at a file for
 the session) that is still there when the session ends: pods' cgroups, processes (containerd, shims, runc,
-``numapin``, the containers' ``sleep``), mounts, scratch or lab directories and the labs' network bridges. Only what
-this session's ledger names is looked at, so other sessions on the machine (and the developer's own containers) are
-never counted nor touched. ``sweep`` removes what ``find_leftovers`` found, so a failed run does not leave the
-machine slower."""
+``numapin``, the containers' ``sleep``), mounts, scratch or lab directories, the labs' network bridges, and kernel
+settings a lab kubelet changed. Only what this session's ledger names is looked at, so other sessions on the machine
+(and the developer's own containers) are never counted nor touched. ``sweep`` removes what ``find_leftovers`` found,
+so a failed run does not leave the machine slower."""
 
 from __future__ import annotations
 
@@ -30,14 +30,16 @@ class Leftovers:
     mounts: tuple[str, ...]
     paths: tuple[str, ...]              # lab and scratch directories
     links: tuple[str, ...] = ()         # the labs' network bridges
+    sysctls: tuple[tuple[str, str, str], ...] = ()  # kernel settings changed: (name, the machine's value, now)
 
     def __bool__(self) -> bool:
-        return bool(self.cgroups or self.processes or self.mounts or self.paths or self.links)
+        return bool(self.cgroups or self.processes or self.mounts or self.paths or self.links or self.sysctls)
 
     def lines(self) -> list[str]:
         return ([f"cgroup {c}" for c in self.cgroups] + [f"process {p}: {cmd}" for p, cmd in self.processes]
                 + [f"mount {m}" for m in self.mounts] + [f"path {p}" for p in self.paths]
-                + [f"link {name}" for name in self.links])
+                + [f"link {name}" for name in self.links]
+                + [f"kernel setting {n} is {now}, was {was}" for n, was, now in self.sysctls])
 
 
 def _under(path: str, tops: list[str]) -> bool:
@@ -63,6 +65,23 @@ def _processes(dirs: list[str], cgroups: list[str]) -> list[tuple[int, str]]:
     return out
 
 
+def _sysctls(noted: list[str]) -> list[tuple[str, str, str]]:
+    """(name, the first value noted for it, its value now) of each noted kernel setting whose value changed."""
+    first: dict[str, str] = {}
+    for entry in noted:
+        name, _, value = entry.partition("=")
+        first.setdefault(name, value)
+    out = []
+    for name, value in first.items():
+        try:
+            now = (Path("/proc/sys") / name).read_text().strip()
+        except OSError:
+            continue
+        if now != value:
+            out.append((name, value, now))
+    return out
+
+
 def find_leftovers(ledger_file: str | os.PathLike[str]) -> Leftovers:
     noted = ledger.read(ledger_file)
     dirs = noted["lab"] + noted["dir"]
@@ -71,7 +90,8 @@ def find_leftovers(ledger_file: str | os.PathLike[str]) -> Leftovers:
     with open("/proc/mounts") as f:
         mounts = [line.split()[1] for line in f if _under(line.split()[1], dirs)]
     return Leftovers(tuple(cgroups), tuple(_processes(dirs, noted["cgroup"])), tuple(mounts),
-                     tuple(d for d in dirs if os.path.lexists(d)), tuple(n for n in noted["link"] if bridge_exists(n)))
+                     tuple(d for d in dirs if os.path.lexists(d)), tuple(n for n in noted["link"] if bridge_exists(n)),
+                     tuple(_sysctls(noted["sysctl"])))
 
 
 def sweep(ledger_file: str | os.PathLike[str]) -> list[str]:
@@ -93,4 +113,7 @@ def sweep(ledger_file: str | os.PathLike[str]) -> list[str]:
         remove_cgroup(c)
     for name in found.links:
         remove_bridge(name)
+    for name, was, _now in found.sysctls:
+        with contextlib.suppress(OSError):
+            (Path("/proc/sys") / name).write_text(was + "\n")
     return find_leftovers(ledger_file).lines()

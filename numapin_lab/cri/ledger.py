@@ -1,5 +1,6 @@
-"""The lab's ledger: what the lab made on this machine (containerd lab directories, scratch directories, pods'
-cgroups, the labs' network bridges), for a test session to check at its end that nothing stayed behind.
+"""The lab's ledger: what the lab made or changed on this machine (containerd lab directories, scratch directories,
+pods' cgroups, the labs' network bridges, kernel settings), for a test session to check at its end that nothing stayed
+behind.
 
 Off unless ``NUMAPIN_LAB_LEDGER`` names a file (tests/conftest.py sets it for the session; child processes inherit
 it). Each entry is one line ``<kind>\\t<value>`` appended with one write, so concurrent writers do not mix lines.
@@ -15,8 +16,10 @@ from pathlib import Path
 __all__ = ["ENV", "KINDS", "note", "read", "scratch_dir"]
 
 ENV = "NUMAPIN_LAB_LEDGER"
-# a containerd lab's directory, a scratch directory, a pod's cgroup parent, a network link (a lab's CNI bridge)
-KINDS = ("lab", "dir", "cgroup", "link")
+# a containerd lab's directory, a scratch directory, a pod's cgroup parent, a network link (a lab's CNI bridge), a
+# kernel setting's value before the lab changed it (``<name under /proc/sys>=<value>``; the first noted for a name is
+# the machine's own)
+KINDS = ("lab", "dir", "cgroup", "link", "sysctl")
 
 
 def note(kind: str, value: str, env: Mapping[str, str] = os.environ) -> None:

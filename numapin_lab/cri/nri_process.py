@@ -18,9 +18,10 @@ class NriProcess(ProxyProcess):
     ``<dir>/state``, logs in ``<dir>/proxy.log``, the control socket ``<dir>/control.sock``."""
 
     def __init__(self, directory: Path, runtime_socket: str, nri_socket: str, *, reserved_cpus: str,
-                 sysfs: str = "/sys", extra_args: Sequence[str] = (), root: Path = ROOT) -> None:
+                 sysfs: str = "/sys", extra_args: Sequence[str] = (), root: Path = ROOT,
+                 node_name: str = "lab") -> None:
         super().__init__(directory, runtime_socket, reserved_cpus=reserved_cpus, sysfs=sysfs, extra_args=extra_args,
-                         root=root)
+                         root=root, node_name=node_name)
         self.nri_socket = nri_socket
         self.control_socket = str(directory / "control.sock")
 
@@ -28,7 +29,7 @@ class NriProcess(ProxyProcess):
         return ["nri", "--nri-socket", self.nri_socket, "--runtime-endpoint", f"unix://{self.runtime_socket}",
                 "--plugin-index", "90", "--state-dir", str(self.state_dir), "--sysfs", self.sysfs,
                 "--reserved-cpus", self.reserved_cpus, "--metrics-address", f"127.0.0.1:{self.port}",
-                "--node-name", "lab", "--control-socket", self.control_socket, *self.extra_args]
+                "--node-name", self.node_name, "--control-socket", self.control_socket, *self.extra_args]
 
     def wait_synchronized(self, connections: int = 1, timeout: float = 60.0) -> dict[str, Any]:
         """Until the plugin has been synchronized by the runtime ``connections`` times in all and is connected

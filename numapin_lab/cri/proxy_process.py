@@ -47,8 +47,10 @@ class ProxyProcess:
     is mostly imports), so a restart after a kill comes back in the time the proxy itself needs."""
 
     def __init__(self, directory: Path, runtime_socket: str, *, reserved_cpus: str, sysfs: str = "/sys",
-                 extra_args: Sequence[str] = (), root: Path = ROOT, warm: bool = False) -> None:
+                 extra_args: Sequence[str] = (), root: Path = ROOT, warm: bool = False,
+                 node_name: str = "lab") -> None:
         self.dir = directory
+        self.node_name = node_name
         self.socket = str(directory / "proxy.sock")
         self.log = directory / "proxy.log"
         self.state_dir = directory / "state"
@@ -70,7 +72,7 @@ class ProxyProcess:
         """``numapin``'s arguments for this door."""
         return ["criproxy", "--listen", self.socket, "--runtime-endpoint", f"unix://{self.runtime_socket}",
                 "--state-dir", str(self.state_dir), "--sysfs", self.sysfs, "--reserved-cpus", self.reserved_cpus,
-                "--metrics-address", f"127.0.0.1:{self.port}", "--node-name", "lab", *self.extra_args]
+                "--metrics-address", f"127.0.0.1:{self.port}", "--node-name", self.node_name, *self.extra_args]
 
     def spawn(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from numapin_lab.numa_vm import with_parent_death_signal
 
-__all__ = ["Daemon"]
+__all__ = ["Daemon", "wait_ready"]
 
 
 class Daemon:
@@ -51,3 +52,19 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+
+
+def wait_ready(daemon: Daemon, ready: Callable[[], bool], *, timeout: float, what: str,
+               error: type[Exception] = RuntimeError) -> None:
+    """Poll ``ready()`` until it answers True; ``error`` quoting the daemon's log when it exits first or when
+    ``timeout`` seconds pass (``what``: what was waited for)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        code = daemon.exit_code()
+        if code is not None:
+            raise error(f"{daemon.name} exited ({code}):\n{daemon.tail()}")
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            raise error(f"{what}: not within {timeout:.0f} s:\n{daemon.tail()}")
+        time.sleep(0.2)

@@ -1,0 +1,51 @@
+"""kube-scheduler v1.36.2 for the lab's control plane: one replica (no leader election), authenticated as
+``system:kube-scheduler`` (the API server's bootstrap RBAC gives that user what the scheduler needs), no serving
+port. ``Scheduler(cp, directory).start()`` … ``stop()``; killed when the thread that started it dies."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import yaml
+
+from numapin_lab.k8s.control_plane import ControlPlane
+from numapin_lab.k8s.process import Daemon
+
+__all__ = ["SCHEDULER_USER", "Scheduler", "SchedulerError"]
+
+SCHEDULER_USER = "system:kube-scheduler"
+
+
+class SchedulerError(RuntimeError):
+    """kube-scheduler exited at start (the message quotes its log)."""
+
+
+class Scheduler:
+    def __init__(self, control_plane: ControlPlane, directory: Path) -> None:
+        self.cp = control_plane
+        self.dir = directory
+        self.log = directory / "kube-scheduler.log"
+        self._daemon: Daemon | None = None
+
+    def start(self, settle: float = 1.0) -> Scheduler:
+        kubeconfig = self.cp.kubeconfig_for(SCHEDULER_USER)
+        config = self.dir / "kube-scheduler.yaml"
+        config.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(kubeconfig)}, "leaderElection": {"leaderElect": False}}))
+        self._daemon = Daemon("kube-scheduler", [
+            str(self.cp.binaries.kube_scheduler), "--config", str(config), "--secure-port", "0", "--v", "2"],
+            self.log)
+        self._daemon.start()
+        deadline = time.monotonic() + settle  # a bad flag or configuration ends it at once
+        while time.monotonic() < deadline:
+            if self._daemon.exit_code() is not None:
+                raise SchedulerError(f"kube-scheduler exited ({self._daemon.exit_code()}):\n{self._daemon.tail()}")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        if self._daemon is not None:
+            self._daemon.stop()
+            self._daemon = None
