@@ -25,6 +25,7 @@ from nodeagent.node.memory_settings import coerce_memory_setting, is_memory_sett
 __all__ = ["AgentConfig", "coerce_count", "coerce_seconds", "coerce_setting", "load_settings", "parse_options"]
 
 C = TypeVar("C", bound="AgentConfig")
+N = TypeVar("N", int, float)
 
 
 def parse_options(text: str | Mapping[str, Any] | None, what: str) -> dict[str, str]:
@@ -167,22 +168,21 @@ class AgentConfig:
 
 
 def coerce_seconds(where: str, value: Any) -> float:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected seconds, got {value!r}") from None
-    if f < 0:
-        raise ConfigError(f"{where}: must not be negative, got {value!r}")
-    return f
+    return _non_negative(where, value, float, "seconds")
 
 
 def coerce_count(where: str, value: Any) -> int:
+    return _non_negative(where, value, int, "a whole number")
+
+
+def _non_negative(where: str, value: Any, kind: Callable[[Any], N], expected: str) -> N:
     try:
-        n = int(value)
+        n = kind(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected a whole number, got {value!r}") from None
+        raise ConfigError(f"{where}: expected {expected}, got {value!r}") from None
     if n < 0:
-        raise ConfigError(f"{where}: must not be negative, got {n}")
+        shown = repr(value) if kind is float else str(n)
+        raise ConfigError(f"{where}: must not be negative, got {shown}")
     return n
 
 
