@@ -42,6 +42,8 @@ def test_every_spec_that_passes_directly_passes_through_numapin(critest_runs: Va
     c: Comparison = compare(critest_runs.runs["containerd"], critest_runs.runs[door])
     critest_report.extend(report_lines(critest_runs.runs[door], c))
     critest_report.append(f"  numapin {door} admitted {critest_runs.admitted[door]:g} containers meanwhile")
+    critest_report.extend(f"  failed once through {door}, passed when run again alone: {n}: {m[:160]}"
+                          for n, m in critest_runs.retried.get(door, {}).items())
     assert critest_runs.admitted[door] >= MIN_ADMITTED, (  # critest's containers went through numapin's decisions
         f"numapin {door} admitted only {critest_runs.admitted[door]:g} containers during critest")
     assert not c.missing, f"specs that passed directly did not run through {door}: {c.missing}"
