@@ -6,8 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from allocator.checkpoint import CheckpointStore
-from allocator.node import NodeAllocator, NodeConfig, NodeParts
+from allocator.node import NodeParts
 from criproxy.config import ProxyConfig
 from criproxy.intercept.interceptors import ProxyInterceptors
 from criproxy.relay.conn_limits import ConnectionLimits
@@ -16,30 +15,22 @@ from criproxy.relay.frame_server import FrameRelayServer
 from criproxy.relay.grpc_relay import RelayHandler, Upstream
 from criproxy.relay.relays import start_relay
 from criproxy.relay.socket_server import RelayServer, listen_path
-from nodeagent.app import NodeAgent, node_parts_of
-from nodeagent.decisions.mode_apply import ModeApplier
-from nodeagent.decisions.pinning import Pinning
+from nodeagent.app import AgentDoor, NodeAgent, node_parts_of
 from nodeagent.decisions.reconcile import ReconcileReport
-from nodeagent.decisions.registry import Registry, Tracked
-from nodeagent.decisions.resize import Resizer
-from nodeagent.decisions.starts import StartGuard
-from nodeagent.node.converge import Converger, Decision
-from nodeagent.node.cpuset_pusher import CpusetPusher
+from nodeagent.decisions.registry import Tracked
+from nodeagent.node.converge import Decision
 from nodeagent.node.cri_runtime import CriRuntime
-from nodeagent.node.kubelet_watch import KubeletWatch
-from nodeagent.serve.metrics import ProxyMetrics
 
 if TYPE_CHECKING:
-    import asyncio
 
-    from nodeagent.serve.http_server import ProxyHttpServer
+    pass
 
 __all__ = ["CriProxy", "node_parts_of"]
 
 log = logging.getLogger("numapin.criproxy")
 
 
-class CriProxy:
+class CriProxy(AgentDoor):
     """``await CriProxy(config).start()`` … ``await proxy.stop()``: a node agent (``agent``) and the relay that
     kubelet calls. The agent's parts are read through properties (``proxy.allocator``, ``proxy.pinning``, …) that
     raise ``RuntimeError`` before ``start``. ``node``: the node already built from ``config`` (``node_parts_of``,
@@ -53,74 +44,10 @@ class CriProxy:
         self._server: RelayServer | FrameRelayServer | None = None
 
     @property
-    def metrics(self) -> ProxyMetrics:
-        return self.agent.metrics
-
-    @property
-    def kubelet(self) -> KubeletWatch:
-        return self.agent.kubelet
-
-    @property
-    def registry(self) -> Registry:
-        return self.agent.registry
-
-    @property
-    def reconciled(self) -> asyncio.Event:
-        return self.agent.reconciled
-
-    @property
-    def last_reconcile(self) -> ReconcileReport | None:
-        return self.agent.last_reconcile
-
-    @property
-    def metrics_port(self) -> int | None:
-        return self.agent.metrics_port
-
-    @property
-    def http(self) -> ProxyHttpServer | None:
-        return self.agent.http
-
-    @property
-    def node_config(self) -> NodeConfig:
-        return self.agent.node_config
-
-    @property
-    def store(self) -> CheckpointStore:
-        return self.agent.store
-
-    @property
-    def allocator(self) -> NodeAllocator:
-        return self.agent.allocator
-
-    @property
     def upstream(self) -> Upstream:
         if self._upstream is None:
             raise RuntimeError("the proxy is not started (await CriProxy.start() first)")
         return self._upstream
-
-    @property
-    def pusher(self) -> CpusetPusher:
-        return self.agent.pusher
-
-    @property
-    def converger(self) -> Converger:
-        return self.agent.converger
-
-    @property
-    def starts(self) -> StartGuard:
-        return self.agent.starts
-
-    @property
-    def pinning(self) -> Pinning:
-        return self.agent.pinning
-
-    @property
-    def modes(self) -> ModeApplier:
-        return self.agent.modes
-
-    @property
-    def resizer(self) -> Resizer:
-        return self.agent.resizer
 
     async def start(self) -> CriProxy:
         cfg = self.config

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from allocator.errors import AllocatorError
 from criproxy.config import DEFAULTS, ProxyConfig, load_config
-from nodeagent.cli import add_agent_arguments, agent_overrides
+from nodeagent.cli import add_agent_arguments, configure
 
 if TYPE_CHECKING:
     from allocator.node import NodeParts
@@ -58,20 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = agent_overrides(args) | {dest: getattr(args, dest) for _, dest, _ in _FLAGS}
-    try:
-        config = load_config(args.config, overrides)
-        config.metrics_endpoint()
-        from criproxy.app import node_parts_of
-        parts = node_parts_of(config)  # topology and policy problems surface here, before anything starts
-    except (AllocatorError, ValueError) as e:
-        print(f"numapin criproxy: {e}", file=sys.stderr)
-        return 2
-    level = getattr(logging, config.log_level.upper(), None)
-    if not isinstance(level, int):
-        print(f"numapin criproxy: log-level: unknown level {config.log_level!r}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    loaded = configure(args, _FLAGS, load_config, "criproxy")
+    if isinstance(loaded, int):
+        return loaded
+    config, parts = loaded
     from criproxy.relay.conn_limits import raise_descriptor_limit
     raise_descriptor_limit()  # connections are bounded by their cost, not by a count (conn_limits)
     return asyncio.run(_serve(config, parts))

@@ -55,7 +55,7 @@ from nodeagent.serve.unix_socket import SocketInUseError
 if TYPE_CHECKING:
     from nodeagent.serve.http_server import ProxyHttpServer
 
-__all__ = ["AgentParts", "NodeAgent", "node_parts_of"]
+__all__ = ["AgentDoor", "AgentParts", "NodeAgent", "node_parts_of"]
 
 log = logging.getLogger("numapin.criproxy")
 
@@ -393,3 +393,74 @@ class NodeAgent:
                             "reconcile brings them up to date)", records.pending)
             if self._parts.pusher.systemd is not None:
                 await self._parts.pusher.systemd.close()
+
+
+class AgentDoor:
+    """What a door (the CRI proxy, the NRI plugin) shows of its node agent ``agent``: the agent's parts, read
+    through (each raises ``RuntimeError`` before the agent is started). The door's ``/status`` is made of them."""
+
+    agent: NodeAgent
+
+    @property
+    def metrics(self) -> ProxyMetrics:
+        return self.agent.metrics
+
+    @property
+    def kubelet(self) -> KubeletWatch:
+        return self.agent.kubelet
+
+    @property
+    def registry(self) -> Registry:
+        return self.agent.registry
+
+    @property
+    def reconciled(self) -> asyncio.Event:
+        return self.agent.reconciled
+
+    @property
+    def last_reconcile(self) -> ReconcileReport | None:
+        return self.agent.last_reconcile
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.agent.metrics_port
+
+    @property
+    def http(self) -> ProxyHttpServer | None:
+        return self.agent.http
+
+    @property
+    def node_config(self) -> NodeConfig:
+        return self.agent.node_config
+
+    @property
+    def store(self) -> CheckpointStore:
+        return self.agent.store
+
+    @property
+    def allocator(self) -> NodeAllocator:
+        return self.agent.allocator
+
+    @property
+    def pusher(self) -> CpusetPusher:
+        return self.agent.pusher
+
+    @property
+    def converger(self) -> Converger:
+        return self.agent.converger
+
+    @property
+    def starts(self) -> StartGuard:
+        return self.agent.starts
+
+    @property
+    def pinning(self) -> Pinning:
+        return self.agent.pinning
+
+    @property
+    def modes(self) -> ModeApplier:
+        return self.agent.modes
+
+    @property
+    def resizer(self) -> Resizer:
+        return self.agent.resizer

@@ -6,11 +6,20 @@ own and reads them back as ``load_settings`` overrides (``agent_overrides``)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from allocator.errors import AllocatorError
 from nodeagent.config import AgentConfig
 
-__all__ = ["AGENT_FLAGS", "add_agent_arguments", "agent_overrides"]
+if TYPE_CHECKING:
+    from allocator.node import NodeParts
+
+C = TypeVar("C", bound=AgentConfig)
+
+__all__ = ["AGENT_FLAGS", "add_agent_arguments", "agent_overrides", "configure"]
 
 DEFAULTS = AgentConfig()
 
@@ -134,3 +143,25 @@ def agent_overrides(args: argparse.Namespace) -> dict[str, Any]:
     overrides["watch_pods"] = args.watch_pods
     overrides["record_events"] = args.record_events
     return overrides
+
+
+def configure(args: argparse.Namespace, door_flags: Sequence[tuple[str, str, dict[str, Any]]],
+              load: Callable[[str | None, Mapping[str, Any]], C], prog: str) -> tuple[C, NodeParts] | int:
+    """A door's command line read back: its settings (``load``: the door's config loader, over the agent's flags
+    and ``door_flags``), the node built from them (topology and policy problems surface here, before anything
+    starts) and logging set up; or the exit status 2 with a message on stderr naming the problem."""
+    overrides = agent_overrides(args) | {dest: getattr(args, dest) for _, dest, _ in door_flags}
+    try:
+        config = load(args.config, overrides)
+        config.metrics_endpoint()
+        from nodeagent.app import node_parts_of
+        parts = node_parts_of(config)
+    except (AllocatorError, ValueError) as e:
+        print(f"numapin {prog}: {e}", file=sys.stderr)
+        return 2
+    level = getattr(logging, config.log_level.upper(), None)
+    if not isinstance(level, int):
+        print(f"numapin {prog}: log-level: unknown level {config.log_level!r}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return config, parts

@@ -9,15 +9,9 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from allocator.checkpoint import CheckpointStore
-from allocator.node import NodeAllocator, NodeConfig, NodeParts
-from nodeagent.app import NodeAgent
-from nodeagent.decisions.mode_apply import ModeApplier
-from nodeagent.decisions.registry import Registry
-from nodeagent.decisions.resize import Resizer
+from allocator.node import NodeParts
+from nodeagent.app import AgentDoor, NodeAgent
 from nodeagent.node.cri_runtime import CriChannel, CriRuntime
-from nodeagent.node.kubelet_watch import KubeletWatch
-from nodeagent.serve.metrics import ProxyMetrics
 
 from .config import NriConfig
 from .door.handler import NumapinHandler
@@ -32,7 +26,7 @@ __all__ = ["NriAgent"]
 log = logging.getLogger("numapin.nri")
 
 
-class NriAgent:
+class NriAgent(AgentDoor):
     """``await NriAgent(config).start()`` … ``await agent.stop()``. ``wait()`` returns when the plugin ends (stopped,
     or a runtime that lacks what numapin needs: ``UnsupportedRuntime``)."""
 
@@ -46,43 +40,6 @@ class NriAgent:
         self._handler: NumapinHandler | None = None
         self._plugin: NriPlugin | None = None
         self._run: asyncio.Task[None] | None = None
-
-    # what /status shows (nodeagent.serve.status.ProxyView)
-    @property
-    def metrics(self) -> ProxyMetrics:
-        return self.agent.metrics
-
-    @property
-    def node_config(self) -> NodeConfig:
-        return self.agent.node_config
-
-    @property
-    def allocator(self) -> NodeAllocator:
-        return self.agent.allocator
-
-    @property
-    def store(self) -> CheckpointStore:
-        return self.agent.store
-
-    @property
-    def registry(self) -> Registry:
-        return self.agent.registry
-
-    @property
-    def reconciled(self) -> asyncio.Event:
-        return self.agent.reconciled
-
-    @property
-    def modes(self) -> ModeApplier:
-        return self.agent.modes
-
-    @property
-    def resizer(self) -> Resizer:
-        return self.agent.resizer
-
-    @property
-    def kubelet(self) -> KubeletWatch:
-        return self.agent.kubelet
 
     @property
     def plugin(self) -> NriPlugin:

@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from allocator.errors import AllocatorError
-from nodeagent.cli import add_agent_arguments, agent_overrides
+from nodeagent.cli import add_agent_arguments, configure
 
 from .config import DEFAULTS, NriConfig, load_config
 
@@ -54,20 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    overrides = agent_overrides(args) | {dest: getattr(args, dest) for _, dest, _ in _FLAGS}
-    try:
-        config = load_config(args.config, overrides)
-        config.metrics_endpoint()
-        from nodeagent.app import node_parts_of
-        parts = node_parts_of(config)  # topology and policy problems surface here, before anything starts
-    except (AllocatorError, ValueError) as e:
-        print(f"numapin nri: {e}", file=sys.stderr)
-        return 2
-    level = getattr(logging, config.log_level.upper(), None)
-    if not isinstance(level, int):
-        print(f"numapin nri: log-level: unknown level {config.log_level!r}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    loaded = configure(args, _FLAGS, load_config, "nri")
+    if isinstance(loaded, int):
+        return loaded
+    config, parts = loaded
     return asyncio.run(_serve(config, parts))
 
 

@@ -15,6 +15,7 @@ import criproxy.config
 import nriplugin.cli
 import nriplugin.config
 from nodeagent.app import NodeAgent
+from nodeagent.cli import agent_overrides
 from nodeagent.config import ConfigError
 
 DOORS = [(criproxy.cli, criproxy.config), (nriplugin.cli, nriplugin.config)]
@@ -33,7 +34,7 @@ def test_events_are_recorded_with_credentials_unless_told_not_to(cli: Any, confi
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     args = parser.parse_args(argv)
-    cfg = config.load_config(None, cli.agent_overrides(args))
+    cfg = config.load_config(None, agent_overrides(args))
     assert cfg.events_wanted is wanted
     agent = NodeAgent(cfg, kubelet_endpoint="unix:///k.sock")
     assert (agent.events is not None) is wanted
