@@ -134,12 +134,12 @@ def test_the_plugin_pod_is_node_critical_root_and_not_privileged() -> None:
     assert sc["runAsUser"] == 0 and sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
-    # RBAC: what publishing the NRT and watching its node's pods need, for its own ServiceAccount
+    # RBAC: what publishing the NRT, watching its node's pods and recording Events need, for its own ServiceAccount
     role = objs[("ClusterRole", "numapin-nri")]
     assert {(g, r): set(rule["verbs"]) for rule in role["rules"] for g in rule["apiGroups"]
             for r in rule["resources"]} == {
         ("topology.node.k8s.io", "noderesourcetopologies"): {"get", "list", "watch", "create", "update", "patch"},
-        ("", "pods"): {"get", "list", "watch"}}
+        ("", "pods"): {"get", "list", "watch"}, ("", "events"): {"create", "patch"}}
     binding = objs[("ClusterRoleBinding", "numapin-nri")]
     assert binding["roleRef"]["name"] == "numapin-nri"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
