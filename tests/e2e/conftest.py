@@ -78,6 +78,16 @@ class Cluster:
         assert fits is not None, "the webhook did not read the proxy's published topology within 15 s"
         return fits
 
+    async def fits_once_published(self, pod: dict[str, Any], timeout: float = 30.0) -> bool:
+        """Whether the pod fits once the proxy has published what a removal freed: the proxy writes its topology in
+        the background after the removal's answer, so the first look may still see the pod that was removed."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not await self.fits_now(pod):
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.1)
+        return True
+
     async def bind(self, pod: dict[str, Any]) -> AdmissionAnswer:
         """The scheduler's binding to the node."""
         meta = pod["metadata"]

@@ -64,7 +64,7 @@ async def test_shared_share_and_exclusive_pods_take_turns_with_denied_bindings(
     denied = await cluster.bind(s2)
     assert not denied.allowed and "single-numa-node" in denied.message and "would reject" in denied.message
     await cluster.delete("s1")
-    assert await cluster.fits_now(s2)  # the node published the freed CPUs
+    assert await cluster.fits_once_published(s2)  # the node published the freed CPUs
     assert (await cluster.bind(s2)).allowed
     cluster.pods["s2"] = await cluster.runner.run(s2)
     assert len(await cluster.cpus("s2")) == 1 and await cluster.cpus("web2") == everything
@@ -73,7 +73,7 @@ async def test_shared_share_and_exclusive_pods_take_turns_with_denied_bindings(
     e1, v = await cluster.create(make_pod("e1", cpu="1", limit="1", mode="exclusive"))
     assert not await cluster.fits_now(e1) and not (await cluster.bind(e1)).allowed
     await cluster.delete("s2")
-    assert await cluster.fits_now(e1) and (await cluster.bind(e1)).allowed
+    assert await cluster.fits_once_published(e1) and (await cluster.bind(e1)).allowed
     cluster.pods["e1"] = await cluster.runner.run(e1)
     e1_cpus = await cluster.cpus("e1")
     assert len(e1_cpus) == 1 and e1_cpus.issubset(pinnable)
@@ -84,7 +84,7 @@ async def test_shared_share_and_exclusive_pods_take_turns_with_denied_bindings(
         assert not await cluster.fits_now(e2) and not (await cluster.bind(e2)).allowed
         await cluster.delete("e1")
         assert await cluster.cpus("web1") == everything
-    assert await cluster.fits_now(e2) and (await cluster.bind(e2)).allowed
+    assert await cluster.fits_once_published(e2) and (await cluster.bind(e2)).allowed
     cluster.pods["e2"] = await cluster.runner.run(e2)
     e2_cpus = await cluster.cpus("e2")
     assert len(e2_cpus) == 1 and not (await cluster.cpus("web1")) & e2_cpus
@@ -200,7 +200,7 @@ async def test_containerd_restarted_under_the_proxy(cluster: Cluster, machine: T
     assert await cluster.cpus("db") == db_cpus and await cluster.cpus("web") == everything - db_cpus
     await cluster.delete("db")
     assert await cluster.cpus("web") == everything
-    assert await cluster.fits_now(db2) and (await cluster.bind(db2)).allowed
+    assert await cluster.fits_once_published(db2) and (await cluster.bind(db2)).allowed
     cluster.pods["db2"] = await cluster.runner.run(db2)
     assert len(await cluster.cpus("db2")) == 1
     assert (await cluster.status()).disagreements == []
