@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from numapin_lab.cri.containerd_versions import CACHE, CACHE_ENV, containerd_bin_dir
 from numapin_lab.numa_vm import VMSpec, pci_device_args
 from numapin_lab.systemd_vm import THREAD_PREFIX
 from tests.numa.background import Background
@@ -113,8 +114,12 @@ class Boots:
             self.runs[name] = run
             return run
         shape = SHAPES[name]
-        run = run_pytest_in_vm(vm_spec(shape), [str(f) for f in guest_files(shape)], work,
-                               env={SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")},
+        for version in shape.containerds:  # here, before the boot: the guest sees this cache and never fetches
+            containerd_bin_dir(version)  # LabError (every check of the shape fails with it) when it cannot be had
+        env = {SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")}
+        if shape.containerds:
+            env[CACHE_ENV] = str(CACHE)
+        run = run_pytest_in_vm(vm_spec(shape), [str(f) for f in guest_files(shape)], work, env=env,
                                test_timeout=shape.timeout // 2, cancel=cancel, environ=self.environ)
         self.spans[name] = (begin, time.monotonic() - self.t0)
         self.runs[name] = run
