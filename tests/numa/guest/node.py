@@ -29,7 +29,7 @@ from allocator.quantity import cpu_milli
 from nodeagent.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares
 from numapin.proc_cpus import cgroup_file, process_cpus
 from numapin_lab.cri.client import CRIClient, pb
-from numapin_lab.cri.containerd import ContainerdLab
+from numapin_lab.cri.containerd import PAUSE_IMAGE, ContainerdLab, LabError
 from numapin_lab.cri.containerd_versions import containerd_bin_dir
 from numapin_lab.demo.pod_manifest import make_pod
 from numapin_lab.demo.pod_runner import PodRunner, RunningPod
@@ -219,10 +219,22 @@ class GuestNode:
         self.prepare_proxy()  # its imports while containerd starts
         t0 = time.monotonic()
         self.lab.start()
+        if self.lab.major >= 2:
+            self._do("pause image in CRI", self._pause_image)
         if self._oplog:
             with open(self._oplog, "a") as f:
-                f.write(f"{time.monotonic() - t0:.2f} containerd start\n")
+                f.write(f"{time.monotonic() - t0:.2f} containerd {self.lab.version} start\n")
         return self
+
+    async def _pause_image(self) -> None:
+        """containerd 2.x's CRI learns of the images the lab imported through events, a moment after the import
+        (tests/nri/conftest.py): the first pod must not run before it knows the pause image."""
+        deadline = time.monotonic() + 60
+        while PAUSE_IMAGE not in {t for i in await self.direct.list_images() for t in i.repo_tags}:
+            if time.monotonic() > deadline:
+                raise LabError(f"containerd {self.lab.version}'s CRI did not list {PAUSE_IMAGE} within 60 s of "
+                               f"its import")
+            await asyncio.sleep(0.1)
 
     def stop(self) -> None:
         try:

@@ -57,6 +57,10 @@ def test_exclusive_pod_gets_one_whole_node_and_its_memory(nri_node: GuestNode, m
     nri_node.run("db", str(size), limit=str(size),
                  command=("sh", "-c", f"dd if=/dev/zero of=/dev/shm/fill bs=1M count={MIB} && exec sleep 86400"))
     want = machine.cpus_in_numa(n) - RESERVED
+    # the shared pod left the node before db could run: its cpusets rode in the answer to db's CreateContainer
+    web = nri_node.kernel("web")
+    assert web.cgroup_cpus is not None and not (web.cpus & want or web.cgroup_cpus & want), web
+    assert n not in web.mems, web
     k = nri_node.settled("db", want, CPUSet([n]))
     assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (want, CPUSet([n]), want, CPUSet([n])), k
     deadline = time.monotonic() + 120  # dd under emulation
