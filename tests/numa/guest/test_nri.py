@@ -57,7 +57,7 @@ def test_exclusive_pod_gets_one_whole_node_and_its_memory(nri_node: GuestNode, m
     nri_node.run("db", str(size), limit=str(size),
                  command=("sh", "-c", f"dd if=/dev/zero of=/dev/shm/fill bs=1M count={MIB} && exec sleep 86400"))
     want = machine.cpus_in_numa(n) - RESERVED
-    # the shared pod left the node before db could run: its cpusets rode in the answer to db's CreateContainer
+    # the shared pod is off the node by the time kubelet's StartContainer of db has returned
     web = nri_node.kernel("web")
     assert web.cgroup_cpus is not None and not (web.cpus & want or web.cgroup_cpus & want), web
     assert n not in web.mems, web
