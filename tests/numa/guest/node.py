@@ -447,17 +447,19 @@ class GuestNode:
             raise AssertionError(f"resize of {name} to {cpu} CPU failed: {got.code}: {got.message}\n"
                                  f"{self.proxy_log()}")
 
-    def refuse_resize(self, name: str, cpu: str, container: str = "app") -> Refusal:
-        """A resize the proxy must refuse; returns the refusal (AssertionError if it was answered OK)."""
-        got = self._do(f"refused resize {name} to cpu={cpu}", lambda: self._resize(name, container, cpu))
+    def refuse_resize(self, name: str, cpu: str, container: str = "app", memory_mib: int = 32) -> Refusal:
+        """A resize the proxy must refuse; returns the refusal (AssertionError if it was answered OK).
+        ``memory_mib``: the pod's memory limit, which kubelet sends along."""
+        got = self._do(f"refused resize {name} to cpu={cpu}", lambda: self._resize(name, container, cpu, memory_mib))
         if got is None:
             raise AssertionError(f"resize of {name} to {cpu} CPU was answered OK (the kernel shows "
                                  f"{self.kernel(name, container)}); a refusal was expected")
         return got
 
-    async def _resize(self, name: str, container: str, cpu: str) -> Refusal | None:
+    async def _resize(self, name: str, container: str, cpu: str, memory_mib: int = 32) -> Refusal | None:
         try:
-            await self.kubelet.update_container_resources(self.pods[name].containers[container], kubelet_resize(cpu))
+            await self.kubelet.update_container_resources(self.pods[name].containers[container],
+                                                          kubelet_resize(cpu, memory_mib))
         except grpc.aio.AioRpcError as e:
             return Refusal(e.code().name, e.details() or "")
         return None

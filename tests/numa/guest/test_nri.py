@@ -20,11 +20,12 @@ import pytest
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
-from tests.numa.guest.node import WORK, GuestNode, NodeConfig, node_meminfo
+from tests.numa.guest.node import WORK, GuestNode, Memory, NodeConfig, node_meminfo
 from tests.numa.guest.test_single_numa_node import MIB, RESERVED, largest_node
 
 CONTAINERD = "2.x"  # the shape's ``containerds`` (tests/numa/shapes.py): the host filled the cache before the boot
 SHMEM_BEFORE: dict[int, int] = {}
+DB_MEMORY = Memory(MIB + 48)  # the pinned pod's memory limit: its /dev/shm file is charged to it
 
 
 @pytest.fixture(scope="module")
@@ -54,15 +55,14 @@ def test_shared_pod_runs_on_every_cpu_and_node(nri_node: GuestNode, machine: Top
 def test_exclusive_pod_gets_one_whole_node_and_its_memory(nri_node: GuestNode, machine: Topology) -> None:
     size, n = largest_node(machine)
     SHMEM_BEFORE.update({m: node_meminfo(m, "Shmem") for m in machine.numa_nodes})
-    nri_node.run("db", str(size), limit=str(size),
+    nri_node.run("db", str(size), limit=str(size), memory=DB_MEMORY,
                  command=("sh", "-c", f"dd if=/dev/zero of=/dev/shm/fill bs=1M count={MIB} && exec sleep 86400"))
     want = machine.cpus_in_numa(n) - RESERVED
-    # the shared pod is off the node by the time kubelet's StartContainer of db has returned
-    web = nri_node.kernel("web")
+    # by the time kubelet's StartContainer of db has returned, db runs on its node and the shared pod is off it
+    db, web = nri_node.kernel("db"), nri_node.kernel("web")
+    assert (db.cpus, db.mems, db.cgroup_cpus, db.cgroup_mems) == (want, CPUSet([n]), want, CPUSet([n])), db
     assert web.cgroup_cpus is not None and not (web.cpus & want or web.cgroup_cpus & want), web
     assert n not in web.mems, web
-    k = nri_node.settled("db", want, CPUSet([n]))
-    assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (want, CPUSet([n]), want, CPUSet([n])), k
     deadline = time.monotonic() + 120  # dd under emulation
     while node_meminfo(n, "Shmem") - SHMEM_BEFORE[n] < MIB * 1024 * 0.9 and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -94,7 +94,8 @@ def test_pod_fitting_no_single_node_fails_its_creation_with_kubelets_reason(nri_
 def test_growth_out_of_its_node_is_refused_and_changes_nothing(nri_node: GuestNode, machine: Topology) -> None:
     size, n = largest_node(machine)
     db, web = nri_node.kernel("db"), nri_node.kernel("web")
-    refusal = nri_node.refuse_resize("db", str(size + 1))  # kubelet's call fails with numapin's message
+    # kubelet's call (the pod's memory limit along) fails with numapin's message
+    refusal = nri_node.refuse_resize("db", str(size + 1), memory_mib=DB_MEMORY.memory_mib)
     assert "resize refused (TopologyAffinityError)" in refusal.message, refusal
     assert f"from {size} to {size + 1} exclusive CPU(s)" in refusal.message, refusal
     assert "single-numa-node" in refusal.message and "keeps running as it was" in refusal.message, refusal
