@@ -12,7 +12,6 @@ Its own node (a second containerd beside the boot's 1.6, its own state and cgrou
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,14 @@ import pytest
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
 from tests.numa.guest.node import WORK, GuestNode, Memory, NodeConfig, node_meminfo
-from tests.numa.guest.test_single_numa_node import MIB, RESERVED, largest_node
+from tests.numa.guest.test_single_numa_node import (
+    MIB,
+    RESERVED,
+    assert_everywhere,
+    assert_memory_landed,
+    assert_off_node,
+    largest_node,
+)
 
 CONTAINERD = "2.x"  # the shape's ``containerds`` (tests/numa/shapes.py): the host filled the cache before the boot
 SHMEM_BEFORE: dict[int, int] = {}
@@ -47,9 +53,7 @@ def test_shared_pod_runs_on_every_cpu_and_node(nri_node: GuestNode, machine: Top
     nri_node.configure(NodeConfig("single-numa-node", str(RESERVED)))
     assert nri_node.lab.version.startswith("2."), nri_node.lab.version
     nri_node.run("web", "250m")
-    everything, all_nodes = machine.all_cpus, CPUSet(machine.numa_nodes)
-    k = nri_node.settled("web", everything, all_nodes)
-    assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (everything, all_nodes, everything, all_nodes), k
+    assert_everywhere(nri_node, "web", machine)
 
 
 def test_exclusive_pod_gets_one_whole_node_and_its_memory(nri_node: GuestNode, machine: Topology) -> None:
@@ -63,21 +67,11 @@ def test_exclusive_pod_gets_one_whole_node_and_its_memory(nri_node: GuestNode, m
     assert (db.cpus, db.mems, db.cgroup_cpus, db.cgroup_mems) == (want, CPUSet([n]), want, CPUSet([n])), db
     assert web.cgroup_cpus is not None and not (web.cpus & want or web.cgroup_cpus & want), web
     assert n not in web.mems, web
-    deadline = time.monotonic() + 120  # dd under emulation
-    while node_meminfo(n, "Shmem") - SHMEM_BEFORE[n] < MIB * 1024 * 0.9 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    grown = {m: node_meminfo(m, "Shmem") - SHMEM_BEFORE[m] for m in machine.numa_nodes}
-    assert grown[n] >= MIB * 1024 * 0.9, f"node {n} Shmem grew by {grown[n]} kB only (all nodes, kB: {grown})"
-    assert all(g < 8 * 1024 for m, g in grown.items() if m != n), f"memory landed on other nodes (kB): {grown}"
+    assert_memory_landed(n, SHMEM_BEFORE, machine)
 
 
 def test_shared_pod_narrowed_off_that_node_with_its_memory(nri_node: GuestNode, machine: Topology) -> None:
-    _, n = largest_node(machine)
-    rest = machine.all_cpus - (machine.cpus_in_numa(n) - RESERVED)
-    k = nri_node.settled("web", rest, machine.numa_of(rest))
-    assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (rest, machine.numa_of(rest), rest,
-                                                              machine.numa_of(rest)), k
-    assert n not in k.mems
+    assert_off_node(nri_node, "web", machine, largest_node(machine)[1])
 
 
 def test_pod_fitting_no_single_node_fails_its_creation_with_kubelets_reason(nri_node: GuestNode,
@@ -105,7 +99,5 @@ def test_growth_out_of_its_node_is_refused_and_changes_nothing(nri_node: GuestNo
 
 def test_deleting_the_exclusive_pod_widens_the_shared_pod_back(nri_node: GuestNode, machine: Topology) -> None:
     nri_node.delete("db")
-    everything, all_nodes = machine.all_cpus, CPUSet(machine.numa_nodes)
-    k = nri_node.settled("web", everything, all_nodes)
-    assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (everything, all_nodes, everything, all_nodes), k
+    assert_everywhere(nri_node, "web", machine)
     assert exclusive_cpus(nri_node) == []
