@@ -163,7 +163,7 @@ class ContainerdLab:
 
     def __init__(self, directory: str | os.PathLike[str], bin_dir: str | os.PathLike[str] | None = None, *,
                  systemd_cgroup: bool = False, nri: bool = False, cni: bool = False, mirror: str | None = None,
-                 niceness: int = 0) -> None:
+                 niceness: int = 0, nri_time_scale: float = 1.0) -> None:
         self.dir = Path(directory).resolve()
         # containerd started under ``nice -n niceness`` (its shims, runc and the containers inherit it): for labs
         # working in the background of a test session
@@ -180,6 +180,9 @@ class ContainerdLab:
         # /var/run/nri/nri.sock, running /opt/nri/plugins)
         self.nri = nri
         self.nri_socket = str(self.dir / "nri.sock")
+        # containerd's NRI timeouts (registration 5 s, a plugin's answer 2 s) times this: under software emulation
+        # (the multi-NUMA VMs) a Python plugin's answer takes seconds, where containerd would drop the plugin
+        self.nri_time_scale = nri_time_scale
         # runc's systemd cgroup driver (``SystemdCgroup = true``): pods' cgroup parents are slices
         # (``kubepods-burstable-pod<uid>.slice``), containers systemd scopes made through its D-Bus API; needs
         # systemd as PID 1
@@ -251,8 +254,8 @@ class ContainerdLab:
     socket_path = "{self.nri_socket}"
     plugin_path = "{d}/nri/plugins"
     plugin_config_path = "{d}/nri/conf.d"
-    plugin_registration_timeout = "5s"
-    plugin_request_timeout = "2s"
+    plugin_registration_timeout = "{5 * self.nri_time_scale:g}s"
+    plugin_request_timeout = "{2 * self.nri_time_scale:g}s"
 """
 
     def _disabled(self) -> str:

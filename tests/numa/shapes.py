@@ -40,6 +40,9 @@ class Shape:
     # about how long its boot takes on the host beside the rest of the suite (2 CPUs; the summary's `boots` line):
     # the boots are queued longest first, so the two lanes end close together
     seconds: int = 85
+    # containerds of numapin_lab.cri.containerd_versions its guest tests run besides the system's (e.g. "2.x" for the
+    # NRI story): the host makes sure they are in the cache before the boot (the guest must never download)
+    containerds: tuple[str, ...] = ()
 
     @property
     def smt(self) -> bool:
@@ -57,8 +60,8 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     # (test_resize.py ends on test_single_numa_node.py's configuration)
     Shape("2s4n", "2s4n", ("test_machine.py", "test_resize.py", "test_single_numa_node.py", "test_device.py",
                            "test_spread.py", "test_prefer_closest.py", "test_restricted_refuses.py",
-                           "test_memory.py", "test_full_pcpus.py", "test_churn.py"),
-          device_node=2, timeout=2700, seconds=600),
+                           "test_memory.py", "test_full_pcpus.py", "test_nri.py", "test_churn.py"),
+          device_node=2, timeout=2700, seconds=600, containerds=("2.x",)),
     # 1 socket x 4 cores, no SMT, 2 nodes; pure cgroup v2 (the host and the other shapes are v1)
     Shape("1s2n-nosmt", "1s2n-nosmt", _CORE, cgroup="v2"),
     # 2 sockets x 4 cores, 8 nodes of one CPU

@@ -1,7 +1,8 @@
 """Inside the VM: one private containerd for the whole boot, ``numapin criproxy`` (a real process) restarted in
 front of it for each configuration, pods run through the proxy as kubelet drives them (the webhook's /mutate
 stamps their CPU intent), and the kernel's view of their processes: ``/proc/<pid>/status`` and the cpuset
-cgroup files.
+cgroup files. The same node behind numapin's other door (``GuestNode(nri="2.x")``): a newer containerd from the
+host's cache with NRI on, ``numapin nri`` plugged into it, kubelet's client on containerd's own socket.
 
 Everything lives under /run (a plain tmpfs in the guest: containerd's overlayfs snapshots cannot sit on the
 guest's overlay root). Calls are synchronous (each opens its own CRI channel), so the checks are plain functions.
@@ -28,11 +29,12 @@ from allocator.quantity import cpu_milli
 from nodeagent.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares
 from numapin.proc_cpus import cgroup_file, process_cpus
 from numapin_lab.cri.client import CRIClient, pb
-from numapin_lab.cri.containerd import ContainerdLab
+from numapin_lab.cri.containerd import PAUSE_IMAGE, ContainerdLab, LabError
+from numapin_lab.cri.containerd_versions import containerd_bin_dir
 from numapin_lab.demo.pod_manifest import make_pod
 from numapin_lab.demo.pod_runner import PodRunner, RunningPod
 from numapin_lab.demo.stack import ManagedProcess
-from tests.numa.guest.warm_proxy import WarmProxy
+from tests.numa.guest.warm_proxy import NRI_MODULES, WarmProxy
 from webhook.admission.mutate import mutate_pod
 
 __all__ = ["OPLOG_ENV", "WORK", "GuestNode", "Kernel", "Memory", "NodeConfig", "Refusal", "kubelet_resize",
@@ -43,6 +45,9 @@ CGROUP_ROOT = "numapin-vm"
 SETTLE_SECONDS = 30.0  # how long the kernel may take to show a pushed cpuset (an UpdateContainerResources away)
 OPLOG_ENV = "NUMAPIN_VM_OPLOG"  # a file the node appends "<seconds> <operation>" lines to (what the VM part costs)
 CONNECT_TRIES = 3  # a connection attempt can time out under heavy emulation load; nothing was sent, so retry
+# containerd's NRI timeouts (a plugin's answer 2 s, its registration 5 s) scaled as the churn's deadlines are in the
+# VM: a Python plugin's answer under emulation takes seconds, and containerd drops a plugin that times out
+NRI_TIME_SCALE = 4.0
 T = TypeVar("T")
 
 
@@ -149,10 +154,17 @@ class GuestNode:
     read the kernel; ``stop()``. One event loop and one CRI channel to the proxy (as kubelet's) and one to containerd
     for the whole boot."""
 
-    def __init__(self, work: Path = WORK, *, systemd: bool = False) -> None:
+    def __init__(self, work: Path = WORK, *, systemd: bool = False, nri: str | None = None) -> None:
         self.work = work
         self.systemd = systemd  # the systemd cgroup driver (runc's SystemdCgroup, kubelet's slices as pod parents)
-        self.lab = ContainerdLab(work / "ctrd", systemd_cgroup=systemd)
+        # the door: None, ``numapin criproxy`` in front of the system's containerd; a containerd of
+        # numapin_lab.cri.containerd_versions ("2.x"), that one with NRI on (from the host's cache: LabError when it
+        # is not there, never a download) and ``numapin nri`` as its plugin, kubelet's client on containerd's socket
+        self.nri = nri
+        bin_dir = containerd_bin_dir(nri, fetch=False) if nri is not None else None
+        self.lab = ContainerdLab(work / "ctrd", bin_dir, systemd_cgroup=systemd, nri=nri is not None,
+                                 nri_time_scale=NRI_TIME_SCALE)
+        self.cgroup_root = CGROUP_ROOT if nri is None else f"{CGROUP_ROOT}-nri"
         self.proxy_socket = str(work / "criproxy.sock")
         self.control_socket = str(work / "control.sock")  # the proxy's default: next to its socket
         self.state_dir = work / "state"
@@ -184,10 +196,16 @@ class GuestNode:
 
     @property
     def kubelet(self) -> CRIClient:
-        """kubelet's channel to the proxy (made on the node's loop: call from its coroutines)."""
+        """kubelet's channel to the proxy, or to containerd behind NRI (made on the node's loop: call from its
+        coroutines)."""
         if self._kubelet is None:
-            self._kubelet = CRIClient(self.proxy_socket, timeout=120)
+            self._kubelet = CRIClient(self.lab.socket if self.nri else self.proxy_socket, timeout=120)
         return self._kubelet
+
+    @property
+    def door(self) -> str:
+        """What the operation log calls numapin's process."""
+        return "nri plugin" if self.nri else "proxy"
 
     @property
     def direct(self) -> CRIClient:
@@ -201,10 +219,22 @@ class GuestNode:
         self.prepare_proxy()  # its imports while containerd starts
         t0 = time.monotonic()
         self.lab.start()
+        if self.lab.major >= 2:
+            self._do("pause image in CRI", self._pause_image)
         if self._oplog:
             with open(self._oplog, "a") as f:
-                f.write(f"{time.monotonic() - t0:.2f} containerd start\n")
+                f.write(f"{time.monotonic() - t0:.2f} containerd {self.lab.version} start\n")
         return self
+
+    async def _pause_image(self) -> None:
+        """containerd 2.x's CRI learns of the images the lab imported through events, a moment after the import
+        (tests/nri/conftest.py): the first pod must not run before it knows the pause image."""
+        deadline = time.monotonic() + 60
+        while PAUSE_IMAGE not in {t for i in await self.direct.list_images() for t in i.repo_tags}:
+            if time.monotonic() > deadline:
+                raise LabError(f"containerd {self.lab.version}'s CRI did not list {PAUSE_IMAGE} within 60 s of "
+                               f"its import")
+            await asyncio.sleep(0.1)
 
     def stop(self) -> None:
         try:
@@ -229,20 +259,29 @@ class GuestNode:
         t0 = time.monotonic()
         shutil.rmtree(self.state_dir, ignore_errors=True)
         self.state_dir.mkdir(parents=True)
-        args = ["criproxy", "--listen", self.proxy_socket, "--runtime-endpoint", f"unix://{self.lab.socket}",
-                "--state-dir", str(self.state_dir), "--nrt-file", str(self.work / "nrt.json"), "--sysfs", "/sys",
-                "--node-name", "numa-vm", "--metrics-address", "", *config.args()]
+        common = ["--runtime-endpoint", f"unix://{self.lab.socket}", "--state-dir", str(self.state_dir),
+                  "--nrt-file", str(self.work / "nrt.json"), "--sysfs", "/sys", "--node-name", "numa-vm",
+                  "--metrics-address", "", *config.args()]
+        door = ["nri", "--nri-socket", self.lab.nri_socket, "--plugin-index", "90", "--control-socket",
+                self.control_socket] if self.nri else ["criproxy", "--listen", self.proxy_socket]
+        args = [*door, *common]
         warm = self._warm is not None and self._warm.alive()
         self.prepare_proxy()
         assert self._warm is not None
         self.proxy, self._warm = self._warm, None
         self._warm_launch(args)
-        self.proxy.wait_for(r"reconcile: ", timeout=120)
+        self.proxy.wait_for(self._ready, timeout=120)
         self.config = config
         if self._oplog:
             with open(self._oplog, "a") as f:
-                f.write(f"{time.monotonic() - t0:.2f} proxy start{' (warm)' if warm else ''} "
+                f.write(f"{time.monotonic() - t0:.2f} {self.door} start{' (warm)' if warm else ''} "
                         f"{' '.join(config.args())}\n")
+
+    @property
+    def _ready(self) -> str:
+        """The log line of numapin's process once it serves: the proxy reconciled with containerd, the plugin
+        synchronized by it (its reconcile done)."""
+        return r"synchronized with " if self.nri else r"reconcile: "
 
     def _warm_launch(self, args: Sequence[str]) -> None:
         assert isinstance(self.proxy, WarmProxy)
@@ -250,7 +289,7 @@ class GuestNode:
             self.proxy.launch(args)
         except OSError:  # it died while waiting: another one, cold
             self.proxy.stop()
-            self.proxy = WarmProxy(self._proxy_log())
+            self.proxy = self._new_warm()
             self.proxy.start()
             self.proxy.launch(args)
 
@@ -259,7 +298,7 @@ class GuestNode:
         start under emulation is mostly Python's imports, which then overlap the node's other work."""
         if self._warm is None or not self._warm.alive():
             self._drop_warm()
-            self._warm = WarmProxy(self._proxy_log())
+            self._warm = self._new_warm()
             self._warm.start()
 
     def _drop_warm(self) -> None:
@@ -267,8 +306,10 @@ class GuestNode:
             self._warm.stop()
             self._warm = None
 
-    def _proxy_log(self) -> Path:
-        return self.work / f"criproxy-{time.monotonic_ns()}.log"
+    def _new_warm(self) -> WarmProxy:
+        if self.nri:
+            return WarmProxy(self.work / f"nri-{time.monotonic_ns()}.log", modules=NRI_MODULES)
+        return WarmProxy(self.work / f"criproxy-{time.monotonic_ns()}.log")
 
     def release(self) -> None:
         """Leave containerd to another proxy (the churn runs its own): pods deleted, this node's proxy stopped."""
@@ -300,11 +341,11 @@ class GuestNode:
         assert self._warm is not None
         self.proxy, self._warm = self._warm, None
         self._warm_launch(args)
-        self.proxy.wait_for(r"reconcile: ", timeout=120)
+        self.proxy.wait_for(self._ready, timeout=120)
         self.config = config
         if self._oplog:
             with open(self._oplog, "a") as f:
-                f.write(f"{time.monotonic() - t0:.2f} proxy restart after kill -9\n")
+                f.write(f"{time.monotonic() - t0:.2f} {self.door} restart after kill -9\n")
 
     def set_mode(self, name: str, mode: str) -> dict[str, Any]:
         """``numapin mode default/NAME MODE`` through the proxy's control socket; its answer."""
@@ -342,7 +383,7 @@ class GuestNode:
     async def _run(self, pod: dict[str, Any], devices: Sequence[str], command: Sequence[str],
                    memory: Memory | None = None, mounts: Sequence[tuple[str, str]] = ()) -> RunningPod | Refusal:
         kubelet = self.kubelet
-        runner = PodRunner(kubelet, CGROUP_ROOT, systemd=self.systemd)
+        runner = PodRunner(kubelet, self.cgroup_root, systemd=self.systemd)
         running = await runner.run_sandbox(pod)
         sandbox = runner.sandbox_config(pod)
         for c in pod["spec"]["containers"]:
@@ -377,7 +418,7 @@ class GuestNode:
                 del self.pids[key]
 
         async def go() -> None:
-            runner = PodRunner(self.kubelet, CGROUP_ROOT, systemd=self.systemd)
+            runner = PodRunner(self.kubelet, self.cgroup_root, systemd=self.systemd)
             await asyncio.gather(*(runner.delete(r) for r in gone))
         self._do(f"delete {len(gone)} pod(s)", go)
 
@@ -406,17 +447,19 @@ class GuestNode:
             raise AssertionError(f"resize of {name} to {cpu} CPU failed: {got.code}: {got.message}\n"
                                  f"{self.proxy_log()}")
 
-    def refuse_resize(self, name: str, cpu: str, container: str = "app") -> Refusal:
-        """A resize the proxy must refuse; returns the refusal (AssertionError if it was answered OK)."""
-        got = self._do(f"refused resize {name} to cpu={cpu}", lambda: self._resize(name, container, cpu))
+    def refuse_resize(self, name: str, cpu: str, container: str = "app", memory_mib: int = 32) -> Refusal:
+        """A resize the proxy must refuse; returns the refusal (AssertionError if it was answered OK).
+        ``memory_mib``: the pod's memory limit, which kubelet sends along."""
+        got = self._do(f"refused resize {name} to cpu={cpu}", lambda: self._resize(name, container, cpu, memory_mib))
         if got is None:
             raise AssertionError(f"resize of {name} to {cpu} CPU was answered OK (the kernel shows "
                                  f"{self.kernel(name, container)}); a refusal was expected")
         return got
 
-    async def _resize(self, name: str, container: str, cpu: str) -> Refusal | None:
+    async def _resize(self, name: str, container: str, cpu: str, memory_mib: int = 32) -> Refusal | None:
         try:
-            await self.kubelet.update_container_resources(self.pods[name].containers[container], kubelet_resize(cpu))
+            await self.kubelet.update_container_resources(self.pods[name].containers[container],
+                                                          kubelet_resize(cpu, memory_mib))
         except grpc.aio.AioRpcError as e:
             return Refusal(e.code().name, e.details() or "")
         return None

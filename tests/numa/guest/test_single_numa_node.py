@@ -7,6 +7,7 @@ shared pod back to every CPU and node."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from allocator.cpuset import CPUSet
 from allocator.topology import Topology
@@ -23,15 +24,40 @@ def largest_node(machine: Topology) -> tuple[int, int]:
     return k, min(n for n, f in free.items() if f == k)
 
 
+def assert_everywhere(node: GuestNode, name: str, machine: Topology) -> None:
+    """The container runs on every CPU and memory node (its process and its cpuset cgroup), once settled."""
+    everything, all_nodes = machine.all_cpus, CPUSet(machine.numa_nodes)
+    k = node.settled(name, everything, all_nodes)
+    assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (everything, all_nodes, everything, all_nodes), k
+
+
+def assert_off_node(node: GuestNode, name: str, machine: Topology, n: int) -> None:
+    """The shared container runs on every CPU but node ``n``'s pinned ones, with those CPUs' memory nodes."""
+    rest = machine.all_cpus - (machine.cpus_in_numa(n) - RESERVED)
+    k = node.settled(name, rest, machine.numa_of(rest))
+    assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (rest, machine.numa_of(rest), rest,
+                                                              machine.numa_of(rest)), k
+    assert n not in k.mems
+
+
+def assert_memory_landed(n: int, before: Mapping[int, int], machine: Topology) -> None:
+    """The MIB a container wrote to its /dev/shm shows in node ``n``'s Shmem (``before``: each node's, kB), and
+    not in the other nodes'."""
+    deadline = time.monotonic() + 120  # dd under emulation
+    while node_meminfo(n, "Shmem") - before[n] < MIB * 1024 * 0.9 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    grown = {m: node_meminfo(m, "Shmem") - before[m] for m in machine.numa_nodes}
+    assert grown[n] >= MIB * 1024 * 0.9, f"node {n} Shmem grew by {grown[n]} kB only (all nodes, kB: {grown})"
+    assert all(g < 8 * 1024 for m, g in grown.items() if m != n), f"memory landed on other nodes (kB): {grown}"
+
+
 SHMEM_BEFORE: dict[int, int] = {}
 
 
 def test_shared_pod_runs_on_every_cpu_and_node(node: GuestNode, machine: Topology) -> None:
     node.configure(NodeConfig("single-numa-node", str(RESERVED)))
     node.run("web", "250m")
-    everything, all_nodes = machine.all_cpus, CPUSet(machine.numa_nodes)
-    k = node.settled("web", everything, all_nodes)
-    assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (everything, all_nodes, everything, all_nodes), k
+    assert_everywhere(node, "web", machine)
 
 
 def test_exclusive_container_gets_one_whole_node(node: GuestNode, machine: Topology) -> None:
@@ -45,22 +71,11 @@ def test_exclusive_container_gets_one_whole_node(node: GuestNode, machine: Topol
 
 
 def test_shared_pod_narrowed_off_that_node_with_its_memory(node: GuestNode, machine: Topology) -> None:
-    _, n = largest_node(machine)
-    rest = machine.all_cpus - (machine.cpus_in_numa(n) - RESERVED)
-    k = node.settled("web", rest, machine.numa_of(rest))
-    assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (rest, machine.numa_of(rest), rest,
-                                                              machine.numa_of(rest)), k
-    assert n not in k.mems
+    assert_off_node(node, "web", machine, largest_node(machine)[1])
 
 
 def test_memory_the_exclusive_container_touches_lands_on_its_node(node: GuestNode, machine: Topology) -> None:
-    _, n = largest_node(machine)
-    deadline = time.monotonic() + 120  # dd under emulation
-    while node_meminfo(n, "Shmem") - SHMEM_BEFORE[n] < MIB * 1024 * 0.9 and time.monotonic() < deadline:
-        time.sleep(0.5)
-    grown = {m: node_meminfo(m, "Shmem") - SHMEM_BEFORE[m] for m in machine.numa_nodes}
-    assert grown[n] >= MIB * 1024 * 0.9, f"node {n} Shmem grew by {grown[n]} kB only (all nodes, kB: {grown})"
-    assert all(g < 8 * 1024 for m, g in grown.items() if m != n), f"memory landed on other nodes (kB): {grown}"
+    assert_memory_landed(largest_node(machine)[1], SHMEM_BEFORE, machine)
 
 
 def test_partly_pinned_node_stays_in_the_shared_pools_memory(node: GuestNode, machine: Topology) -> None:
@@ -88,6 +103,4 @@ def test_pod_fitting_no_single_node_is_refused_with_kubelets_reason(node: GuestN
 
 def test_deleting_the_pinned_pods_widens_the_shared_pod_back(node: GuestNode, machine: Topology) -> None:
     node.delete("db", "one")
-    everything, all_nodes = machine.all_cpus, CPUSet(machine.numa_nodes)
-    k = node.settled("web", everything, all_nodes)
-    assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (everything, all_nodes, everything, all_nodes), k
+    assert_everywhere(node, "web", machine)

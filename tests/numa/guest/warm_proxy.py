@@ -9,21 +9,24 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from numapin_lab.demo.stack import ManagedProcess
-from numapin_lab.warm_start import discard, launch, spawn_warm
+from numapin_lab.warm_start import PROXY_MODULES, discard, launch, spawn_warm
 
-__all__ = ["WarmProxy"]
+__all__ = ["NRI_MODULES", "WarmProxy"]
+
+NRI_MODULES = ("numapin.cli", "nriplugin.cli", "nriplugin.app")  # what ``numapin nri`` imports before serving
 
 
 class WarmProxy(ManagedProcess):
     """``WarmProxy(log).start()`` (imports, waits), ``launch(args)`` (``numapin ARGS``); ``stop()``
     before ``launch`` discards it."""
 
-    def __init__(self, log: Path) -> None:
-        super().__init__("numapin criproxy", [], log)
+    def __init__(self, log: Path, modules: Sequence[str] = PROXY_MODULES) -> None:
+        super().__init__(f"numapin {'nri' if modules != PROXY_MODULES else 'criproxy'}", [], log)
+        self.modules = tuple(modules)
         self.launched = False
 
     def start(self) -> None:
-        self.proc = spawn_warm(self.log, new_session=True)
+        self.proc = spawn_warm(self.log, modules=self.modules, new_session=True)
 
     def launch(self, args: Sequence[str]) -> None:
         """``numapin ARGS`` (``criproxy ...``) in the waiting process. OSError if it is no longer there."""
