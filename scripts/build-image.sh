@@ -2,6 +2,7 @@
 # Build numapin's OCI image from Debian packages and Python wheels, without pulling any container image.
 #
 #   scripts/build-image.sh [--out FILE] [--image NAME:TAG] [--cache-dir DIR] [--suite SUITE] [--mirror MIRROR]
+#                          [--node-install DIR]
 #
 # The image has two layers:
 #   1. base: a Debian root file system made by mmdebstrap (variant "essential" + python3, no apt, no docs) and a
@@ -26,6 +27,8 @@
 # or push it to a registry with skopeo (docs/image.md):
 #   skopeo copy oci-archive:build/numapin-image.tar docker://<registry>/numapin:0.1.0
 # --suite picks the Debian release (default bookworm), --mirror (repeatable) the Debian mirror(s) (default: Debian's).
+# --node-install DIR puts DIR, a node install scripts/build-node.sh made of this same checkout (its prefix), into the
+# image instead of building one (the test suite builds it once per run); one of another version is refused.
 #
 # Needs root (mmdebstrap's root mode, chroot) and the Debian packages mmdebstrap, umoci and python3-venv
 # (installed when missing), and network access to a Debian mirror and to PyPI.
@@ -44,6 +47,7 @@ OUT="$ROOT/build/numapin-image.tar"
 CACHE=${NUMAPIN_IMAGE_CACHE:-/var/cache/numapin-image}
 SUITE=bookworm
 MIRROR=()
+NODE_INSTALL=""
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -52,6 +56,7 @@ while [ $# -gt 0 ]; do
         --cache-dir) CACHE=$2; shift 2 ;;
         --suite) SUITE=$2; shift 2 ;;
         --mirror) MIRROR+=("$2"); shift 2 ;;
+        --node-install) NODE_INSTALL=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "build-image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -59,6 +64,15 @@ done
 
 log() { echo "[build-image] $*" >&2; }
 die() { echo "build-image.sh: $*" >&2; exit 1; }
+
+if [ -n "$NODE_INSTALL" ]; then
+    [ -f "$NODE_INSTALL/share/numapin/RELEASE" ] && [ -x "$NODE_INSTALL/bin/numapin" ] \
+        || die "--node-install $NODE_INSTALL: not a node install made by scripts/build-node.sh (no share/numapin/RELEASE or bin/numapin)"
+    case "$(cat "$NODE_INSTALL/share/numapin/RELEASE")" in
+        "$VERSION"-*) ;;
+        *) die "--node-install $NODE_INSTALL: release $(cat "$NODE_INSTALL/share/numapin/RELEASE"), not numapin $VERSION of this checkout" ;;
+    esac
+fi
 
 case "$IMAGE" in
     *:*) ;;
@@ -162,8 +176,14 @@ mkdir -p "$layer/$site_rel" "$layer/usr/local/bin"
 git -C "$ROOT" ls-files -z --cached --others --exclude-standard -- allocator kubeapi nodeagent criproxy webhook numapin protos | \
     tar -C "$ROOT" --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -C "$layer/$site_rel" -xf -
 # the self-contained node install the installer DaemonSet copies to the hosts (manifests/criproxy/installer-daemonset.yaml)
-log "the node install (scripts/build-node.sh) at /usr/share/numapin/node"
-bash "$ROOT/scripts/build-node.sh" --prefix "$layer/usr/share/numapin/node"
+if [ -n "$NODE_INSTALL" ]; then
+    log "the node install $NODE_INSTALL (release $(cat "$NODE_INSTALL/share/numapin/RELEASE")) at /usr/share/numapin/node"
+    mkdir -p "$layer/usr/share/numapin"
+    cp -a "$NODE_INSTALL" "$layer/usr/share/numapin/node"
+else
+    log "the node install (scripts/build-node.sh) at /usr/share/numapin/node"
+    bash "$ROOT/scripts/build-node.sh" --prefix "$layer/usr/share/numapin/node"
+fi
 cat > "$layer/usr/local/bin/numapin" <<'EOF_ENTRY'
 #!/opt/numapin/bin/python3
 import sys

@@ -9,6 +9,8 @@ Stopping the container stops the answers: it was the container that answered.
 Cost: the image's base layer (Debian + numapin's dependencies) is cached under ``$NUMAPIN_IMAGE_CACHE``
 (default /var/cache/numapin-image) keyed by the build script and the dependency list; building it cold takes about
 4 minutes on 2 cores (downloads included); with it cached the build takes seconds and the whole test about 15 s.
+The node install in the image is the session's (``tests.install.node_build.session_build``: built once for the
+install tests, the systemd host's boot and this image, ``build-image.sh --node-install``).
 """
 
 from __future__ import annotations
@@ -33,18 +35,22 @@ import pytest
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab, scratch_lab
 from numapin_lab.cri.ledger import scratch_dir
+from tests.install.node_build import session_build
 
-pytestmark = pytest.mark.containerd
+pytestmark = [pytest.mark.containerd, pytest.mark.timeout(900)]  # the session's node install may be built first
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/numapin:0.1.0"  # what manifests/ name and build-image.sh builds by default
 
 
 @pytest.fixture(scope="module")
-def image_archive() -> Iterator[Path]:
+def image_archive(request: pytest.FixtureRequest) -> Iterator[Path]:
+    # the session's node install (built once for the install tests and the systemd host's boot) goes in as it is
+    node_install = session_build(request.config).get() / "opt/numapin"
     d = scratch_dir("numapin-image-test-")
     out = d / "numapin-image.tar"
-    r = subprocess.run(["bash", str(ROOT / "scripts/build-image.sh"), "--out", str(out)], cwd=ROOT,
+    r = subprocess.run(["bash", str(ROOT / "scripts/build-image.sh"), "--out", str(out),
+                        "--node-install", str(node_install)], cwd=ROOT,
                        capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, f"build-image.sh failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
     try:

@@ -76,7 +76,9 @@ def test_the_installer_only_installs_through_the_hosts_systemd_and_sleeps() -> N
     assert argv[0] == opts["--from"] + "/share/numapin/install.sh"
     assert opts["--mode"] == "proxy"  # a node that ran the NRI plugin as a host service is switched, not upgraded
     # where build-image.sh puts the node install in the image
-    assert f'--prefix "$layer{opts["--from"]}"' in (ROOT / "scripts/build-image.sh").read_text()
+    build = (ROOT / "scripts/build-image.sh").read_text()
+    assert f'--prefix "$layer{opts["--from"]}"' in build  # built there
+    assert f'cp -a "$NODE_INSTALL" "$layer{opts["--from"]}"' in build  # or one built before copied there
     assert shlex.split(opts["--systemctl"])[:3] == ["nsenter", "--target", "1"]
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
