@@ -1,6 +1,8 @@
-"""Restarts under a real kubelet v1.36.2 with pods running: kubelet stopped and started again, then numapin's proxy
-killed (SIGKILL) and restarted. Nothing moves (the kernel's cpusets, the containers kubelet shows), and both serve
-kubelet's next calls afterwards (a pod deleted gives its CPU back to the shared pool)."""
+"""Restarts under a real kubelet v1.36.2 with pods running: kubelet stopped and started again, then numapin's node
+agent killed (SIGKILL) and restarted, through both doors (the proxy, kubelet's runtime endpoint; the NRI plugin,
+containerd 2.x's). Nothing moves (the kernel's cpusets and every process's ``Cpus_allowed_list``, the containers
+kubelet shows), and both serve kubelet's next calls afterwards (a pod deleted gives its CPU back to the shared
+pool)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ def _unmoved(pods: Pods, before: dict[str, tuple[CPUSet | None, str]]) -> None:
         assert (pods.cpus(now), pods.container_id(now)) == was, pods.kernel(now)
 
 
-def test_kubelet_and_the_proxy_restarted_with_pods_running_move_nothing(pods: Pods) -> None:
+@pytest.mark.parametrize("pods", ["proxy", "nri"], indirect=True)
+def test_kubelet_and_the_node_agent_restarted_with_pods_running_move_nothing(pods: Pods) -> None:
     node = pods.node
     assert node.proxy is not None and node.kubelet is not None
     b = pods.create(pods.manifest("kill-b", cpu="100m"))
