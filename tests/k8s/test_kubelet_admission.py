@@ -109,12 +109,13 @@ def test_a_binding_to_a_node_that_cannot_hold_the_pod_is_denied_and_retried_unti
     by score, then by a ``Randomizer`` that only nodes scored by an extender get (kubernetes#135231; #141024 would
     give it to every node); without extenders equal nodes come out in the order the filters found them feasible:
     its node list's order (split was created first), starting at ``nextStartNodeIndex``, which does not move when
-    every node is evaluated, unless the parallel filter goroutines finish out of order (seen about once in 15 tries
-    here). So the first binding goes to split (denied), and so does every retry after the back-off (1 s here,
-    numapin_lab.k8s.scheduler): numapin's denial alone does not move the pod while the nodes stay equal. A pod
+    every node is evaluated, unless the parallel filter goroutines finish out of order (here the first such race came
+    after 14 and after 22 refused retries, 1 s apart). So the first binding goes to split (denied), and so does
+    every retry after the back-off (1 s here, numapin_lab.k8s.scheduler): numapin's denial alone does not move the
+    pod while the nodes stay equal. A pod
     whose first binding went straight to roomy (a goroutine race) shows no denial: it is deleted (roomy is empty
-    again) and another made, up to 20; the race is at worst a fair coin, so the story fails by chance with
-    probability at most 2^-20. Once the pod was refused twice (the scheduler retried), split gets what any node with
+    again) and another made, up to 20; were the race a fair coin (it is far rarer), the story would fail by chance
+    with probability 2^-20. Once the pod was refused twice (the scheduler retried), split gets what any node with
     its CPUs split over NUMA nodes has: a pod running there (Burstable, 8 CPUs requested, bound by name). Now
     split scores lower (NodeResourcesFit's least-allocated 94 against 97, balanced allocation 94 against 98) and
     the next retry binds the pod to roomy: no chance left in it."""
