@@ -19,9 +19,10 @@ from numapin_lab.k8s.crds import install_nrt_crd
 from numapin_lab.k8s.lab_node import LabNode
 from numapin_lab.k8s.scheduler import Scheduler
 
-__all__ = ["PROXY_USER", "kubelet_node", "kubelet_nri_node"]
+__all__ = ["NRI_USER", "PROXY_USER", "kubelet_node", "kubelet_nri_node"]
 
 PROXY_USER = "system:serviceaccount:kube-system:numapin-criproxy"  # the identity manifests/criproxy's RBAC binds
+NRI_USER = "system:serviceaccount:kube-system:numapin-nri"  # the identity manifests/nri's RBAC binds
 
 
 @pytest.fixture(scope="session")
@@ -49,9 +50,14 @@ def kubelet_node(control_plane: ControlPlane) -> Iterator[LabNode]:
 def kubelet_nri_node(kubelet_node: LabNode) -> Iterator[LabNode]:
     """A second node, ``numapin-nri-node``: kubelet v1.36.2 on containerd 2.x's own socket, ``numapin nri`` plugged
     into that containerd (CPU 0 reserved), scheduled by the same kube-scheduler. Both nodes are this machine's CPUs:
-    a story uses one node at a time (the pods it makes select their node) and deletes its pods."""
-    node = LabNode(kubelet_node.cp, name="numapin-nri-node", door="nri",
-                   proxy_args=("--topology-manager-policy", "single-numa-node"))
+    a story uses one node at a time (the pods it makes select their node) and deletes its pods. The plugin has the
+    proxy's settings: it watches its node's pods (``--watch-pods``) and publishes its NodeResourceTopology, as the
+    ServiceAccount manifests/nri's RBAC binds."""
+    cp = kubelet_node.cp
+    manifests.apply(cp, manifests.docs(manifests.NRI_RBAC))
+    node = LabNode(cp, name="numapin-nri-node", door="nri",
+                   proxy_args=("--kubeconfig", str(cp.kubeconfig_for(NRI_USER)), "--watch-pods",
+                               "--topology-manager-policy", "single-numa-node"))
     try:
         node.start()
     except (K8sBinariesMissing, LabError) as e:

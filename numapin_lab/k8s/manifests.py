@@ -14,13 +14,14 @@ import yaml
 
 from numapin_lab.k8s.control_plane import ControlPlane
 
-__all__ = ["CRIPROXY_RBAC", "MANIFESTS", "WEBHOOK_CONFIGURATIONS", "WEBHOOK_RBAC", "apply", "docs",
+__all__ = ["CRIPROXY_RBAC", "MANIFESTS", "NRI_RBAC", "WEBHOOK_CONFIGURATIONS", "WEBHOOK_RBAC", "apply", "docs",
            "webhook_configurations_by_url"]
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 WEBHOOK_CONFIGURATIONS = MANIFESTS / "webhook/webhook-configurations.yaml"
 WEBHOOK_RBAC = MANIFESTS / "webhook/rbac.yaml"
 CRIPROXY_RBAC = MANIFESTS / "criproxy/installer-daemonset.yaml"
+NRI_RBAC = MANIFESTS / "nri/daemonset.yaml"
 _CLUSTER_RBAC = ("ClusterRole", "ClusterRoleBinding")
 
 

@@ -1,6 +1,11 @@
 """kube-scheduler v1.36.2 for the lab's control plane: one replica (no leader election), authenticated as
 ``system:kube-scheduler`` (the API server's bootstrap RBAC gives that user what the scheduler needs), no serving
-port. ``Scheduler(cp, directory).start()`` … ``stop()``; killed when the thread that started it dies."""
+port. ``Scheduler(cp, directory).start()`` … ``stop()``; killed when the thread that started it dies.
+
+A pod whose binding fails (an admission webhook denied it) goes back to the scheduler's queue with a back-off of
+``podInitialBackoffSeconds`` doubled per consecutive failure up to ``podMaxBackoffSeconds`` (1 s and 10 s by
+default); the lab sets both to ``backoff_seconds`` (1 s) so that a denied binding is tried again about a second
+later, every time (the scheduler aligns back-offs to a 1 s window)."""
 
 from __future__ import annotations
 
@@ -22,8 +27,9 @@ class SchedulerError(RuntimeError):
 
 
 class Scheduler:
-    def __init__(self, control_plane: ControlPlane, directory: Path) -> None:
+    def __init__(self, control_plane: ControlPlane, directory: Path, *, backoff_seconds: int = 1) -> None:
         self.cp = control_plane
+        self.backoff_seconds = backoff_seconds
         self.dir = directory
         self.log = directory / "kube-scheduler.log"
         self._daemon: Daemon | None = None
@@ -33,7 +39,8 @@ class Scheduler:
         config = self.dir / "kube-scheduler.yaml"
         config.write_text(yaml.safe_dump({
             "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {"kubeconfig": str(kubeconfig)}, "leaderElection": {"leaderElect": False}}))
+            "clientConnection": {"kubeconfig": str(kubeconfig)}, "leaderElection": {"leaderElect": False},
+            "podInitialBackoffSeconds": self.backoff_seconds, "podMaxBackoffSeconds": self.backoff_seconds}))
         self._daemon = Daemon("kube-scheduler", [
             str(self.cp.binaries.kube_scheduler), "--config", str(config), "--secure-port", "0", "--v", "2"],
             self.log)

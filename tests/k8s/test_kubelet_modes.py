@@ -1,6 +1,7 @@
 """A running pod's CPU mode changed by a user patching its ``qos.gocrane.io/cpu-manager`` annotation with kubectl,
-on a real kubelet v1.36.2: numapin's proxy (``--watch-pods``) sees the change on the API server and moves the pod and
-the shared pool in place, judged from the kernel; the containers kubelet shows are the same."""
+on a real kubelet v1.36.2: numapin's node agent (``--watch-pods``), through either door (the proxy; the NRI plugin),
+sees the change on the API server and moves the pod and the shared pool in place, judged from the kernel; the
+containers kubelet shows are the same."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ pytestmark = [pytest.mark.apiserver, pytest.mark.kubelet]
 ALL = CPUSet.parse("0-1")
 
 
+@pytest.mark.parametrize("pods", ["proxy", "nri"], indirect=True)
 def test_a_mode_changed_by_annotating_a_running_pod_moves_it_in_place(pods: Pods) -> None:
     b = pods.create(pods.manifest("mode-b", cpu="100m"))
     g = pods.create(pods.manifest("mode-g", cpu="1", cpu_limit="1"))
