@@ -128,6 +128,17 @@ def test_an_unreadable_config_is_a_note(tmp_path: Path) -> None:
 
 # -- the proxy ---------------------------------------------------------------------------------------------------
 
+def proc_without_kubelet(tmp: Path) -> str:
+    """A /proc for the proxy with no kubelet process in it (``self`` is the real one): a real kubelet running on this
+    machine meanwhile (the session's kubelet nodes, tests/k8s) would otherwise be the one judged, its flags winning
+    over the configuration file these stories write."""
+    proc = tmp / "proc"
+    proc.mkdir(exist_ok=True)
+    if not (proc / "self").exists():
+        (proc / "self").symlink_to("/proc/self")
+    return str(proc)
+
+
 async def test_the_proxy_refuses_new_exclusive_admissions_while_kubelet_s_cpu_manager_is_static(
         short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, "numapin.criproxy")
@@ -136,7 +147,7 @@ async def test_the_proxy_refuses_new_exclusive_admissions_while_kubelet_s_cpu_ma
     config = root / "config.yaml"
     config.write_text("cpuManagerPolicy: static\n")
     cfg = proxy_config(short_tmp, runtime, two_numa_sysfs, kubelet_config=str(config), kubelet_root_dir=str(root),
-                       kubelet_check_period="0")
+                       kubelet_check_period="0", proc_root=proc_without_kubelet(short_tmp))
     p = await CriProxy(cfg).start()
     try:
         await asyncio.wait_for(p.reconciled.wait(), 30)
@@ -184,7 +195,7 @@ async def test_a_mode_change_to_exclusive_is_refused_too_while_kubelet_drifts(
     root.mkdir()
     (root / "memory_manager_state").write_text(json.dumps({"policyName": "Static", "checksum": 1}))
     cfg = proxy_config(short_tmp, runtime, two_numa_sysfs, kubelet_config=str(root / "config.yaml"),
-                       kubelet_root_dir=str(root), kubelet_check_period="0")
+                       kubelet_root_dir=str(root), kubelet_check_period="0", proc_root=proc_without_kubelet(short_tmp))
     p = await CriProxy(cfg).start()
     try:
         await asyncio.wait_for(p.reconciled.wait(), 30)
