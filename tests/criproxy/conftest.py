@@ -26,9 +26,15 @@ def short_tmp() -> Iterator[Path]:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every test on a real containerd runs on containerd 1.6 (the system's); those marked ``containerd_matrix``
-    (the CI form: a representative set) also on 1.7 and 2.x, unpacked from newer Debian suites."""
+    (the CI form: a representative set) also on 1.7 and 2.x, unpacked from newer Debian suites; or on the versions the
+    marker names (``containerd_matrix("1.6", "2.x")``)."""
     if "containerd_name" in metafunc.fixturenames:
-        names = list(CONTAINERDS) if metafunc.definition.get_closest_marker("containerd_matrix") else ["1.6"]
+        marker = metafunc.definition.get_closest_marker("containerd_matrix")
+        names = ["1.6"] if marker is None else list(marker.args or CONTAINERDS)
+        unknown = [n for n in names if n not in CONTAINERDS]
+        if unknown:
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: containerd_matrix{tuple(unknown)}: not one of "
+                                    f"{', '.join(CONTAINERDS)}")
         metafunc.parametrize("containerd_name", names, indirect=True, scope="session",
                              ids=[f"containerd{n}" for n in names])
 
