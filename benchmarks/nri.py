@@ -6,7 +6,9 @@ Prints one JSON document:
   ``numapin nri`` connected (the same containerd, NRI on in both), shared-pool creates (Burstable 100m) and
   exclusive creates (Guaranteed 1 CPU, which narrows ``--running`` running shared containers first) measured apart;
   blocks of each alternate (the plugin killed and started between blocks), so both see the same machine load. Each
-  created container is removed before the next create (its CPU goes back). p50 overhead goal: <= 1 ms.
+  created container is removed before the next create (its CPU goes back). p50 overhead goal: <= 1 ms. Beside it
+  the plugin's own service time (its debug line) and its CPU per create and removal (/proc, all threads: the figure
+  that holds on a loaded machine).
 - ``resize``: kubelet's in-place resize through NRI (UpdateContainerResources on containerd, no cpuset: the plugin
   decides) of a Guaranteed container between 500m (shared pool) and 1 CPU (exclusive, ``--shared`` running shared
   containers narrowed off it first), ``--rounds`` growths and shrinks; at every answer the kernel's
@@ -17,7 +19,7 @@ Prints one JSON document:
   during a create/delete churn of pods; beside the same for ``numapin criproxy`` in front of the same containerd
   with the same pods (kubelet's calls through it), so the two doors are compared on one machine in one run.
 
-    python benchmarks/nri.py [--quick] [--containerd 2.x|1.7] [--only create|resize|cpu]
+    python benchmarks/nri.py [--quick] [--containerd 2.x|1.7] [--only create,resize,cpu]
 """
 
 from __future__ import annotations
@@ -81,21 +83,28 @@ async def remove_pod(k: CRIClient, sid: str) -> None:
 
 # -- CreateContainer with and without the plugin -------------------------------------------------------------
 async def create_block(k: CRIClient, n: int, kinds: dict[str, tuple[str, pb.PodSandboxConfig, int, int | None]],
-                       out: dict[str, list[float]], attempts: dict[str, int]) -> None:
-    for _ in range(n):
-        for kind, (sid, cfg, cpu, limit) in kinds.items():
+                       out: dict[str, list[float]], attempts: dict[str, int], pid: int | None = None,
+                       cpu: dict[str, list[float]] | None = None) -> None:
+    """``n`` creates (each removed after) of each kind, one kind after the other; with ``pid``, that process's CPU
+    seconds over each kind's ``n`` creates and removals are added to ``cpu``."""
+    for kind, (sid, cfg, milli, limit) in kinds.items():
+        c0 = cpu_seconds(pid) if pid is not None else 0.0
+        for _ in range(n):
             # kubelet's re-creation of the pod's one container (attempt+1), the previous one removed
-            conf = k.container_config("main", cpu_milli=cpu, limit_milli=limit, attempt=attempts[kind])
+            conf = k.container_config("main", cpu_milli=milli, limit_milli=limit, attempt=attempts[kind])
             attempts[kind] += 1
             t0 = time.perf_counter()
             cid = await k.create_container(sid, conf, cfg)
             out[kind].append((time.perf_counter() - t0) * 1000)
             await k.remove_container(cid)
+        if pid is not None and cpu is not None:
+            cpu[kind].append(cpu_seconds(pid) - c0)
 
 
 async def bench_create(work: Path, lab: ContainerdLab, per_block: int, blocks: int, running: int) -> dict:
     samples: dict[str, dict[str, list[float]]] = {m: {"shared": [], "exclusive": []} for m in ("without", "with")}
     served: list[float] = []  # the plugin's own service times of the measured creates
+    plugin_cpu: dict[str, list[float]] = {"shared": [], "exclusive": []}  # CPU seconds per block
     plugin = plugin_in(work, lab, "create-plugin", "DEBUG")
     async with CRIClient(lab.socket) as k:
         plugin.spawn()
@@ -116,8 +125,9 @@ async def bench_create(work: Path, lab: ContainerdLab, per_block: int, blocks: i
             await asyncio.to_thread(plugin.wait_synchronized)
             await asyncio.sleep(1.0)  # the reconcile and convergence after its Synchronize are over
             before = len(served_ms(plugin.log, "CreateContainer"))
-            await create_block(k, per_block, kinds, samples["with"], attempts)
-            served += served_ms(plugin.log, "CreateContainer")[before:]  # shared and exclusive alternate
+            assert plugin.proc is not None
+            await create_block(k, per_block, kinds, samples["with"], attempts, plugin.proc.pid, plugin_cpu)
+            served += served_ms(plugin.log, "CreateContainer")[before:]  # the shared ones, then the exclusive
         for sid in (*sids, shared_sid, excl_sid):
             await remove_pod(k, sid)
     plugin.stop()
@@ -125,8 +135,13 @@ async def bench_create(work: Path, lab: ContainerdLab, per_block: int, blocks: i
     if len(served) != 2 * per_block * blocks:
         raise RuntimeError(f"{len(served)} CreateContainer service times in the plugin's log for "
                            f"{2 * per_block * blocks} creates")
-    out["plugin_service_time"] = {"shared": stats_ms(served[0::2]), "exclusive": stats_ms(served[1::2]),
+    per_kind = [served[i:i + per_block] for i in range(0, len(served), per_block)]  # blocks: shared, exclusive
+    out["plugin_service_time"] = {"shared": stats_ms([x for b in per_kind[0::2] for x in b]),
+                                  "exclusive": stats_ms([x for b in per_kind[1::2] for x in b]),
                                   "remove_container": stats_ms(served_ms(plugin.log, "StateChange/REMOVE_CONTAINER"))}
+    # the plugin's CPU (user + system, all threads) per create and its removal, its background passes included
+    out["plugin_cpu_ms_per_create_and_remove"] = {
+        kind: round(sum(v) / (per_block * len(v)) * 1000, 3) for kind, v in plugin_cpu.items() if v}
     for kind in ("shared", "exclusive"):
         without, with_ = stats_ms(samples["without"][kind]), stats_ms(samples["with"][kind])
         out[kind] = {"without_plugin": without, "with_plugin": with_,
@@ -260,13 +275,14 @@ async def run(args: argparse.Namespace) -> dict:
     lab.start()
     result: dict = {"containerd": lab.version, "machine_cpus": str(ALL), "reserved": str(RESERVED)}
     try:
-        if args.only in (None, "create"):
+        if "create" in args.only:
             result["create_overhead"] = await bench_create(work, lab, 10 if args.quick else 25, 2 if args.quick else 4,
                                                            args.running)
-        if args.only in (None, "resize"):
-            result["resize"] = await bench_resize(work, lab, args.shared, 10 if args.quick else args.rounds,
+        if "resize" in args.only:
+            rounds = args.rounds if args.rounds is not None else 10 if args.quick else 30
+            result["resize"] = await bench_resize(work, lab, args.shared, rounds,
                                                   args.pause)
-        if args.only in (None, "cpu"):
+        if "cpu" in args.only:
             result["cpu"] = await bench_cpu(work, lab, 30 if args.quick else args.pods,
                                             20.0 if args.quick else args.seconds)
         result["load_average"] = os.getloadavg()
@@ -282,18 +298,23 @@ async def run(args: argparse.Namespace) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--containerd", default="2.x", choices=("1.7", "2.x"), help="the lab containerd (default 2.x)")
-    ap.add_argument("--only", choices=("create", "resize", "cpu"), help="run only that part")
+    ap.add_argument("--only", help="run only these parts (comma-separated: create, resize, cpu)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (the plugins' and proxy's logs)")
     ap.add_argument("--quick", action="store_true", help="fewer samples, 30 pods, 20 s per CPU figure")
     ap.add_argument("--running", type=int, default=4,
                     help="running shared containers while creates are measured (default 4)")
     ap.add_argument("--shared", type=int, default=20, help="shared containers beside the resized one (default 20)")
-    ap.add_argument("--rounds", type=int, default=30, help="resize rounds of a growth and a shrink (default 30)")
+    ap.add_argument("--rounds", type=int, help="resize rounds of a growth and a shrink (default 30, 10 with --quick)")
     ap.add_argument("--pause", type=float, default=0.5, help="seconds between two resizes (default 0.5)")
     ap.add_argument("--pods", type=int, default=110, help="pods running for the CPU figures (default 110)")
     ap.add_argument("--seconds", type=float, default=60.0, help="seconds of each CPU figure (default 60)")
     args = ap.parse_args()
-    if min(args.running, args.shared, args.pods) < 0 or args.rounds < 1 or args.seconds <= 0 or args.pause < 0:
+    parts = ("create", "resize", "cpu")
+    args.only = parts if args.only is None else tuple(p for p in args.only.split(",") if p)
+    if not args.only or set(args.only) - set(parts):
+        ap.error(f"--only: comma-separated parts among {', '.join(parts)}")
+    bad_rounds = args.rounds is not None and args.rounds < 1
+    if min(args.running, args.shared, args.pods) < 0 or bad_rounds or args.seconds <= 0 or args.pause < 0:
         ap.error("counts must be >= 0, --rounds >= 1, --seconds > 0 and --pause >= 0")
     print(json.dumps(asyncio.run(run(args)), indent=1))
 

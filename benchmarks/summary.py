@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Where numapin stands against its performance goals (issue 37), in one go of about 3-5 minutes; prints JSON.
+"""Where numapin stands against its performance goals (issues 37 and 35), in one go of about 4-6 minutes; prints
+JSON.
 
 Runs, each as its own process (one after the other, so they do not load each other):
 
@@ -10,14 +11,18 @@ Runs, each as its own process (one after the other, so they do not load each oth
   on ``Version`` and ``ContainerStatus`` beside calling containerd directly, and the proxy's CPU per 1,000 relayed
   calls beside containerd's own;
 - ``benchmarks/resize.py`` (fewer rounds than its default): numapin's share of an in-place resize beside
-  containerd's own update of the same cpuset.
+  containerd's own update of the same cpuset;
+- ``benchmarks/nri.py --quick --only create,resize`` (issue 35 part 6, the NRI door on the lab's containerd 2.x):
+  CreateContainer with the plugin against without it, the plugin's own time and CPU per create, and an in-place
+  resize through NRI with 20 shared containers, kernel-checked at every answer.
 
 The JSON has one row per figure: its value, its anchor (the counterpart measured in the same run), the goal and
 whether it is met, and each benchmark's whole output under ``raw``. A short table follows on stderr. A benchmark
 that fails is named under ``errors`` (the others still run) and the exit status is 1. Wall-clock
 figures are noisy on a shared machine: compare a figure with its anchor, and repeat.
 
-    python benchmarks/summary.py [--webhook-seconds 5] [--relay-calls 1000] [--resize-rounds 8] [--only NAME,...]
+    python benchmarks/summary.py [--webhook-seconds 5] [--relay-calls 1000] [--resize-rounds 8] [--nri-rounds 10]
+                                 [--only NAME,...]
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("webhook", "relay", "resize")
+PARTS = ("webhook", "relay", "resize", "nri")
 
 __all__ = ["PARTS", "rows_of", "table"]
 
@@ -118,9 +123,37 @@ def resize_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def nri_rows(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    create = raw.get("create_overhead")
+    if create is not None:
+        for kind in ("shared", "exclusive"):
+            c = create[kind]
+            own = create["plugin_service_time"][kind]["p50_ms"]
+            rows.append(_row(f"NRI create {kind}: added p50 (with the plugin - without)", c["p50_overhead_ms"],
+                             c["without_plugin"]["p50_ms"], "<= 1 ms", c["p50_overhead_ms"] <= 1, "ms"))
+            rows.append(_row(f"NRI create {kind}: the plugin's own time p50", own, None, "", None, "ms"))
+            cpu = create.get("plugin_cpu_ms_per_create_and_remove", {}).get(kind)
+            rows.append(_row(f"NRI create {kind}: the plugin's CPU per create and removal", cpu, None, "", None, "ms"))
+    resize = raw.get("resize")
+    if resize is not None:
+        anchor = resize["same_calls_without_plugin"]["p99_ms"]
+        for key in ("grow", "shrink"):
+            p99 = resize["call_to_answer"][key]["p99_ms"]
+            rows.append(_row(f"NRI resize {key} with {resize['shared_containers']} shared containers: p99", p99,
+                             anchor, "<= 100 ms", p99 <= 100, "ms"))
+            rows.append(_row(f"NRI resize {key}: the plugin's own time p50",
+                             resize["plugin_service_time"][key]["p50_ms"], None, "", None, "ms"))
+        agreed = resize["kernel_showed_the_new_cpusets_at_the_answer"]
+        done, total = (int(x) for x in agreed.split("/"))
+        rows.append(_row("NRI resize: the kernel showed the new cpusets at the answer", agreed, None, "every time",
+                         done == total))
+    return rows
+
+
 def rows_of(raw: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The summary rows of the benchmarks' outputs (``raw``: part name -> its JSON)."""
-    makers = {"webhook": webhook_rows, "relay": relay_rows, "resize": resize_rows}
+    makers = {"webhook": webhook_rows, "relay": relay_rows, "resize": resize_rows, "nri": nri_rows}
     return [row for part in PARTS if part in raw for row in makers[part](raw[part])]
 
 
@@ -141,19 +174,21 @@ def main() -> None:
     ap.add_argument("--webhook-seconds", type=float, default=5.0, help="warm window per webhook endpoint (default 5)")
     ap.add_argument("--relay-calls", type=int, default=1000, help="calls of each method on each path (default 1000)")
     ap.add_argument("--resize-rounds", type=int, default=8, help="rounds of a growth and a shrink (default 8)")
+    ap.add_argument("--nri-rounds", type=int, default=10, help="NRI resize rounds (default 10)")
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts to run: {', '.join(PARTS)}")
     args = ap.parse_args()
     only = [p for p in args.only.split(",") if p]
     unknown = sorted(set(only) - set(PARTS))
     if unknown:
         ap.error(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(PARTS)}")
-    if args.webhook_seconds <= 0 or args.relay_calls < 1 or args.resize_rounds < 1:
-        ap.error("--webhook-seconds must be positive, --relay-calls and --resize-rounds at least 1")
+    if args.webhook_seconds <= 0 or min(args.relay_calls, args.resize_rounds, args.nri_rounds) < 1:
+        ap.error("--webhook-seconds must be positive, --relay-calls, --resize-rounds and --nri-rounds at least 1")
     commands = {
         "webhook": ["benchmarks/webhook.py", "--concurrency", "16", "--seconds", str(args.webhook_seconds),
                     "--cold-seconds", "2", "--replicas", "1"],
         "relay": ["benchmarks/relay_containerd.py", "--calls", str(args.relay_calls)],
         "resize": ["benchmarks/resize.py", "--rounds", str(args.resize_rounds)],
+        "nri": ["benchmarks/nri.py", "--quick", "--only", "create,resize", "--rounds", str(args.nri_rounds)],
     }
     raw: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}

@@ -149,10 +149,14 @@ class _Allocation:
             await asyncio.gather(*pending, return_exceptions=True)
 
     async def _after_release(self, what: str, freed: CPUSet) -> None:
-        await self.save()
-        self.on_change()
+        """The state on disk and the pool widened, at once (a kill between the two is harmless either way: the
+        restarted agent converges the pool to what is on disk)."""
         log.info("release %s cpus=%s", what, freed)
-        await self._resize_shared()
+        saved, widened = await asyncio.gather(self.save(), self._resize_shared(), return_exceptions=True)
+        for problem in (saved, widened):
+            if isinstance(problem, BaseException):
+                raise problem
+        self.on_change()
 
 
 def _set_event() -> asyncio.Event:

@@ -349,14 +349,20 @@ class _Creates(_Allocation):
         else:
             pool = self.allocator.shared_pool()
             placement = Placement("shared", pool, self._mems_of(pool, ident.uid, name), False, False)
-        if self.mems.snapshot() != before:
-            await self.save()  # the allocation is on disk before the runtime hears of the container
+        # the allocation on disk, and any shrink of the pool (this container's CPUs, or its pod's other containers'
+        # admitted with it) in the kernel of the shared containers, both before the runtime hears of this one; the
+        # two at once (a kill between them leaves either order harmless: the start-up reconcile drops a decision
+        # whose container the runtime does not have, the convergence puts the pool back as the state says)
+        saves = self.mems.snapshot() != before
+        narrows = self.allocator.shared_pool() != pool_before
+        steps = [*([self.save()] if saves else []), *([self._resize_shared()] if narrows else [])]
+        failures = [r for r in await asyncio.gather(*steps, return_exceptions=True) if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+        if saves:
             self.on_change()
         flights: list[_Flight] = []
-        if self.allocator.shared_pool() != pool_before:
-            # any shrink of the pool (this container's CPUs, or its pod's other containers' admitted with it)
-            # narrows the shared containers before the runtime hears of this one
-            await self._resize_shared()
+        if narrows:
             lost = pool_before - self.allocator.shared_pool()
             flights = [f for f in self._flights if not f.cpus.isdisjoint(lost)]
         return placement, flights

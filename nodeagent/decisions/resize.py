@@ -273,13 +273,17 @@ class Resizer:
         lost = outcome.pool_before - outcome.pool_after
         t.mode = new_mode
         if lost:
-            try:
-                await self._narrow(t, lost)      # 1. the shared containers leave the CPUs the pool loses
-            except _NarrowingFailed as e:
+            # 1. the shared containers leave the CPUs the pool loses, and 2. the decision goes on disk, at once (a
+            # kill meanwhile: the restarted agent converges every container to what is on disk, old or new)
+            narrowed, saved = await asyncio.gather(self._narrow(t, lost), self.pinning.save(),
+                                                   return_exceptions=True)
+            if isinstance(narrowed, _NarrowingFailed):
+                e = narrowed
                 self.pinning.mems.restore(before)  # the CPU and the memory state as before the resize
                 t.mode = old_mode
                 await self._widen()
                 await self.converger.repair(self.converger.live(), "rolling back a resize")
+                await self.pinning.save()          # on disk as before the resize again
                 message = (f"numapin: pod {t.pod_ref} container {t.name}: resize rolled back: the shared pool could "
                            f"not be narrowed off CPUs {lost} ({e}); the container keeps running as it was, every "
                            "cpuset restored; retried on kubelet's next sync")
@@ -288,7 +292,11 @@ class Resizer:
                              t0, "NarrowingFailed", message)
                 log.warning("resize pod=%s container=%s rolled back: %s", t.pod_ref, t.name, e)
                 raise Rejection(grpc.StatusCode.UNAVAILABLE, message) from None
-            lap("narrow")
+            for problem in (narrowed, saved):  # both finished: no state write outlives the locks
+                if isinstance(problem, BaseException):
+                    raise problem
+            self.pinning.on_change()
+            lap("narrow and checkpoint")
         cpus, mems = outcome.cpus_after, outcome.mems_after
         if not pinned:
             cpus = alloc.shared_pool()
@@ -298,9 +306,10 @@ class Resizer:
         await records.quiesce(t.id)
         target = self._target(req, cpus, mems, pinned)
         if lost or claims_memory:
-            await self.pinning.save()            # 2. the decision on disk (after the narrowing is in the kernel)
-            self.pinning.on_change()
-            lap("checkpoint")
+            if not lost:
+                await self.pinning.save()        # 2. the decision on disk (more memory claimed)
+                self.pinning.on_change()
+                lap("checkpoint")
             response = await apply(target)       # 3. the container takes its new set (kubelet's values with it)
             lap("runtime")
         else:
@@ -328,9 +337,12 @@ class Resizer:
 
     async def _narrow(self, t: Tracked, lost: CPUSet) -> None:
         await self._widen()  # the pool is pool_after now: narrows
-        await self.converger.repair(self.pinning.registry.on_shared_pool(), "before a resize")
-        others = [o for o in self.converger.live() if o.id != t.id]
-        views = await self.converger.views(others)
+        # one read of the kernel for both: the shared containers checked (and repaired), then no other container
+        # left on the lost CPUs (the repaired ones as read after their repair)
+        live = self.converger.live()
+        others = [o for o in live if o.id != t.id]
+        views = await self.converger.views(live)
+        await self.converger.repair(self.pinning.registry.on_shared_pool(), "before a resize", views=views)
         blockers = []
         for o in others:
             v = views.get(o.id)

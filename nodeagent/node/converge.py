@@ -191,16 +191,21 @@ class Converger:
                 out.append((t, d, why))
         return out
 
-    async def repair(self, containers: Iterable[Tracked], trigger: str) -> tuple[int, tuple[Repair, ...]]:
+    async def repair(self, containers: Iterable[Tracked], trigger: str, *,
+                     views: dict[str, KernelView | None] | None = None) -> tuple[int, tuple[Repair, ...]]:
         """Read the containers' kernel cpusets and repair those that disagree. Call with the pool gate held
-        (exclusively, or shared for containers only the caller moves). Returns (running checked, repairs)."""
+        (exclusively, or shared for containers only the caller moves). Returns (running checked, repairs).
+        ``views``: the containers' views the caller has just read under the same gate (not read again); the
+        views of the repaired containers as read after the repair are put in it."""
         ts = list(containers)
-        views = await self.views(ts)
+        if views is None:
+            views = await self.views(ts)
         bad = self._disagreements(ts, views)
         if not bad:
-            return sum(1 for v in views.values() if v is not None and v.running), ()
+            return sum(1 for t in ts if (v := views.get(t.id)) is not None and v.running), ()
         await self.pusher.push(((t, d.cpus, d.mems, None) for t, d, _ in bad), force=True)
         after = await self.views([t for t, _, _ in bad])
+        views.update(after)
         still = {t.id for t, _, _ in self._disagreements([t for t, _, _ in bad], after)}
         repairs = []
         for t, d, why in bad:
@@ -218,7 +223,7 @@ class Converger:
                 log.warning("converge (%s): could not repair pod=%s container=%s id=%s (%s): the kernel shows %s, "
                             "the decision is cpus=%s mems=%s; retried in the next pass", trigger, t.pod_ref, t.name,
                             t.id[:13], t.mode, why, d.cpus, d.mems)
-        return sum(1 for v in views.values() if v is not None and v.running), tuple(repairs)
+        return sum(1 for t in ts if (v := views.get(t.id)) is not None and v.running), tuple(repairs)
 
     async def converge_once(self, trigger: str = "periodic") -> ConvergeReport:
         """One pass over every live container. Reads without the gate; repairs (re-reading first, as the

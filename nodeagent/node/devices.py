@@ -3,6 +3,10 @@
 ``/dev/...`` host paths (what CRI's ``ContainerConfig.devices`` carries) are mapped through their major and
 minor numbers to ``<sysfs>/dev/{char,block}/M:m``, whose device (or the first parent that has one) tells its
 ``numa_node``. VFIO groups (``/dev/vfio/N``) map through ``<sysfs>/kernel/iommu_groups/N/devices``.
+
+A runtime that names a device by its path inside the container and its numbers (NRI's ``LinuxDevice``: the OCI
+spec's device) has its host path found the other way (``host_device_path``): the kernel's name of the device node,
+``DEVNAME`` in ``<sysfs>/dev/{char,block}/M:m/uevent``, under ``/dev``.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["device_numa_node", "devices_numa_nodes"]
+__all__ = ["device_numa_node", "devices_numa_nodes", "host_device_path"]
 
 _MAX_PARENTS = 8
 
@@ -71,3 +75,20 @@ def devices_numa_nodes(host_paths: Iterable[str], sysfs: str | os.PathLike[str] 
         if node is not None:
             out[p] = frozenset({node})
     return out
+
+
+def host_device_path(kind: str, major: int, minor: int, sysfs: str | os.PathLike[str] = "/sys") -> str | None:
+    """The host path of the device with these numbers (``kind``: the OCI device type, ``b`` a block device,
+    anything else a character device), from the kernel's name of it; None when sysfs does not know it."""
+    if major < 0 or minor < 0:
+        return None
+    uevent = Path(sysfs) / "dev" / ("block" if kind == "b" else "char") / f"{major}:{minor}" / "uevent"
+    try:
+        text = uevent.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key == "DEVNAME" and value and ".." not in value.split("/"):
+            return "/dev/" + value.lstrip("/")
+    return None

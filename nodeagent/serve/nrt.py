@@ -35,15 +35,18 @@ def nrt_memory_of(allocator: NodeAllocator) -> dict[str, Any]:
 
 
 def write_nrt(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
-    """Write ``doc`` as JSON atomically (temp file, fsync, rename)."""
+    """Write ``doc`` as JSON atomically (temp file, rename): a reader sees the old document or the new one. Not
+    synced to disk: the document is derived from the checkpoint (which is) and written again at every start, and an
+    fsync per pool change would queue behind, or ahead of, the next admission's checkpoint on the same disk."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.tmp")
     data = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
     finally:
         os.close(fd)
     os.replace(tmp, p)

@@ -10,7 +10,9 @@ proxy calls, answered as NRI answers.
   §5.2). A refusal fails the creation with the same status and message the proxy gives.
 - StartContainer (after containerd made the task, before its process runs): the start guard. An exclusive
   container's CPUs are taken back in the kernel from any other running container first; the container's own cgroup
-  is checked and repaired (a shared container created before a narrowing that containerd applied too late).
+  is checked and repaired (a shared container created before a narrowing that containerd applied too late). CPUs
+  not clear ``ANSWER_MARGIN`` before containerd's deadline fail the start (UNAVAILABLE, logged with what was not
+  clear; kubelet retries it): a late answer would have the plugin dropped and the container started anyway.
 - UpdateContainer (kubelet's in-place resize): ``Resizer.resize``; the container's own new cpuset is written in the
   kernel at once (the pool widens only after it), then answered for containerd's record; a refusal fails kubelet's
   call with numapin's message.
@@ -31,6 +33,7 @@ from typing import Any
 
 from nodeagent.app import NodeAgent
 from nodeagent.decisions.target import TargetResources
+from nodeagent.node.devices import host_device_path
 from nodeagent.node.kernel import cgroup_of_spec
 from nodeagent.rejection import Rejection
 from protos import nri_pb2
@@ -39,7 +42,7 @@ from ..events import Event
 from ..handler import BaseHandler, CallContext, PluginError, RuntimeInfo
 from ..wire.codes import Code
 from .records import EventRecords
-from .translate import create_request, nri_resources, resize_request
+from .translate import DeviceKey, create_request, device_key, nri_resources, resize_request
 
 __all__ = ["EVENTS", "NumapinHandler"]
 
@@ -51,6 +54,7 @@ EVENTS = frozenset({Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX, Event.CREA
 
 UNLIMITED_QUOTA = -1
 LANDING = 30.0  # seconds a created container may take to reach containerd's lists
+ANSWER_MARGIN = 0.3  # seconds kept between the start guard's last check and containerd's deadline for the answer
 
 
 def _refusal(e: Rejection) -> PluginError:
@@ -130,7 +134,7 @@ class NumapinHandler(BaseHandler):
     # -- creation ----------------------------------------------------------------------------------------
     async def create_container(self, ctx: CallContext, request: Any) -> Any:
         container = request.container
-        req = create_request(request.pod, container)
+        req = create_request(request.pod, container, await self._host_paths(container))
         pinning = self.agent.pinning
         with self.records.event() as collector:
             try:
@@ -151,6 +155,18 @@ class NumapinHandler(BaseHandler):
             response.adjust.linux.resources.CopyFrom(_resources(target))
         return response
 
+    async def _host_paths(self, container: Any) -> dict[DeviceKey, str]:
+        """The host paths of the container's devices (NRI names them by their path inside the container)."""
+        keys = {device_key(d) for d in container.linux.devices}
+        if not keys:
+            return {}
+        sysfs = self.agent.pinning.options.sysfs
+
+        def find() -> dict[DeviceKey, str]:
+            return {k: p for k in keys if (p := host_device_path(*k, sysfs)) is not None}
+
+        return await asyncio.to_thread(find)
+
     def _land(self, container_id: str, key: tuple[str, str]) -> None:
         now = time.monotonic()
         creating = self.agent.pinning.creating
@@ -170,7 +186,7 @@ class NumapinHandler(BaseHandler):
         if kind in (Event.START_CONTAINER, Event.REMOVE_CONTAINER):
             self._landed(event.container.id)
         if kind == Event.START_CONTAINER:
-            await self._start(event.container)
+            await self._start(event.container, ctx)
         elif kind == Event.REMOVE_CONTAINER:
             await self._removed(event.container.id)
         elif kind == Event.STOP_POD_SANDBOX:
@@ -178,14 +194,14 @@ class NumapinHandler(BaseHandler):
         elif kind == Event.REMOVE_POD_SANDBOX:
             await self.agent.pinning.sandbox_removed(event.pod.id)
 
-    async def _start(self, container: Any) -> None:
+    async def _start(self, container: Any, ctx: CallContext) -> None:
         self._note_cgroups([container])
 
         async def started() -> None:  # containerd starts the task once the event is answered
             return None
 
-        try:
-            await self.agent.starts.start(container.id, started)
+        try:  # a refusal answered in time (kubelet retries the start) rather than a plugin dropped for lateness
+            await self.agent.starts.start(container.id, started, within=ctx.remaining() - ANSWER_MARGIN)
         except Rejection as e:
             raise _refusal(e) from None
 

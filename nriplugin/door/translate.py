@@ -8,8 +8,10 @@ field for field:
 - the pod: uid, namespace, name and annotations (kubelet's pod annotations, with containerd's own ``io.kubernetes.cri``
   keys merged in: numapin reads only its own keys), and the cgroup parent (kubelet's QoS class);
 - the container: its name, annotations (kubelet's ``io.kubernetes.container.type`` names an init container),
-  resources (shares, quota, period, memory limit, huge pages, the cpuset already in its spec) and devices (their path
-  in the container stands for the host's: device plugins and CDI name the same path on both sides);
+  resources (shares, quota, period, memory limit, huge pages, the cpuset already in its spec) and devices (NRI's
+  ``LinuxDevice`` is the OCI spec's: the path *inside* the container and the host device's numbers; CRI's device
+  needs the host path, which the door finds from the numbers, ``host_paths``: a device plugin may mount a host
+  device anywhere in the container);
 - an in-place resize: NRI's requested resources with zero for "not set", as CRI has them.
 
 Back: a container's cpuset (and no CFS quota for a pinned one) as NRI's ``LinuxResources``; an absent Optional field
@@ -17,15 +19,26 @@ leaves the runtime's value alone and an empty cpus/mems string means "unchanged"
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from protos import cri_pb2, nri_pb2
 
 __all__ = [
+    "DeviceKey",
     "container_resources",
     "create_request",
+    "device_key",
     "nri_resources",
     "resize_request",
     "sandbox_of",
 ]
+
+
+DeviceKey = tuple[str, int, int]  # an OCI device's type, major and minor number: the host device it is
+
+
+def device_key(d: nri_pb2.LinuxDevice) -> DeviceKey:
+    return d.type, d.major, d.minor
 
 
 def container_resources(r: nri_pb2.LinuxResources) -> cri_pb2.LinuxContainerResources:
@@ -59,8 +72,10 @@ def sandbox_of(pod: nri_pb2.PodSandbox) -> cri_pb2.PodSandboxConfig:
     return config
 
 
-def create_request(pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> cri_pb2.CreateContainerRequest:
-    """The CreateContainer kubelet sent, as NRI hands it to a plugin."""
+def create_request(pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+                   host_paths: Mapping[DeviceKey, str] | None = None) -> cri_pb2.CreateContainerRequest:
+    """The CreateContainer kubelet sent, as NRI hands it to a plugin. ``host_paths``: each device's host path by its
+    numbers (a device without one is left out: no hint from it)."""
     req = cri_pb2.CreateContainerRequest(pod_sandbox_id=container.pod_sandbox_id or pod.id,
                                          sandbox_config=sandbox_of(pod))
     config = req.config
@@ -68,9 +83,11 @@ def create_request(pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> cri
     config.labels.update(container.labels)
     config.annotations.update(container.annotations)
     config.linux.resources.CopyFrom(container_resources(container.linux.resources))
+    hosts = host_paths or {}
     for d in container.linux.devices:
-        if d.path:
-            config.devices.add(container_path=d.path, host_path=d.path)
+        host = hosts.get(device_key(d))
+        if d.path and host:
+            config.devices.add(container_path=d.path, host_path=host)
     return req
 
 

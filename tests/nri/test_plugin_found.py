@@ -83,9 +83,11 @@ async def test_a_pod_with_an_exited_container_across_a_containerd_restart_keeps_
         for c in (init, app0, app1):
             await k.remove_container(c)
         await k.remove_pod_sandbox(sid)
-    # containerd, restarted, sends no NRI event for a pod it had before: the periodic reconcile releases it
+    # containerd, restarted, sends no NRI event for a pod it had before: the periodic reconcile releases it (the
+    # state file is written just after /status shows the release: both are waited for)
     deadline = time.monotonic() + 15
-    while (plugin.status() or {}).get("assignments") and time.monotonic() < deadline:
+    while ((plugin.status() or {}).get("assignments") or plugin.state().get("entries")) \
+            and time.monotonic() < deadline:
         await asyncio.sleep(0.2)
     st = plugin.status() or {}
     assert st.get("assignments") == [], st.get("assignments")
