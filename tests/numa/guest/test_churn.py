@@ -8,9 +8,10 @@ The operation count is bounded for emulation (a pod takes seconds under TCG, a p
 seed is one whose schedule (fixed by the seed alone) is: burst, burst, drift, a proxy kill during a create, a proxy
 kill during an exclusive CreateContainer, a containerd restart (then every pod removed and one pod asking for every
 allocatable CPU placed): the faults of the 10-operation schedule it replaced (create, create, drift, burst, burst,
-sync, create, two kills, a restart) in 6 operations, for the suite's time budget. The churn runs without resizes (``ChurnConfig.resizes``): they joined the
-operation kinds later and would change every seed's schedule; resizes and kills mid-resize are the host churn's
-(tests/criproxy/test_churn.py) and, in this boot, the resize stories' (test_resize.py).
+sync, create, two kills, a restart) in 6 operations, for the suite's time budget. The churn runs without resizes
+(``ChurnConfig.resizes``): they joined the operation kinds later and would change every seed's schedule; resizes
+and kills mid-resize are the host churn's (tests/criproxy/test_churn.py) and, in this boot, the resize stories'
+(test_resize.py).
 Deadlines and the repair bound are scaled by
 ``TIME_SCALE`` (the kernel is the same; only the emulated CPU is slower). The report is written to the boot's
 shared directory as ``churn.json`` (its operations and faults, timed, as ``churn-trace.txt``)."""
