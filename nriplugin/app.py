@@ -15,6 +15,7 @@ from nodeagent.node.cri_runtime import CriChannel, CriRuntime
 
 from .config import NriConfig
 from .door.handler import NumapinHandler
+from .door.quota import QuotaKeeper
 from .door.records import EventRecords
 from .plugin import NriPlugin, PluginConfig
 
@@ -71,8 +72,19 @@ class NriAgent(AgentDoor):
         cfg = self.config
         channel = self._channel = CriChannel(cfg.runtime_endpoint)
         await self.agent.start(CriRuntime(channel.call), self.records, view=self)
+        quota = None
+        if self.agent.config.lift_cfs_quota:
+            converger = self.agent.converger
+            quota = QuotaKeeper(converger.layout, self.agent.registry, self.agent.pusher.cgroups)
+            observe = converger.on_pass
+
+            def after_pass(seconds: float) -> None:  # every convergence pass: the quotas runc put back go again
+                observe(seconds)
+                quota.sweep_soon()
+
+            converger.on_pass = after_pass
         handler = self._handler = NumapinHandler(self.agent, self.records, reconcile=self.agent.reconcile_once,
-                                                 on_connected=self._connected)
+                                                 on_connected=self._connected, quota=quota)
         self._plugin = NriPlugin(PluginConfig(cfg.nri_socket, name=cfg.plugin_name, index=cfg.plugin_index),
                                  handler, log=logging.getLogger("numapin.nri"))
         self.agent.begin()
