@@ -138,8 +138,31 @@ async def test_in_place_resize_through_nri(cri: CRIClient, plugin: NriProcess, c
     assert cpus_of(db_pid) == (EXCL, EXCL) and cpus_of(web_pid) == (SHARED, SHARED)  # its CPU to itself again
     assert cfs_quota(db_pid) == "-1"  # pinned: no quota in the kernel (lifted at PostUpdateContainer) ...
     assert await _record_quota(cri, db) == (100000, 100000)  # ... and kubelet's in what it reads back (its limit)
+    _write_quota(db_pid, 100000)  # what runc does when containerd applies the record again (or systemd's reload)
+    await _wait_quota(db_pid, "-1")  # the plugin's next sweep (after a convergence pass) lifts it again
     resizes = (plugin.status() or {}).get("resizes", [])
     assert [r.get("result") for r in resizes][-3:] == ["refused", "resized", "resized"], resizes
+
+
+def _write_quota(pid: int, quota: int) -> None:
+    """The CFS quota of the process's cgroup (v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        if "cpu" in ctrls.split(","):
+            Path("/sys/fs/cgroup", "cpu", path.lstrip("/"), "cpu.cfs_quota_us").write_text(str(quota))
+            return
+        if ctrls == "":
+            Path("/sys/fs/cgroup", path.lstrip("/"), "cpu.max").write_text(str(quota))
+            return
+    raise AssertionError(f"pid {pid}: no cpu cgroup")
+
+
+async def _wait_quota(pid: int, want: str, timeout: float = 20.0) -> None:
+    t0 = time.monotonic()
+    while (got := cfs_quota(pid)) != want:
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"pid {pid}: CFS quota {got}, not {want}, after {timeout:g} s")
+        await asyncio.sleep(0.05)
 
 
 async def _record_quota(cri: CRIClient, cid: str) -> tuple[int, int]:
