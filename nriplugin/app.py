@@ -34,7 +34,9 @@ class NriAgent(AgentDoor):
     def __init__(self, config: NriConfig, node: NodeParts | None = None) -> None:
         self.config = config
         # kubelet must talk to the containerd numapin is plugged into (its drift check compares the endpoint)
-        self.agent = NodeAgent(config, kubelet_endpoint=config.runtime_endpoint, node=node)
+        # a pinned container's CFS quota is lifted in the kernel only (door.quota): containerd's record, which kubelet
+        # reads back as the CPU limit it shows, keeps kubelet's
+        self.agent = NodeAgent(config, kubelet_endpoint=config.runtime_endpoint, node=node, quota_in_record=False)
         self.records = EventRecords()
         self.runtime_info: RuntimeInfo | None = None
         self._channel: CriChannel | None = None
