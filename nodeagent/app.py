@@ -102,8 +102,13 @@ class NodeAgent:
     must use (checked for drift). ``node``: the node already built from ``config`` (``node_parts_of``, as the
     command line does to check it before it starts), else ``start`` builds it."""
 
-    def __init__(self, config: AgentConfig, *, kubelet_endpoint: str, node: NodeParts | None = None) -> None:
+    def __init__(self, config: AgentConfig, *, kubelet_endpoint: str, node: NodeParts | None = None,
+                 quota_in_record: bool = True) -> None:
         self.config = config
+        # True: the start-up and periodic reconciles lift a pinned container's CFS quota in the runtime's record
+        # (the proxy, which shows kubelet its own quota in ContainerStatus); False: the door lifts it in the kernel
+        # only (NRI: a record update every reconcile would make runc write kubelet's quota back each time)
+        self.lift_in_record = config.lift_cfs_quota and quota_in_record
         self._node = node
         self.metrics = ProxyMetrics()
         paths = KubeletPaths(config.kubelet_config, config.kubelet_root_dir, config.proc_root)
@@ -294,7 +299,7 @@ class NodeAgent:
         async with self.pinning.lock:
             report = await reconcile(
                 self._started().runtime, self.node_config.topology, self.allocator, self.registry, self.pusher,
-                converger=self.converger, lift_cfs_quota=self.config.lift_cfs_quota,
+                converger=self.converger, lift_cfs_quota=self.lift_in_record,
                 bypass=self.pinning.bypass, creating=self.pinning.creating)
             gone = self.modes.prune({uid for uid in self.registry.sandboxes.values()})
             self.resizer.prune(set(self.registry.sandboxes.values()))

@@ -15,6 +15,7 @@ from nodeagent.node.cri_runtime import CriChannel, CriRuntime
 
 from .config import NriConfig
 from .door.handler import NumapinHandler
+from .door.quota import QuotaKeeper
 from .door.records import EventRecords
 from .plugin import NriPlugin, PluginConfig
 
@@ -33,7 +34,9 @@ class NriAgent(AgentDoor):
     def __init__(self, config: NriConfig, node: NodeParts | None = None) -> None:
         self.config = config
         # kubelet must talk to the containerd numapin is plugged into (its drift check compares the endpoint)
-        self.agent = NodeAgent(config, kubelet_endpoint=config.runtime_endpoint, node=node)
+        # a pinned container's CFS quota is lifted in the kernel only (door.quota): containerd's record, which kubelet
+        # reads back as the CPU limit it shows, keeps kubelet's
+        self.agent = NodeAgent(config, kubelet_endpoint=config.runtime_endpoint, node=node, quota_in_record=False)
         self.records = EventRecords()
         self.runtime_info: RuntimeInfo | None = None
         self._channel: CriChannel | None = None
@@ -71,8 +74,19 @@ class NriAgent(AgentDoor):
         cfg = self.config
         channel = self._channel = CriChannel(cfg.runtime_endpoint)
         await self.agent.start(CriRuntime(channel.call), self.records, view=self)
+        quota = None
+        if self.agent.config.lift_cfs_quota:
+            converger = self.agent.converger
+            quota = QuotaKeeper(converger.layout, self.agent.registry, self.agent.pusher.cgroups)
+            observe = converger.on_pass
+
+            def after_pass(seconds: float) -> None:  # every convergence pass: the quotas runc put back go again
+                observe(seconds)
+                quota.sweep_soon()
+
+            converger.on_pass = after_pass
         handler = self._handler = NumapinHandler(self.agent, self.records, reconcile=self.agent.reconcile_once,
-                                                 on_connected=self._connected)
+                                                 on_connected=self._connected, quota=quota)
         self._plugin = NriPlugin(PluginConfig(cfg.nri_socket, name=cfg.plugin_name, index=cfg.plugin_index),
                                  handler, log=logging.getLogger("numapin.nri"))
         self.agent.begin()

@@ -6,16 +6,19 @@ proxy calls, answered as NRI answers.
   was connected; the convergence then puts every running container where numapin decides, in the kernel).
 - CreateContainer: ``admit`` (decided and committed: state on disk, the shared containers narrowed in the kernel)
   and ``register`` at once (NRI names the container before it exists); the answer carries the container's cpuset
-  (no CFS quota for a pinned one) and the shared containers' new cpusets, which containerd applies first (nri.md
-  §5.2). A refusal fails the creation with the same status and message the proxy gives.
+  and the shared containers' new cpusets, which containerd applies first (nri.md §5.2). Never a CFS quota: a pinned
+  container's quota is lifted in the kernel only (``quota``: containerd's record keeps kubelet's, which kubelet reads
+  back as the CPU limit it shows). A refusal fails the creation with the same status and message the proxy gives.
 - StartContainer (after containerd made the task, before its process runs): the start guard. An exclusive
   container's CPUs are taken back in the kernel from any other running container first; the container's own cgroup
-  is checked and repaired (a shared container created before a narrowing that containerd applied too late). CPUs
-  not clear ``ANSWER_MARGIN`` before containerd's deadline fail the start (UNAVAILABLE, logged with what was not
-  clear; kubelet retries it): a late answer would have the plugin dropped and the container started anyway.
+  is checked and repaired (a shared container created before a narrowing that containerd applied too late); a pinned
+  container's CFS quota is taken off its cgroup. CPUs not clear ``ANSWER_MARGIN`` before containerd's deadline fail
+  the start (UNAVAILABLE, logged with what was not clear; kubelet retries it): a late answer would have the plugin
+  dropped and the container started anyway.
 - UpdateContainer (kubelet's in-place resize): ``Resizer.resize``; the container's own new cpuset is written in the
   kernel at once (the pool widens only after it), then answered for containerd's record; a refusal fails kubelet's
-  call with numapin's message.
+  call with numapin's message. PostUpdateContainer (runc wrote kubelet's new quota): a pinned container's quota is
+  taken off its cgroup again.
 - StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox: the CPUs go back and the pool widens (in the
   kernel at once; containerd's records with the next answer).
 
@@ -41,6 +44,7 @@ from protos import nri_pb2
 from ..events import Event
 from ..handler import BaseHandler, CallContext, PluginError, RuntimeInfo
 from ..wire.codes import Code
+from .quota import QuotaKeeper
 from .records import EventRecords
 from .translate import DeviceKey, create_request, device_key, nri_resources, resize_request
 
@@ -50,9 +54,9 @@ log = logging.getLogger("numapin.nri")
 
 # what numapin answers: pods' and containers' whole life (the mask nri-plugins' resource policies use too)
 EVENTS = frozenset({Event.STOP_POD_SANDBOX, Event.REMOVE_POD_SANDBOX, Event.CREATE_CONTAINER, Event.START_CONTAINER,
-                    Event.UPDATE_CONTAINER, Event.STOP_CONTAINER, Event.REMOVE_CONTAINER})
+                    Event.UPDATE_CONTAINER, Event.POST_UPDATE_CONTAINER, Event.STOP_CONTAINER,
+                    Event.REMOVE_CONTAINER})
 
-UNLIMITED_QUOTA = -1
 LANDING = 30.0  # seconds a created container may take to reach containerd's lists
 ANSWER_MARGIN = 0.3  # seconds kept between the start guard's last check and containerd's deadline for the answer
 
@@ -70,9 +74,11 @@ class NumapinHandler(BaseHandler):
     def __init__(self, agent: NodeAgent, records: EventRecords, *,
                  reconcile: Callable[[], Coroutine[Any, Any, object]],
                  on_connected: Callable[[RuntimeInfo], None] | None = None,
-                 on_disconnected: Callable[[str], None] | None = None) -> None:
+                 on_disconnected: Callable[[str], None] | None = None,
+                 quota: QuotaKeeper | None = None) -> None:
         self.agent = agent
         self.records = records
+        self.quota = quota  # None: pinned containers keep their CFS quota (--keep-cfs-quota)
         self._reconcile = reconcile
         self._on_connected = on_connected or (lambda info: None)
         self._on_disconnected = on_disconnected or (lambda why: None)
@@ -111,6 +117,8 @@ class NumapinHandler(BaseHandler):
         self.agent.pusher.on_resized()  # the convergence checks every running container now
 
     async def stop(self) -> None:
+        if self.quota is not None:
+            await self.quota.stop()
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -187,6 +195,9 @@ class NumapinHandler(BaseHandler):
             self._landed(event.container.id)
         if kind == Event.START_CONTAINER:
             await self._start(event.container, ctx)
+            await self._lift(event.container.id)
+        elif kind == Event.POST_UPDATE_CONTAINER:
+            await self._lift(event.container.id)
         elif kind == Event.REMOVE_CONTAINER:
             await self._removed(event.container.id)
         elif kind == Event.STOP_POD_SANDBOX:
@@ -204,6 +215,13 @@ class NumapinHandler(BaseHandler):
             await self.agent.starts.start(container.id, started, within=ctx.remaining() - ANSWER_MARGIN)
         except Rejection as e:
             raise _refusal(e) from None
+
+    async def _lift(self, container_id: str) -> None:
+        """The container's CFS quota off its cgroup if it is pinned; then a sweep of every pinned container in the
+        background (record updates containerd applied since put kubelet's quota back)."""
+        if self.quota is not None:
+            await self.quota.lift([container_id])
+            self.quota.sweep_soon()
 
     # -- resize ------------------------------------------------------------------------------------------
     async def update_container(self, ctx: CallContext, request: Any) -> Any:
@@ -243,5 +261,6 @@ class NumapinHandler(BaseHandler):
 
 
 def _resources(target: TargetResources) -> Any:
-    return nri_resources(str(target.cpus), str(target.mems) if target.mems is not None else "",
-                         UNLIMITED_QUOTA if target.lift_quota else None)
+    """The container's own cpuset for containerd's record; its CFS quota stays kubelet's there (``lift_quota`` is
+    done in the kernel, ``quota``)."""
+    return nri_resources(str(target.cpus), str(target.mems) if target.mems is not None else "")

@@ -93,6 +93,6 @@ def _update(container_id: str, res: cri_pb2.LinuxContainerResources) -> nri_pb2.
     cpu = update.linux.resources.cpu
     cpu.cpus = res.cpuset_cpus
     cpu.mems = res.cpuset_mems
-    if res.cpu_quota:
+    if res.cpu_quota > 0:  # a lift (-1) stays out of containerd's record: done in the kernel (door.quota)
         cpu.quota.value = res.cpu_quota
     return update

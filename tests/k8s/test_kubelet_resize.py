@@ -37,25 +37,21 @@ def _shown(pods: Pods, name: str, cpu: str) -> dict[str, Any] | None:
 
 
 class StaleCpuLimit(AssertionError):
-    """The CPU limit the pod's status shows is not the one kubelet set (the NRI door's known fault, below)."""
+    """The CPU limit the pod's status shows is not the one kubelet set (kubelet keeps the last positive limit when
+    the runtime reports a container without a CFS quota)."""
 
 
 def _limit(pod: dict[str, Any]) -> str | None:
     return pod["status"]["containerStatuses"][0].get("resources", {}).get("limits", {}).get("cpu")  # type: ignore[no-any-return]
 
 
-NRI_STALE_LIMIT = pytest.mark.xfail(strict=True, raises=StaleCpuLimit, reason=(
-    "numapin nri lifts a pinned container's CFS quota in containerd's own record (quota -1, the NRI adjustment), "
-    "containerd reports that -1 in ContainerStatus and kubelet 1.36 then keeps showing the last positive CPU limit "
-    "in status.containerStatuses[].resources (500m after a 500m -> 1 growth). The proxy puts kubelet's limit "
-    "back into ContainerStatus (criproxy/intercept/interceptors.py); kubelet reads containerd directly under NRI."))
-
-
-@pytest.mark.parametrize("pods", ["proxy", pytest.param("nri", marks=NRI_STALE_LIMIT)], indirect=True)
+@pytest.mark.parametrize("pods", ["proxy", "nri"], indirect=True)
 def test_a_growth_numapin_cannot_give_is_refused_a_shrink_to_a_fraction_and_a_growth_that_fits_are_done(
         pods: Pods) -> None:
     """Every check runs through both doors; where the status shows a CPU limit other than kubelet's, the story goes
-    on and fails at its end with ``StaleCpuLimit`` (expected of the NRI door until it is mended)."""
+    on and fails at its end with ``StaleCpuLimit``. A pinned container runs without a CFS quota in the kernel, yet
+    kubelet shows its limit: the proxy rewrites ContainerStatus, the NRI door lifts the quota in the kernel only and
+    leaves kubelet's in containerd's record (docs/nri.md "The CFS quota of a pinned container")."""
     stale: list[str] = []
 
     def limit_shown(pod: dict[str, Any], cpu: str, when: str) -> None:

@@ -76,7 +76,8 @@ async def test_exclusive_and_shared_pods_through_nri(cri: CRIClient, plugin: Nri
     db_sid, db = await start_pod(cri, "db", 1000, 1000)
     db_pid = await pid_of(cri, db)
     assert cpus_of(db_pid) == (EXCL, EXCL)
-    assert cfs_quota(db_pid) == "-1"  # the quota of a pinned container is lifted
+    assert cfs_quota(db_pid) == "-1"  # the quota of a pinned container is lifted, in the kernel only:
+    assert await _record_quota(cri, db) == (100000, 100000)  # containerd's record keeps kubelet's
     assert cpus_of(web_pid) == (SHARED, SHARED)  # narrowed before db could run
     _, late = await start_pod(cri, "late", 100, qos="besteffort")
     assert cpus_of(await pid_of(cri, late)) == (SHARED, SHARED)
@@ -114,7 +115,8 @@ async def test_a_topology_refusal_fails_the_creation_with_numapins_reason(cri: C
 async def test_in_place_resize_through_nri(cri: CRIClient, plugin: NriProcess, cpu_all: str) -> None:
     """kubelet's UpdateContainerResources (no cpuset, the new quota): a growth numapin cannot give is refused with
     its message and changes nothing; a shrink to a fractional CPU moves the container to the shared pool and the
-    pool widens back over its CPU."""
+    pool widens back over its CPU; a growth back to 1 CPU pins it again, without a CFS quota in the kernel but with
+    kubelet's in containerd's ContainerStatus (kubelet shows the CPU limit it reads there)."""
     _, web = await start_pod(cri, "web", 200, qos="burstable")
     web_pid = await pid_of(cri, web)
     _, db = await start_pod(cri, "db", 1000, 1000)
@@ -130,8 +132,43 @@ async def test_in_place_resize_through_nri(cri: CRIClient, plugin: NriProcess, c
     assert cpus_of(db_pid) == (cpu_all, cpu_all)
     assert cpus_of(web_pid) == (cpu_all, cpu_all)
     assert cfs_quota(db_pid) == "50000"  # kubelet's quota, now that it runs on the shared pool
+    assert await _record_quota(cri, db) == (50000, 100000)
+    await cri.update_container_resources(db, pb.LinuxContainerResources(cpu_shares=1024, cpu_quota=100000,
+                                                                        cpu_period=100000))
+    assert cpus_of(db_pid) == (EXCL, EXCL) and cpus_of(web_pid) == (SHARED, SHARED)  # its CPU to itself again
+    assert cfs_quota(db_pid) == "-1"  # pinned: no quota in the kernel (lifted at PostUpdateContainer) ...
+    assert await _record_quota(cri, db) == (100000, 100000)  # ... and kubelet's in what it reads back (its limit)
+    _write_quota(db_pid, 100000)  # what runc does when containerd applies the record again (or systemd's reload)
+    await _wait_quota(db_pid, "-1")  # the plugin's next sweep (after a convergence pass) lifts it again
     resizes = (plugin.status() or {}).get("resizes", [])
-    assert [r.get("result") for r in resizes][-2:] == ["refused", "resized"], resizes
+    assert [r.get("result") for r in resizes][-3:] == ["refused", "resized", "resized"], resizes
+
+
+def _write_quota(pid: int, quota: int) -> None:
+    """The CFS quota of the process's cgroup (v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, ctrls, path = line.split(":", 2)
+        if "cpu" in ctrls.split(","):
+            Path("/sys/fs/cgroup", "cpu", path.lstrip("/"), "cpu.cfs_quota_us").write_text(str(quota))
+            return
+        if ctrls == "":
+            Path("/sys/fs/cgroup", path.lstrip("/"), "cpu.max").write_text(str(quota))
+            return
+    raise AssertionError(f"pid {pid}: no cpu cgroup")
+
+
+async def _wait_quota(pid: int, want: str, timeout: float = 20.0) -> None:
+    t0 = time.monotonic()
+    while (got := cfs_quota(pid)) != want:
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"pid {pid}: CFS quota {got}, not {want}, after {timeout:g} s")
+        await asyncio.sleep(0.05)
+
+
+async def _record_quota(cri: CRIClient, cid: str) -> tuple[int, int]:
+    """(cpu_quota, cpu_period) in containerd's ContainerStatus: what kubelet turns into the CPU limit it shows."""
+    linux = (await cri.container_status(cid)).status.resources.linux
+    return linux.cpu_quota, linux.cpu_period
 
 
 async def test_plugin_killed_then_back_converges_what_was_created_meanwhile(
