@@ -100,6 +100,30 @@ def _first_answer(cp: ControlPlane, name: str) -> tuple[dict[str, Any], list[str
 BIND_TRIES = 20
 
 
+def _split_and_roomy(prefix: str, pool: dict[str, str]) -> tuple[ApiNode, ApiNode]:
+    """Two API-only nodes, 112-CPU Xeon Gold 6258R, CPU 0 reserved, single-numa-node, equal for the scheduler:
+    ``<prefix>-split`` with 3 free CPUs on each NUMA node, ``<prefix>-roomy`` with all free."""
+    topo = xeon_gold_6258r()
+    reserved = CPUSet.parse("0")
+    numa0, numa1 = (topo.cpus_in_numa(n) - reserved for n in (0, 1))
+    free = CPUSet.parse(",".join(map(str, numa0.sorted()[:3] + numa1.sorted()[:3])))
+    return (ApiNode(f"{prefix}-split", topo, free, reserved, pool),
+            ApiNode(f"{prefix}-roomy", topo, topo.all_cpus - reserved, reserved, pool))
+
+
+def _create_known(pods: Pods, pool: dict[str, str], *nodes: ApiNode) -> None:
+    """The nodes created, once the webhook knows them (labels and topology): a pod too big for any NUMA node of them
+    is denied naming them all as candidates; before that, a binding to one would not be judged (allowed with a
+    warning), nor would the filter judge it."""
+    cp = pods.cp
+    api_nodes.create(cp, *nodes)
+    probe = pods.manifest("probe", cpu="60", cpu_limit="60")
+    probe["spec"]["nodeSelector"] = pool
+    wait_for(lambda: f"({len(nodes)} candidate node(s))" in cp.kubectl(
+        "create", "--dry-run=server", "--validate=false", "-f", "-", input=json.dumps(probe),
+        check=False).stderr, "the webhook knowing the nodes")
+
+
 def test_a_binding_to_a_node_that_cannot_hold_the_pod_is_denied_and_retried_until_it_lands_where_it_fits(
         webhook: WebhookProcess, pods: Pods) -> None:
     """Two nodes the real kube-scheduler v1.36.2 sees as equal (same labels but the hostname, same capacity and
@@ -123,23 +147,11 @@ def test_a_binding_to_a_node_that_cannot_hold_the_pod_is_denied_and_retried_unti
     split scores lower (NodeResourcesFit's least-allocated 94 against 97, balanced allocation 94 against 98) and
     the next retry binds the pod to roomy: no chance left in it."""
     cp = pods.cp
-    topo = xeon_gold_6258r()
-    reserved = CPUSet.parse("0")
-    numa0, numa1 = (topo.cpus_in_numa(n) - reserved for n in (0, 1))
     pool = {"numapin.io/lab-pool": "binding-story"}
-    split = ApiNode("lab-bind-split", topo, CPUSet.parse(",".join(map(str, numa0.sorted()[:3] + numa1.sorted()[:3]))),
-                    reserved, pool)
-    roomy = ApiNode("lab-bind-roomy", topo, topo.all_cpus - reserved, reserved, pool)
+    split, roomy = _split_and_roomy("lab-bind", pool)
     made: list[str] = []
     try:
-        api_nodes.create(cp, split, roomy)
-        # the webhook knows both nodes (labels and topology) once a pod too big for any NUMA node of them is denied
-        # naming two candidates; before that, a binding to split would not be judged (allowed with a warning)
-        probe = pods.manifest("bind-probe", cpu="60", cpu_limit="60")
-        probe["spec"]["nodeSelector"] = pool
-        wait_for(lambda: "(2 candidate node(s))" in cp.kubectl(
-            "create", "--dry-run=server", "--validate=false", "-f", "-", input=json.dumps(probe),
-            check=False).stderr, "the webhook knowing both nodes")
+        _create_known(pods, pool, split, roomy)
         for i in range(BIND_TRIES):
             name = f"bind-{i}"
             manifest = pods.manifest(name, cpu="4", cpu_limit="4")
@@ -206,13 +218,8 @@ def test_with_numapin_as_the_schedulers_extender_a_pod_is_bound_where_it_fits_at
     (unresolvable). With the extender down the other scheduler still binds its pod."""
     cp = pods.cp
     assert pods.node.dir is not None
-    topo = xeon_gold_6258r()
-    reserved = CPUSet.parse("0")
-    numa0, numa1 = (topo.cpus_in_numa(n) - reserved for n in (0, 1))
     pool = {"numapin.io/lab-pool": "extender-story"}
-    split = ApiNode("lab-ext-split", topo, CPUSet.parse(",".join(map(str, numa0.sorted()[:3] + numa1.sorted()[:3]))),
-                    reserved, pool)
-    roomy = ApiNode("lab-ext-roomy", topo, topo.all_cpus - reserved, reserved, pool)
+    split, roomy = _split_and_roomy("lab-ext", pool)
     ca = webhook.certs / "ca.crt"
     up = Scheduler(cp, pods.node.dir / "scheduler-numapin-extender", scheduler_name="numapin-extender",
                    extenders=[manifests.scheduler_extender_by_url(webhook.url, ca)])
@@ -230,12 +237,7 @@ def test_with_numapin_as_the_schedulers_extender_a_pod_is_bound_where_it_fits_at
         for s in (up, down):
             s.dir.mkdir()
             s.start(settle=0.5)
-        api_nodes.create(cp, split, roomy)
-        probe = pods.manifest("ext-probe", cpu="60", cpu_limit="60")
-        probe["spec"]["nodeSelector"] = pool
-        wait_for(lambda: "(2 candidate node(s))" in cp.kubectl(
-            "create", "--dry-run=server", "--validate=false", "-f", "-", input=json.dumps(probe),
-            check=False).stderr, "the webhook knowing both nodes")
+        _create_known(pods, pool, split, roomy)
 
         create("ext-fit", "numapin-extender", pool)
         bound = wait_for(lambda: _bound(cp, "ext-fit"), "pod ext-fit bound")
