@@ -13,6 +13,9 @@ remembers the pinned pods whose binding it allowed to each node, and admits them
 pod being judged, until the node publishes a new topology (a new ``numapinStateVersion``, or other free CPUs) or
 ``pending_seconds`` pass. This is per replica (each
 replica sees the bindings routed to it).
+
+``BindingValidator.fit`` is the judgement of one node for one pod; kube-scheduler's extender filter
+(``extender_filter``) asks it for every candidate node.
 """
 
 from __future__ import annotations
