@@ -12,6 +12,7 @@ from typing import Any
 from allocator.bypass import BypassPolicy
 from allocator.feature_gates import FeatureGates
 from webhook.admission.binding import BindingValidator
+from webhook.admission.extender_filter import ExtenderFilter
 from webhook.admission.mutate import is_pod_request, mutate_review
 from webhook.admission.resize import ResizeValidator, is_resize_request
 from webhook.admission.review import AdmissionRequest, Verdict
@@ -85,6 +86,7 @@ class WebhookApp:
         self.pod_validator = PodValidator(self.nodes, self.simulator, self.unjudged, opts.bypass)
         self.resize_validator = ResizeValidator(self.nodes, self.simulator)
         self.binding_validator = BindingValidator(self.nodes, self.pod_finder, self.simulator, self.unjudged)
+        self.extender_filter = ExtenderFilter(self.binding_validator, self.unjudged)
         self.reloader = CertReloader(opts.cert, opts.key)
         self.server = WebhookServer(
             reloader=self.reloader, mutate=self.mutate, validate=self.validate, metrics=self.metrics,
@@ -93,6 +95,7 @@ class WebhookApp:
                                 client_ca=str(opts.client_ca) if opts.client_ca else None,
                                 reuse_port=opts.reuse_port),
             ready_checks=(self._nodes_ready, self._warmed), unjudged=self.unjudged,
+            extender_filter=self.extender_filter.filter,
         )
         self.worker_metrics: WorkerMetrics | None = None
         if opts.worker_metrics_dir is not None:  # one scrape reports every worker

@@ -13,14 +13,17 @@ from pathlib import Path
 
 HELP = "run the admission webhook (HTTPS): mutates pods with their CPU intent, admits pods and bindings"
 DESCRIPTION = """\
-Serve /mutate and /validate (AdmissionReview v1 and v1beta1) plus /healthz, /readyz and /metrics over TLS 1.2+.
+Serve /mutate and /validate (AdmissionReview v1 and v1beta1), /filter (kube-scheduler's extender filter,
+nodeCacheCapable: manifests/scheduler/, docs/webhook.md "The scheduler extender") plus /healthz, /readyz and
+/metrics over TLS 1.2+.
 The certificate and key are re-read when the files change (cert-manager rotation) without a restart.
 Node topology comes from NodeResourceTopology documents in --nrt-dir (default) or from the API server
 (--in-cluster or --kubeconfig), which also feeds the cache of pending pods that bindings are judged against; a
 binding for a pod not cached yet reads the pod from the API server (--pod-lookup-timeout).
 A request that cannot be judged (pod or node unknown, node not simulable, pod unreadable, internal error) is
 allowed with a warning or denied: --unjudged. Connections and bodies are bounded (see docs/webhook.md,
-"Limits"); --client-ca-file makes /mutate and /validate answer only clients with a certificate from that CA.
+"Limits"); --client-ca-file makes /mutate, /validate and /filter answer only clients with a certificate from that
+CA.
 --workers N runs N webhook processes on the same port (SO_REUSEPORT), each with its own caches, as replicas.
 """
 
@@ -60,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lim = parser.add_argument_group("connection limits (docs/webhook.md, Limits)")
     lim.add_argument("--client-ca-file", "--client-ca", dest="client_ca", type=Path, metavar="FILE",
                      help="CA (PEM) of the client certificate kube-apiserver presents (its admission kubeconfig); "
-                          "/mutate and /validate then refuse clients without one (401) and the TLS handshake refuses "
+                          "/mutate, /validate and /filter then refuse clients without one (401) and the TLS handshake "
+                          "refuses "
                           "a certificate the CA did not sign; /healthz, /readyz and /metrics stay open (--client-ca: "
                           "the same flag's earlier name)")
     lim.add_argument("--max-connections", type=int, default=None, help="open connections at most (default 256)")

@@ -14,20 +14,31 @@ import yaml
 
 from numapin_lab.k8s.control_plane import ControlPlane
 
-__all__ = ["CRIPROXY_RBAC", "MANIFESTS", "NRI_RBAC", "WEBHOOK_CONFIGURATIONS", "WEBHOOK_RBAC", "apply", "docs",
-           "webhook_configurations_by_url"]
+__all__ = ["CRIPROXY_RBAC", "MANIFESTS", "NRI_RBAC", "SCHEDULER_EXTENDER", "WEBHOOK_CONFIGURATIONS", "WEBHOOK_RBAC",
+           "apply", "docs", "scheduler_extender_by_url", "webhook_configurations_by_url"]
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 WEBHOOK_CONFIGURATIONS = MANIFESTS / "webhook/webhook-configurations.yaml"
 WEBHOOK_RBAC = MANIFESTS / "webhook/rbac.yaml"
 CRIPROXY_RBAC = MANIFESTS / "criproxy/installer-daemonset.yaml"
 NRI_RBAC = MANIFESTS / "nri/daemonset.yaml"
+SCHEDULER_EXTENDER = MANIFESTS / "scheduler/kube-scheduler-extender.yaml"
 _CLUSTER_RBAC = ("ClusterRole", "ClusterRoleBinding")
 
 
 def docs(path: Path, kinds: tuple[str, ...] = _CLUSTER_RBAC) -> list[dict[str, Any]]:
     """The documents of ``path`` of these kinds (default: the cluster-wide RBAC ones)."""
     return [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind") in kinds]
+
+
+def scheduler_extender_by_url(base_url: str, ca_file: Path) -> dict[str, Any]:
+    """The ``extenders`` entry of manifests/scheduler/kube-scheduler-extender.yaml with its ``urlPrefix`` replaced
+    by ``base_url`` and its CA by ``ca_file`` (the lab's certificate names 127.0.0.1, not the Service: no
+    ``serverName``)."""
+    (entry,) = docs(SCHEDULER_EXTENDER, ("KubeSchedulerConfiguration",))[0]["extenders"]
+    entry = copy.deepcopy(entry) | {"urlPrefix": base_url}
+    entry["tlsConfig"] = {k: v for k, v in entry["tlsConfig"].items() if k != "serverName"} | {"caFile": str(ca_file)}
+    return dict(entry)
 
 
 def webhook_configurations_by_url(base_url: str, ca_pem: bytes) -> list[dict[str, Any]]:

@@ -8,15 +8,18 @@ kube-scheduler's binding to a node whose topology cannot hold the pod is denied,
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from allocator.cpuset import CPUSet
+from numapin_lab.cri.proxy_process import free_port
 from numapin_lab.k8s import manifests
 from numapin_lab.k8s.control_plane import ControlPlane
 from numapin_lab.k8s.lab_node import LabNode
+from numapin_lab.k8s.scheduler import Scheduler
 from numapin_lab.k8s.webhook_process import WebhookProcess
 from tests.k8s import api_nodes
 from tests.k8s.api_nodes import ApiNode
@@ -97,6 +100,30 @@ def _first_answer(cp: ControlPlane, name: str) -> tuple[dict[str, Any], list[str
 BIND_TRIES = 20
 
 
+def _split_and_roomy(prefix: str, pool: dict[str, str]) -> tuple[ApiNode, ApiNode]:
+    """Two API-only nodes, 112-CPU Xeon Gold 6258R, CPU 0 reserved, single-numa-node, equal for the scheduler:
+    ``<prefix>-split`` with 3 free CPUs on each NUMA node, ``<prefix>-roomy`` with all free."""
+    topo = xeon_gold_6258r()
+    reserved = CPUSet.parse("0")
+    numa0, numa1 = (topo.cpus_in_numa(n) - reserved for n in (0, 1))
+    free = CPUSet.parse(",".join(map(str, numa0.sorted()[:3] + numa1.sorted()[:3])))
+    return (ApiNode(f"{prefix}-split", topo, free, reserved, pool),
+            ApiNode(f"{prefix}-roomy", topo, topo.all_cpus - reserved, reserved, pool))
+
+
+def _create_known(pods: Pods, pool: dict[str, str], *nodes: ApiNode) -> None:
+    """The nodes created, once the webhook knows them (labels and topology): a pod too big for any NUMA node of them
+    is denied naming them all as candidates; before that, a binding to one would not be judged (allowed with a
+    warning), nor would the filter judge it."""
+    cp = pods.cp
+    api_nodes.create(cp, *nodes)
+    probe = pods.manifest("probe", cpu="60", cpu_limit="60")
+    probe["spec"]["nodeSelector"] = pool
+    wait_for(lambda: f"({len(nodes)} candidate node(s))" in cp.kubectl(
+        "create", "--dry-run=server", "--validate=false", "-f", "-", input=json.dumps(probe),
+        check=False).stderr, "the webhook knowing the nodes")
+
+
 def test_a_binding_to_a_node_that_cannot_hold_the_pod_is_denied_and_retried_until_it_lands_where_it_fits(
         webhook: WebhookProcess, pods: Pods) -> None:
     """Two nodes the real kube-scheduler v1.36.2 sees as equal (same labels but the hostname, same capacity and
@@ -120,23 +147,11 @@ def test_a_binding_to_a_node_that_cannot_hold_the_pod_is_denied_and_retried_unti
     split scores lower (NodeResourcesFit's least-allocated 94 against 97, balanced allocation 94 against 98) and
     the next retry binds the pod to roomy: no chance left in it."""
     cp = pods.cp
-    topo = xeon_gold_6258r()
-    reserved = CPUSet.parse("0")
-    numa0, numa1 = (topo.cpus_in_numa(n) - reserved for n in (0, 1))
     pool = {"numapin.io/lab-pool": "binding-story"}
-    split = ApiNode("lab-bind-split", topo, CPUSet.parse(",".join(map(str, numa0.sorted()[:3] + numa1.sorted()[:3]))),
-                    reserved, pool)
-    roomy = ApiNode("lab-bind-roomy", topo, topo.all_cpus - reserved, reserved, pool)
+    split, roomy = _split_and_roomy("lab-bind", pool)
     made: list[str] = []
     try:
-        api_nodes.create(cp, split, roomy)
-        # the webhook knows both nodes (labels and topology) once a pod too big for any NUMA node of them is denied
-        # naming two candidates; before that, a binding to split would not be judged (allowed with a warning)
-        probe = pods.manifest("bind-probe", cpu="60", cpu_limit="60")
-        probe["spec"]["nodeSelector"] = pool
-        wait_for(lambda: "(2 candidate node(s))" in cp.kubectl(
-            "create", "--dry-run=server", "--validate=false", "-f", "-", input=json.dumps(probe),
-            check=False).stderr, "the webhook knowing both nodes")
+        _create_known(pods, pool, split, roomy)
         for i in range(BIND_TRIES):
             name = f"bind-{i}"
             manifest = pods.manifest(name, cpu="4", cpu_limit="4")
@@ -183,3 +198,69 @@ def test_a_binding_to_a_node_that_cannot_hold_the_pod_is_denied_and_retried_unti
 def _bound(cp: ControlPlane, name: str) -> dict[str, Any] | None:
     pod: dict[str, Any] = json.loads(cp.kubectl("get", "pod", name, "-o", "json").stdout)
     return pod if pod["spec"].get("nodeName") else None
+
+
+def _unbound_refusals(cp: ControlPlane, name: str) -> list[str] | None:
+    pod: dict[str, Any] = json.loads(cp.kubectl("get", "pod", name, "-o", "json").stdout)
+    assert not pod["spec"].get("nodeName"), pod["spec"]
+    return _denials(_events(cp, pod["metadata"]["uid"])) or None
+
+
+def test_with_numapin_as_the_schedulers_extender_a_pod_is_bound_where_it_fits_at_the_first_attempt(
+        webhook: WebhookProcess, pods: Pods) -> None:
+    """A second kube-scheduler v1.36.2 (``schedulerName: numapin-extender``) with numapin's webhook as its extender
+    filter as manifests/scheduler/ configures it (nodeCacheCapable, ignorable, the webhook's CA), and a third whose
+    extender is down (a port nothing listens on). The API-only nodes of the binding story: ``lab-ext-split`` (3 free
+    CPUs on each NUMA node) first, ``lab-ext-roomy`` (all free), equal for the scheduler. A Guaranteed pod of 4 CPUs
+    under single-numa-node: bound to roomy at the first attempt, no binding refused (without the extender the
+    scheduler binds such a pod to split first, again and again: the story above). A pod only split may hold by the
+    scheduler's own filters: Pending, with numapin's reason in its FailedScheduling event and preemption not tried
+    (unresolvable). With the extender down the other scheduler still binds its pod."""
+    cp = pods.cp
+    assert pods.node.dir is not None
+    pool = {"numapin.io/lab-pool": "extender-story"}
+    split, roomy = _split_and_roomy("lab-ext", pool)
+    ca = webhook.certs / "ca.crt"
+    up = Scheduler(cp, pods.node.dir / "scheduler-numapin-extender", scheduler_name="numapin-extender",
+                   extenders=[manifests.scheduler_extender_by_url(webhook.url, ca)])
+    down = Scheduler(cp, pods.node.dir / "scheduler-numapin-extender-down", scheduler_name="numapin-extender-down",
+                     extenders=[manifests.scheduler_extender_by_url(f"https://127.0.0.1:{free_port()}", ca)])
+    made: list[str] = []
+
+    def create(name: str, scheduler: str, selector: dict[str, str]) -> None:
+        manifest = pods.manifest(name, cpu="4", cpu_limit="4")
+        manifest["spec"] |= {"nodeSelector": selector, "schedulerName": scheduler}
+        made.append(name)
+        cp.kubectl("create", "--validate=false", "-f", "-", input=json.dumps(manifest))
+
+    try:
+        for s in (up, down):
+            s.dir.mkdir()
+            s.start(settle=0.5)
+        _create_known(pods, pool, split, roomy)
+
+        create("ext-fit", "numapin-extender", pool)
+        bound = wait_for(lambda: _bound(cp, "ext-fit"), "pod ext-fit bound")
+        assert bound["spec"]["nodeName"] == roomy.name, bound["spec"]
+        events = _events(cp, bound["metadata"]["uid"])
+        assert [(e["reason"], e["message"]) for e in events] == [
+            ("Scheduled", f"Successfully assigned default/ext-fit to {roomy.name}")], events  # no refusal
+
+        create("ext-split-only", "numapin-extender", {"kubernetes.io/hostname": split.name})
+        refusals = wait_for(lambda: _unbound_refusals(cp, "ext-split-only"), "pod ext-split-only refused")
+        reason = (f"numapin: node {split.name} would reject pod default/ext-split-only (TopologyAffinityError: ")
+        assert reason in refusals[0] and "free CPUs per NUMA node: node-0=3, node-1=3" in refusals[0], refusals
+        # unresolvable: preemption sought no victims on any node (on split neither: "No preemption victims found")
+        assert re.search(r"preemption: 0/(\d+) nodes are available: \1 Preemption is not helpful for scheduling\.",
+                         refusals[0]), refusals
+
+        create("ext-down", "numapin-extender-down", {"kubernetes.io/hostname": roomy.name})
+        bound = wait_for(lambda: _bound(cp, "ext-down"), "pod ext-down bound with the extender down")
+        assert bound["spec"]["nodeName"] == roomy.name, bound["spec"]
+        assert "Skipping extender as it returned error and has ignorable flag set" in down.log.read_text()
+    finally:
+        if made:
+            cp.kubectl("delete", "pod", "--ignore-not-found", "--grace-period=0", "--force", *made, check=False)
+        for s in (up, down):
+            s.stop()
+        api_nodes.delete(cp, split.name, roomy.name)

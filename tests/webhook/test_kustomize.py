@@ -19,8 +19,9 @@ IMAGE = "localhost/numapin:0.1.0"  # what scripts/build-image.sh builds by defau
 # operator edits before applying (a wrong CIDR would cut the API server off the webhook)
 # monitoring/: the PrometheusRule needs the Prometheus Operator's CRD (its own kustomization), the plain rules file
 # is for Prometheus itself
+# scheduler/: kube-scheduler's configuration file, merged on the control plane (docs/webhook.md)
 NOT_APPLIED = {"criproxy/kubelet-config.yaml", "webhook/networkpolicy.yaml", "monitoring/prometheusrule.yaml",
-               "monitoring/numapin.rules.yaml"}
+               "monitoring/numapin.rules.yaml", "scheduler/kube-scheduler-extender.yaml"}
 
 
 def _key(d: dict[str, Any]) -> tuple[str, str, str, str]:

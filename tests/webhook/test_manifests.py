@@ -7,6 +7,8 @@
 - cert-manager kinds (their CRDs are not shipped here): structural checks of the fields numapin relies on
   (issuer references, secret names, DNS names, CA injection), since no schema is available offline.
 - KubeletConfiguration (no schema in kubernetes-validate either): structural check of the fields numapin needs.
+- KubeSchedulerConfiguration (the extender snippet; no schema either): structural check of numapin's extender entry
+  (the real kube-scheduler reads it in tests/k8s/test_kubelet_admission.py).
 - PrometheusRule (the Prometheus Operator's CRD is not shipped here): structural check; its rules are checked by
   promtool in tests/monitoring, as is the plain rules file ``*.rules.yaml`` (not a Kubernetes object).
 Any other kind without a schema fails the test. Cross-references (Service, Secret, Certificate, ServiceAccount
@@ -109,6 +111,18 @@ def _check_kubelet_config(doc: dict[str, Any]) -> None:
         assert doc["containerRuntimeEndpoint"].startswith("unix://")
 
 
+def _check_scheduler_config(doc: dict[str, Any], by_kind: dict[str, dict[str, dict[str, Any]]]) -> None:
+    assert doc["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    (entry,) = doc["extenders"]
+    assert entry["filterVerb"] == "filter" and entry["nodeCacheCapable"] is True and entry["ignorable"] is True, entry
+    assert entry["enableHTTPS"] is True and entry["tlsConfig"].get("caFile") and not entry["tlsConfig"].get("insecure")
+    assert not {"prioritizeVerb", "bindVerb", "preemptVerb", "managedResources"} & set(entry), entry
+    svc = by_kind["Service"]["numapin-webhook"]
+    name = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"
+    assert entry["urlPrefix"] == f"https://{name}:{svc['spec']['ports'][0]['port']}", entry["urlPrefix"]
+    assert entry["tlsConfig"]["serverName"] == name
+
+
 def _check_prometheus_rule(doc: dict[str, Any]) -> None:
     assert doc["apiVersion"] == "monitoring.coreos.com/v1"
     groups = doc["spec"]["groups"]
@@ -147,6 +161,9 @@ def test_manifest_validates(path: Path) -> None:
             continue
         if doc["kind"] == "PrometheusRule":
             _check_prometheus_rule(doc)
+            continue
+        if doc["kind"] == "KubeSchedulerConfiguration":
+            _check_scheduler_config(doc, by_kind)
             continue
         for v in K8S_VERSIONS:
             try:

@@ -13,6 +13,9 @@ remembers the pinned pods whose binding it allowed to each node, and admits them
 pod being judged, until the node publishes a new topology (a new ``numapinStateVersion``, or other free CPUs) or
 ``pending_seconds`` pass. This is per replica (each
 replica sees the bindings routed to it).
+
+``BindingValidator.fit`` is the judgement of one node for one pod; kube-scheduler's extender filter
+(``extender_filter``) asks it for every candidate node.
 """
 
 from __future__ import annotations
@@ -22,18 +25,19 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from allocator.memory.quantity_text import ByteQuantity
+from allocator.nrt import NodeTopology
 from allocator.pod import PodInfo
 from webhook.admission.review import AdmissionRequest, Verdict
-from webhook.admission.simulate import Simulator
+from webhook.admission.simulate import Simulation, Simulator
 from webhook.admission.unjudged import UnjudgedRule
 from webhook.admission.validate import assumption_note, judged, pinned
 from webhook.cluster.nodes import NodeStore
 from webhook.cluster.pods_cache import PodFinder
 
-__all__ = ["BindingValidator", "binding_pod"]
+__all__ = ["BindingValidator", "Fit", "FitOutcome", "binding_pod", "refusal"]
 
 log = logging.getLogger("numapin.webhook.binding")
 
@@ -47,6 +51,20 @@ def binding_pod(req: AdmissionRequest, meta: Mapping[str, Any]) -> tuple[str, st
         return next((v for v in values if isinstance(v, str) and v), "")
 
     return first(meta.get("namespace"), req.namespace), first(meta.get("name"), req.name)
+
+
+FitOutcome = Literal["fits", "rejects", "no_topology", "unsupported", "not_judged"]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A node's answer for a pod: ``fits``, ``rejects`` (``message`` says why), ``no_topology`` (the node publishes
+    no NodeResourceTopology), ``unsupported`` (its configuration cannot be simulated: ``message``), ``not_judged``
+    (no node's topology manager could refuse the pod: nothing pinned, no memory placed where it is published)."""
+
+    outcome: FitOutcome
+    message: str = ""
+    node: NodeTopology | None = None
 
 
 @dataclass(frozen=True)
@@ -126,39 +144,55 @@ class BindingValidator:
         info = self.simulator.gated(cached.info)
         if (info.namespace, info.name) != (namespace, name):
             info = replace(info, namespace=namespace, name=name)  # messages name the pod as the binding does
-        if not judged(info):
+        fit = await self.fit(info, node_name)
+        if fit.outcome == "not_judged":
             return Verdict.allow()
-        node = self.nodes.get(node_name)
-        if node is None and not pinned(info):
-            return Verdict.allow()  # memory alone is judged only on nodes publishing it
-        if node is None:
+        if fit.outcome == "no_topology":
             return self.unjudged.verdict("validate", "node_unknown",
                                          f"binding of pod {namespace}/{name} to node {node_name} not checked: the node "
                                          "has no NodeResourceTopology")
+        if fit.outcome == "unsupported":
+            return self.unjudged.verdict("validate", "node_unsupported",
+                                         f"binding of pod {namespace}/{name} to node {node_name} not checked: "
+                                         f"{fit.message}")
+        if fit.outcome == "fits":
+            if not req.dry_run:
+                assert fit.node is not None
+                self._pending.setdefault(node_name, []).append(
+                    _Pending(time.monotonic(), (namespace, name), info, fit.node.publication_key))
+            return Verdict.allow()
+        return Verdict.deny(fit.message, reason="Forbidden")
 
-        key = (namespace, name)
+    async def fit(self, info: PodInfo, node_name: str) -> Fit:
+        """Would ``node_name``, as it publishes its topology now (with the pods whose binding to it was just allowed),
+        admit ``info``? The binding check and the scheduler extender's filter (``extender_filter``) ask the same."""
+        if not judged(info):
+            return Fit("not_judged")
+        node = self.nodes.get(node_name)
+        if node is None:
+            # memory alone is judged only on nodes publishing it
+            return Fit("no_topology" if pinned(info) else "not_judged")
+        key = (info.namespace, info.name)
         prior = self._prior(node_name, node.publication_key, key)
         answer = self.simulator.cached(node, info, occupied=True, prior=prior)
         if answer is None:
             answer = await asyncio.to_thread(self.simulator.admit, node, info, occupied=True, prior=prior)
         if not answer.known:
-            return self.unjudged.verdict("validate", "node_unsupported",
-                                         f"binding of pod {namespace}/{name} to node {node_name} not checked: "
-                                         f"{answer.message or 'the node configuration cannot be simulated'}")
+            return Fit("unsupported", answer.message or "the node configuration cannot be simulated", node)
         if answer.admitted:
-            if not req.dry_run:
-                self._pending.setdefault(node_name, []).append(
-                    _Pending(time.monotonic(), key, info, node.publication_key))
-            return Verdict.allow()
-        free = ", ".join(f"node-{z.numa}={z.available}" for z in node.zones)
-        if node.memory_manager_policy != "None" and any("memory" in z.memory for z in node.zones):
-            free += "; free memory per NUMA node: " + ", ".join(
-                f"node-{z.numa}={ByteQuantity(z.memory['memory'][2], True)}"
-                for z in node.zones if "memory" in z.memory)
-        also = f"; counting {len(prior)} pod(s) just bound to it" if prior else ""
-        why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
-        return Verdict.deny(
-            f"node {node_name} would reject pod {namespace}/{name} ({why}); topology manager policy "
+            return Fit("fits", node=node)
+        return Fit("rejects", refusal(node, info, answer, len(prior)), node)
+
+
+def refusal(node: NodeTopology, info: PodInfo, answer: Simulation, prior: int) -> str:
+    """Why ``node`` would reject the pod: kubelet's reason, the node's policy and free CPUs (and memory)."""
+    free = ", ".join(f"node-{z.numa}={z.available}" for z in node.zones)
+    if node.memory_manager_policy != "None" and any("memory" in z.memory for z in node.zones):
+        free += "; free memory per NUMA node: " + ", ".join(
+            f"node-{z.numa}={ByteQuantity(z.memory['memory'][2], True)}"
+            for z in node.zones if "memory" in z.memory)
+    also = f"; counting {prior} pod(s) just bound to it" if prior else ""
+    why = f"{answer.reason}: {answer.message}" if answer.reason else answer.message
+    return (f"node {node.name} would reject pod {info.namespace}/{info.name} ({why}); topology manager policy "
             f"{node.topology_manager_policy}, scope {node.topology_manager_scope}, free CPUs per NUMA node: "
-            f"{free}{also}{assumption_note(node)}",
-            reason="Forbidden")
+            f"{free}{also}{assumption_note(node)}")

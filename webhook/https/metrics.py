@@ -20,8 +20,9 @@ class WebhookMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
-            "numapin_webhook_requests", "Admission requests by endpoint and verdict (allowed, patched, "
-            "allowed_with_warnings, denied, bad_request, unsupported_media_type, too_large).",
+            "numapin_webhook_requests", "Admission requests and kube-scheduler filter calls by endpoint and "
+            "verdict (allowed, patched, allowed_with_warnings, denied; for filter: passed, filtered, error; "
+            "bad_request, unsupported_media_type, too_large).",
             ["endpoint", "verdict"], registry=self.registry)
         self.latency = Histogram(
             "numapin_webhook_request_duration_seconds", "Time to answer an admission request, by endpoint.",

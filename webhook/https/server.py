@@ -1,7 +1,9 @@
 """The HTTPS server: routes, body limits, content types, and what an internal error is answered.
 
 ``/mutate`` and ``/validate`` take AdmissionReviews (POST, ``application/json``) and hand the parsed request to
-the decision callables; ``/healthz``, ``/readyz`` and ``/metrics`` are for the kubelet and Prometheus. A body that
+the decision callables; ``/filter`` takes kube-scheduler's extender ExtenderArgs (``extender_filter``, same limits
+and content type; a body that is not one gets 400 and a log line); ``/healthz``, ``/readyz`` and ``/metrics`` are
+for the kubelet and Prometheus. A body that
 is not UTF-8 JSON or not an AdmissionReview gets 400 with the reason, another content type 415, a body over the
 limit 413, a body not sent within the body timeout 408 (``request_body``, ``review``). A decision that raises is
 logged, counted (``numapin_webhook_internal_errors_total``) and answered by the operator's rule for requests that
@@ -11,8 +13,8 @@ kube-apiserver applies the webhook's ``failurePolicy`` to any answer that is not
 such an answer in the error kubectl shows only when it is text (an AdmissionReview there would read "unknown").
 
 Connections are accepted by ``listener.Listener`` within ``limits.ServerLimits`` (connection cap, handshake, header,
-idle and body timeouts, a budget of bytes in flight); with ``client_ca`` set, /mutate and /validate answer only
-clients presenting a certificate signed by that CA (the API server's admission kubeconfig), while the probes and
+idle and body timeouts, a budget of bytes in flight); with ``client_ca`` set, /mutate, /validate and /filter answer
+only clients presenting a certificate signed by that CA (the API server's admission kubeconfig), while the probes and
 /metrics stay open to the kubelet and Prometheus.
 """
 
@@ -25,10 +27,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from webhook.admission.extender_filter import ExtenderArgsError, FilterResult
 from webhook.admission.review import AdmissionRequest, ReviewError, Verdict, json_bytes, parse_review, respond
 from webhook.admission.unjudged import UnjudgedRule
 from webhook.https.limits import BodyBudget, BudgetExceeded, ServerLimits
@@ -45,6 +49,7 @@ log = logging.getLogger("numapin.webhook")
 DEFAULT_MAX_BODY = 7 * 1024 * 1024
 
 Decide = Callable[[AdmissionRequest], Awaitable[Verdict]]
+Filter = Callable[[Any], Awaitable[FilterResult]]  # kube-scheduler's ExtenderArgs in, its ExtenderFilterResult out
 ReadyCheck = Callable[[], "tuple[bool, str]"]
 
 
@@ -60,6 +65,10 @@ class ServerConfig:
     reuse_port: bool = False                # one of several worker processes on the same port (--workers)
 
 
+# the routes called by the API server and kube-scheduler: a client certificate is required on them with ``client_ca``
+_CALLED_BY_CLIENTS = ("/mutate", "/validate", "/filter")
+
+
 def _text(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=message + "\n", content_type="text/plain")
 
@@ -69,7 +78,7 @@ class WebhookServer:
 
     def __init__(self, *, reloader: CertReloader, mutate: Decide, validate: Decide, metrics: WebhookMetrics,
                  config: ServerConfig = ServerConfig(), ready_checks: tuple[ReadyCheck, ...] = (),
-                 unjudged: UnjudgedRule | None = None) -> None:
+                 unjudged: UnjudgedRule | None = None, extender_filter: Filter | None = None) -> None:
         self.reloader = reloader
         self.metrics = metrics
         self.config = config
@@ -79,6 +88,7 @@ class WebhookServer:
         self.parser = BodyParser()
         self.listener: Listener | None = None
         self._decide = {"mutate": mutate, "validate": validate}
+        self._filter = extender_filter
         self._ready_checks = ready_checks
         # what /metrics answers when it is more than this process's (``worker_metrics``: every worker's)
         self.scrape: Callable[[], Awaitable[bytes]] | None = None
@@ -92,6 +102,8 @@ class WebhookServer:
         app = web.Application(client_max_size=self.config.max_body, middlewares=[self._around])
         app.router.add_post("/mutate", self._admission("mutate"))
         app.router.add_post("/validate", self._admission("validate"))
+        if self._filter is not None:
+            app.router.add_post("/filter", self._admission("filter"))
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
@@ -107,7 +119,7 @@ class WebhookServer:
         if conn is not None:
             conn.request_started()
         try:
-            if self.config.client_ca and request.path in ("/mutate", "/validate"):
+            if self.config.client_ca and request.path in _CALLED_BY_CLIENTS:
                 refused = self._without_client_cert(request)
                 if refused is not None:
                     return refused
@@ -140,6 +152,9 @@ class WebhookServer:
         async def handle(request: web.Request) -> web.StreamResponse:
             started = time.perf_counter()
             response, verdict = await self._answer(endpoint, request)
+            if endpoint == "filter" and response.status >= 400:  # the scheduler logs only the status code
+                log.warning("filter: answered %d: %s", response.status,
+                            response.text.strip() if isinstance(response, web.Response) and response.text else "")
             self.metrics.observe(endpoint, verdict, time.perf_counter() - started)
             return response
 
@@ -193,6 +208,8 @@ class WebhookServer:
         except ParserUnavailable as e:
             return _closing(503, str(e)), "busy"
         del raw
+        if endpoint == "filter":
+            return await self._filter_answer(body)
         try:
             req = parse_review(body)
         except ReviewError as e:
@@ -211,6 +228,24 @@ class WebhookServer:
         if not verdict.allowed:
             log.info("%s denied %s: %s", endpoint, req.describe(), verdict.message)
         return web.Response(body=json_bytes(respond(req, verdict)), content_type="application/json"), verdict.label
+
+    async def _filter_answer(self, body: Any) -> tuple[web.StreamResponse, str]:
+        """kube-scheduler's filter call (``extender_filter``): 400 for a body that is not an ExtenderArgs; a decision
+        that raises is logged, counted and answered with the result's ``Error`` (the scheduler then treats numapin as
+        unavailable: with ``ignorable: true`` it schedules without it)."""
+        assert self._filter is not None
+        try:
+            result = await self._filter(body)
+        except ExtenderArgsError as e:
+            return _text(400, f"not an ExtenderArgs request: {e}"), "bad_request"
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("filter: deciding failed")
+            self.metrics.internal_errors.labels("filter").inc()
+            result = FilterResult(passed=(), error=f"numapin: filter failed: internal error {type(e).__name__} (see "
+                                                   "the webhook's log)")
+        return web.Response(body=json_bytes(result.render()), content_type="application/json"), result.label
 
     async def _read(self, request: web.Request) -> list[bytes]:
         """The body in the pieces it arrived in: a large one is never joined on the event loop (the parser process
