@@ -32,7 +32,7 @@ from tests.numa.guest.node import WORK, GuestNode, Memory, NodeConfig, node_memi
 
 S = CPUSet.parse
 MIB = 1 << 20
-SPILL_MIB = 600         # more than a node of 512 MiB holds, less than two hold once the system's share is reserved
+SPILL_MIB = 560         # more than a node of 512 MiB holds, less than two hold once the system's share is reserved
 HEADROOM_MIB = 64       # reserved on every node beyond what the system holds there at the proxy's start
 NODES = (1, 2)          # where the pod goes: CPUs 1 and 2 (CPU 0 reserved), one per node
 EVICTION_MIB = 100      # kubelet's default hard eviction threshold, part of the reservations' sum
