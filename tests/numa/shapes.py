@@ -63,9 +63,9 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
     # 1 socket x 4 cores, no SMT, 2 nodes of 2 GiB; pure cgroup v2 (the host and the other shapes are v1); one
     # 1 GiB huge page reserved on node 1 at boot (the per-node syntax of the kernel's hugepages=)
     Shape("1s2n-nosmt", "1s2n-nosmt", (*_CORE, "test_hugepages_1g.py"), cgroup="v2", mem_per_node_mib=2048,
-          kernel_args="hugepagesz=1G hugepages=1:1", seconds=120),
+          kernel_args="hugepagesz=1G hugepages=1:1", seconds=110),
     # 2 sockets x 4 cores, 8 nodes of one CPU and 512 MiB
-    Shape("2s4c1t8n", "2s4c1t8n", (*_CORE, "test_memory_spill.py"), mem_per_node_mib=512, seconds=115),
+    Shape("2s4c1t8n", "2s4c1t8n", (*_CORE, "test_memory_spill.py"), mem_per_node_mib=512, seconds=100),
     # kubeadm's node: systemd as PID 1, pure cgroup v2, containerd with runc's systemd cgroup driver, pods in
     # kubelet's slices; 1 socket x 2 cores x 2 threads, 2 nodes
     Shape("1s2n-systemd", "1s2n", ("test_systemd_driver.py",), cgroup="v2", init="systemd", timeout=900,

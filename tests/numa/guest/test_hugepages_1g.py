@@ -1,12 +1,12 @@
 """1 GiB huge pages on a real multi-NUMA kernel (1s2n-nosmt: two nodes of 2 GiB, CPUs 0-1 on node 0, 2-3 on node 1),
-judged from the kernel. The guest kernel reserves one 1 GiB page on node 1 at boot (``hugepagesz=1G
-hugepages=1:1`` on its command line: under emulation a gigantic page cannot be had at run time, no 1 GiB-aligned
-free range is left once the guest runs). numapin's Memory Manager (single-numa-node, CPU 0 reserved, 100Mi of memory
-reserved on node 0) reads it from sysfs as kubelet's cAdvisor does: node 1 publishes ``hugepages-1Gi`` 1Gi in its
-NodeResourceTopology zone, node 0 none. A Guaranteed pod asking ``hugepages-1Gi: 1Gi`` gets its CPU and memory node on
-node 1 (its CPU alone would have given it node 0's CPU 1), the page it allocates (``fallocate`` of 1 GiB on a
-hugetlbfs mount with ``pagesize=1G``) comes out of node 1's pool, and memory_manager_state holds the page on node 1;
-a pod asking two pages (more than any node has) is refused with kubelet's reason (UnexpectedAdmissionError: the
+judged from the kernel. The guest kernel reserves one 1 GiB page on node 1 at boot (``hugepagesz=1G hugepages=1:1``
+on its command line: written to node 0's ``nr_hugepages`` at run time, the same guest got no page, the kernel
+finding no free 1 GiB-aligned range there). numapin's Memory Manager (single-numa-node, CPU 0 reserved, 100Mi of
+memory reserved on node 0) reads it from sysfs as kubelet's cAdvisor does: node 1 publishes ``hugepages-1Gi`` 1Gi in
+its NodeResourceTopology zone, node 0 none. A Guaranteed pod asking ``hugepages-1Gi: 1Gi`` gets its CPU and memory
+node on node 1 (its CPU alone would have given it node 0's CPU 1), the page it allocates (``fallocate`` of 1 GiB on
+a hugetlbfs mount with ``pagesize=1G``) comes out of node 1's pool, and memory_manager_state holds the page on node
+1; a pod asking two pages (more than any node has) is refused with kubelet's reason (UnexpectedAdmissionError: the
 Memory Manager cannot place them) and takes nothing.
 
 The decisions are replayed on the host against the allocator (tests/numa/test_memory_story_model.py)."""
