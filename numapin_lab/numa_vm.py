@@ -104,6 +104,7 @@ class VMSpec:
     boot_retries: int = 2
     hpet_clock: bool = True                # the guest's clocksource switched to the HPET first (see above)
     init: str = "busybox"                  # PID 1: numa-vm.sh's busybox init, or "systemd" (numapin_lab.systemd_vm)
+    kernel_args: str = ""                  # more of the guest kernel's command line (e.g. boot-time huge pages)
 
     def argv(self, numa_vm: Path, command: Sequence[str]) -> list[str]:
         topology_spec(self.topology)
@@ -114,6 +115,8 @@ class VMSpec:
                "--boot-retries", str(self.boot_retries)]
         if self.mem_per_node_mib:
             out += ["--mem-per-node", str(self.mem_per_node_mib)]
+        if self.kernel_args:
+            out += ["--append", self.kernel_args]
         for a in self.qemu_args:
             out += ["--qemu-arg", a]
         for k, v in self.env.items():

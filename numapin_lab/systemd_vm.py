@@ -260,7 +260,8 @@ def qemu_argv(numa_vm: Path, spec: VMSpec, run: Path, initramfs: Path, kernel: P
             *topology_args(numa_vm, spec), "-kernel", str(kernel), "-initrd", str(initramfs),
             "-append", "console=ttyS0 loglevel=4 panic=-1 rdinit=/init mitigations=off tsc=reliable "
                        "numalab.ovlsize=50% systemd.unified_cgroup_hierarchy=1 "
-                       f"systemd.unit={TARGET} systemd.show_status=1 systemd.log_target=console",
+                       f"systemd.unit={TARGET} systemd.show_status=1 systemd.log_target=console"
+                       + (f" {spec.kernel_args}" if spec.kernel_args else ""),
             "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
             "-virtfs", f"local,path={share},mount_tag=numalab,security_model=none,multidevs=remap"]
     for i, d in enumerate(spec.shares):

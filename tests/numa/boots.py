@@ -69,7 +69,7 @@ def ensure_containerds(shape: Shape) -> list[Path]:
 def vm_spec(shape: Shape) -> VMSpec:
     qemu = pci_device_args(shape.device_node) if shape.device_node is not None else ()
     return VMSpec(topology=shape.topology, cgroup=shape.cgroup, mem_per_node_mib=shape.mem_per_node_mib,
-                  qemu_args=qemu, timeout=shape.timeout, init=shape.init)
+                  qemu_args=qemu, timeout=shape.timeout, init=shape.init, kernel_args=shape.kernel_args)
 
 
 class Boots:

@@ -37,6 +37,7 @@ class Shape:
     device_node: int | None = None        # a PCI device (virtio-serial port DEVICE_PORT) on this NUMA node
     timeout: int = 1200                   # seconds for the whole VM run (generous: the host may be overloaded)
     init: str = "busybox"                 # PID 1: numa-vm.sh's busybox, or systemd (numapin_lab.systemd_vm; cgroup v2)
+    kernel_args: str = ""                 # more of the guest kernel's command line (boot-time 1 GiB huge pages)
     # about how long its boot takes on the host beside the rest of the suite (2 CPUs; the summary's `boots` line):
     # the boots are queued longest first, so the two lanes end close together
     seconds: int = 85
@@ -62,10 +63,12 @@ SHAPES: dict[str, Shape] = {s.name: s for s in (
                            "test_spread.py", "test_prefer_closest.py", "test_restricted_refuses.py",
                            "test_memory.py", "test_full_pcpus.py", "test_nri.py", "test_churn.py"),
           device_node=2, timeout=2700, seconds=600, containerds=("2.x",)),
-    # 1 socket x 4 cores, no SMT, 2 nodes; pure cgroup v2 (the host and the other shapes are v1)
-    Shape("1s2n-nosmt", "1s2n-nosmt", _CORE, cgroup="v2"),
-    # 2 sockets x 4 cores, 8 nodes of one CPU
-    Shape("2s4c1t8n", "2s4c1t8n", _CORE, mem_per_node_mib=512),
+    # 1 socket x 4 cores, no SMT, 2 nodes of 2 GiB; pure cgroup v2 (the host and the other shapes are v1); one
+    # 1 GiB huge page reserved on node 1 at boot (the per-node syntax of the kernel's hugepages=)
+    Shape("1s2n-nosmt", "1s2n-nosmt", (*_CORE, "test_hugepages_1g.py"), cgroup="v2", mem_per_node_mib=2048,
+          kernel_args="hugepagesz=1G hugepages=1:1", seconds=110),
+    # 2 sockets x 4 cores, 8 nodes of one CPU and 512 MiB
+    Shape("2s4c1t8n", "2s4c1t8n", (*_CORE, "test_memory_spill.py"), mem_per_node_mib=512, seconds=100),
     # kubeadm's node: systemd as PID 1, pure cgroup v2, containerd with runc's systemd cgroup driver, pods in
     # kubelet's slices; 1 socket x 2 cores x 2 threads, 2 nodes
     Shape("1s2n-systemd", "1s2n", ("test_systemd_driver.py",), cgroup="v2", init="systemd", timeout=900,

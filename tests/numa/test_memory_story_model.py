@@ -1,4 +1,5 @@
-"""The Memory Manager story of the 2s4n VM (tests/numa/guest/test_memory.py) replayed on the host against the
+"""The Memory Manager stories of the VMs (tests/numa/guest/test_memory.py on 2s4n, test_hugepages_1g.py on
+1s2n-nosmt, test_memory_spill.py on 2s4c1t8n) replayed on the host against the
 allocator, on the VM's machine as tests.numa.shapes models it and 1 GiB nodes with what the guest kernel keeps for
 itself taken off MemTotal: the CPUs and memory nodes the story expects from the kernel are the ones numapin decides,
 so a change of the decisions shows here, without a VM."""
@@ -11,8 +12,11 @@ from allocator import NodeAllocator, NodeConfig
 from allocator.cpuset import CPUSet
 from allocator.memory import MachineMemory, NodeMemory, parse_reserved_memory
 from allocator.memory.config import MemoryConfig
+from allocator.memory.reserved import node_allocatable_reservation
 from allocator.pod import PodInfo
+from tests.numa.guest import test_hugepages_1g as gigantic
 from tests.numa.guest import test_memory as story
+from tests.numa.guest import test_memory_spill as spill
 from tests.numa.guest.node import Memory, pod_spec
 from tests.numa.guest.node import NodeConfig as GuestConfig
 from tests.numa.shapes import expected_topology
@@ -63,3 +67,42 @@ def test_restricted_decision_is_the_storys(node0: int, others: int) -> None:
     wide = n.admit_pod(pod("wide", "4", Memory(story.BIG_MIB)))
     assert wide.admitted, wide.message
     assert (wide.container("app").cpus, wide.container("app").mems) == (S("0-3"), S("0-1"))
+
+
+def test_1g_page_decisions_are_the_storys() -> None:
+    """1s2n-nosmt (tests/numa/guest/test_hugepages_1g.py): nodes of 2 GiB, node 1's MemTotal with its 1 GiB page."""
+    memory = MachineMemory((NodeMemory(0, 1900 * MI, ((2 * MI, 0), (gigantic.GIB, 0))),
+                            NodeMemory(1, 2010 * MI, ((2 * MI, 0), (gigantic.GIB, 1)))))
+    n = NodeAllocator(NodeConfig(
+        topology=expected_topology("1s2n-nosmt"), reserved_cpus=S(gigantic.SINGLE.reserved),
+        topology_manager_policy=gigantic.SINGLE.policy,
+        memory=MemoryConfig(memory, "Static", parse_reserved_memory(gigantic.SINGLE.reserved_memory))))
+    placed = n.admit_pod(pod("gigantic", "1", gigantic.PAGES)).container("app")
+    assert (placed.cpus, placed.mems) == (S("2"), S(str(gigantic.PAGE_NODE)))
+    too_many = n.admit_pod(pod("too-many", "1", gigantic.TOO_MANY))
+    assert not too_many.admitted and too_many.reason == "UnexpectedAdmissionError"
+    assert "failed to find NUMA nodes to extend the current topology hint" in too_many.message
+
+
+# (MemTotal, MemFree) MiB per node as a 2s4c1t8n guest may show them: node 0 keeps the kernel
+SPILL_MACHINES = [pytest.param(m, id=i) for i, m in (
+    ("roomy", {n: (380, 300) if n == 0 else (490, 440) for n in range(8)}),
+    ("busy", {n: (380, 200) if n == 0 else (490, 380) for n in range(8)}))]
+
+
+@pytest.mark.parametrize("meminfo", SPILL_MACHINES)
+def test_spill_decision_is_the_storys(meminfo: dict[int, tuple[int, int]]) -> None:
+    """2s4c1t8n (tests/numa/guest/test_memory_spill.py): every node's reservation as the story computes it."""
+    held = {n: total - free + spill.HEADROOM_MIB for n, (total, free) in meminfo.items()}
+    reserved = ";".join(f"{k}:memory={v}Mi" for k, v in held.items())
+    memory = MachineMemory(tuple(NodeMemory(k, total * MI) for k, (total, _) in meminfo.items()))
+    allocatable = node_allocatable_reservation(
+        memory_capacity=memory.capacity()["memory"],
+        system_reserved={"memory": f"{sum(held.values()) - spill.EVICTION_MIB}Mi"})
+    n = NodeAllocator(NodeConfig(
+        topology=expected_topology("2s4c1t8n"), reserved_cpus=S("0"), topology_manager_policy="restricted",
+        memory=MemoryConfig(memory, "Static", parse_reserved_memory(reserved), allocatable)))
+    got = n.admit_pod(pod("spill", "2", Memory(spill.SPILL_MIB)))
+    assert got.admitted, got.message
+    nodes = S(",".join(map(str, spill.NODES)))
+    assert (got.container("app").cpus, got.container("app").mems) == (nodes, nodes)

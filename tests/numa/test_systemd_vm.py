@@ -58,10 +58,12 @@ def test_qemu_command_line_boots_systemd_on_cgroup_v2(tmp_path: Path) -> None:
         numa_vm = find_numa_vm()
     except VMError as e:
         pytest.fail(str(e))
-    argv = qemu_argv(numa_vm, VMSpec(topology="1s2n", cgroup="v2", init="systemd", shares=("/srv/x",)), tmp_path,
-                     tmp_path / "initrd", tmp_path / "kernel")
+    argv = qemu_argv(numa_vm, VMSpec(topology="1s2n", cgroup="v2", init="systemd", shares=("/srv/x",),
+                                     kernel_args="hugepagesz=1G hugepages=0:1"), tmp_path, tmp_path / "initrd",
+                     tmp_path / "kernel")
     append = argv[argv.index("-append") + 1]
     assert "systemd.unified_cgroup_hierarchy=1" in append and f"systemd.unit={TARGET}" in append
+    assert append.endswith(" hugepagesz=1G hugepages=0:1")
     assert "rdinit=/init" in append
     assert argv[argv.index("-smp") + 1].startswith("4,sockets=1")
     assert "local,path=/srv/x,mount_tag=rw0,security_model=none,multidevs=remap" in argv

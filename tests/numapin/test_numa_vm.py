@@ -47,7 +47,7 @@ def test_bad_topology_is_a_clear_error(bad: str) -> None:
 
 def test_argv_passes_every_option_to_numa_vm() -> None:
     spec = VMSpec(topology="2s4c1t8n", cgroup="v2", mem_per_node_mib=512, qemu_args=pci_device_args(3),
-                  env={"A": "b c"}, shares=("/tmp/x",), timeout=60)
+                  env={"A": "b c"}, shares=("/tmp/x",), timeout=60, kernel_args="hugepagesz=1G hugepages=1:1")
     argv = spec.argv(Path("/x/numa-vm.sh"), ["python3", "-c", "print(1)"])
     assert argv[:3] == ["/x/numa-vm.sh", "run", "-q"]
     assert argv[argv.index("--topology") + 1] == "2s4c1t8n" and argv[argv.index("--cgroup") + 1] == "v2"
@@ -55,10 +55,11 @@ def test_argv_passes_every_option_to_numa_vm() -> None:
     qemu = [argv[i + 1] for i, a in enumerate(argv) if a == "--qemu-arg"]
     assert qemu == list(pci_device_args(3)) and any("numa_node=3" in a for a in qemu)
     assert argv[argv.index("--env") + 1] == "A=b c" and argv[argv.index("--share") + 1] == "/tmp/x"
+    assert argv[argv.index("--append") + 1] == "hugepagesz=1G hugepages=1:1"
     assert argv[argv.index("--"):][-3:] == ["python3", "-c", "print(1)"]
     assert "hpet" in " ".join(argv[argv.index("--"):])  # the guest's clocksource switched to the HPET first
     plain = VMSpec(hpet_clock=False).argv(Path("/x"), ["true"])
-    assert plain[plain.index("--"):] == ["--", "true"]
+    assert plain[plain.index("--"):] == ["--", "true"] and "--append" not in plain
     with pytest.raises(VMError, match="cgroup"):
         VMSpec(cgroup="v3").argv(Path("/x"), ["true"])
 

@@ -119,19 +119,24 @@ def kubelet_resize(cpu: str, memory_mib: int = 32) -> pb.LinuxContainerResources
 class Memory:
     """A container's memory as its pod asks it (requests equal limits: the pod stays Guaranteed when its CPUs are)
     and as kubelet passes it in CRI: ``memory_limit_in_bytes`` and ``hugepage_limits`` (the 2MB size, 0 when not
-    asked)."""
+    asked; the 1GB size when asked)."""
     memory_mib: int
     hugepages_2m_mib: int = 0
+    hugepages_1g_gib: int = 0
 
     def resources(self) -> dict[str, str]:
         out = {"memory": f"{self.memory_mib}Mi"}
         if self.hugepages_2m_mib:
             out["hugepages-2Mi"] = f"{self.hugepages_2m_mib}Mi"
+        if self.hugepages_1g_gib:
+            out["hugepages-1Gi"] = f"{self.hugepages_1g_gib}Gi"
         return out
 
     def apply(self, resources: pb.LinuxContainerResources) -> None:
         resources.memory_limit_in_bytes = self.memory_mib << 20
         resources.hugepage_limits.append(pb.HugepageLimit(page_size="2MB", limit=self.hugepages_2m_mib << 20))
+        if self.hugepages_1g_gib:
+            resources.hugepage_limits.append(pb.HugepageLimit(page_size="1GB", limit=self.hugepages_1g_gib << 30))
 
 
 def pod_spec(name: str, cpu: str, *, limit: str | None = None, mode: str | None = None,
