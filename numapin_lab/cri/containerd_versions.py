@@ -24,9 +24,10 @@ from pathlib import Path
 
 from .containerd import LabError, containerd_version
 
-__all__ = ["CACHE", "CONTAINERDS", "ContainerdVersion", "containerd_bin_dir"]
+__all__ = ["CACHE", "CACHE_ENV", "CONTAINERDS", "ContainerdVersion", "containerd_bin_dir"]
 
-CACHE = Path(os.environ.get("NUMAPIN_CONTAINERD_CACHE", "/var/cache/numapin-test-tools/containerd"))
+CACHE_ENV = "NUMAPIN_CONTAINERD_CACHE"
+CACHE = Path(os.environ.get(CACHE_ENV, "/var/cache/numapin-test-tools/containerd"))
 KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
 FETCH_SECONDS = 900
 
@@ -85,9 +86,11 @@ def _fetch(suite: str, into: Path) -> None:
             raise LabError(f"dpkg-deb -x {debs[0].name} failed: {r.stderr.strip()}")
 
 
-def containerd_bin_dir(name: str) -> Path | None:
+def containerd_bin_dir(name: str, *, fetch: bool = True) -> Path | None:
     """The directory of containerd ``name`` (a key of ``CONTAINERDS``): None for the system's; for another suite's,
-    its unpacked ``usr/bin`` in the cache, fetched first when missing (one fetcher at a time, by a lock file)."""
+    its unpacked ``usr/bin`` in the cache, fetched first when missing (one fetcher at a time, by a lock file).
+    ``fetch=False`` (inside a multi-NUMA VM, which sees the host's cache and must never download): a missing
+    cache raises ``LabError``."""
     try:
         version = CONTAINERDS[name]
     except KeyError:
@@ -95,6 +98,9 @@ def containerd_bin_dir(name: str) -> Path | None:
     if version.suite is None:
         return None
     bin_dir = CACHE / version.suite / "usr/bin"
+    if not fetch and not (bin_dir / "containerd").exists():
+        raise LabError(f"containerd {name} (Debian {version.suite}'s) is not in the cache {CACHE} and may not be "
+                       f"fetched here: the host fills it before it boots a VM that needs it (tests/numa/boots.py)")
     if not (bin_dir / "containerd").exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         with open(CACHE / f".{version.suite}.lock", "w") as lock:

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
+from numapin_lab.cri.containerd import LabError
+from numapin_lab.cri.containerd_versions import CACHE, CACHE_ENV, containerd_bin_dir
 from numapin_lab.numa_vm import VMSpec, pci_device_args
 from numapin_lab.systemd_vm import THREAD_PREFIX
 from tests.numa.background import Background
@@ -26,7 +28,7 @@ from tests.numa.guest.node import OPLOG_ENV
 from tests.numa.harness import GuestRun, run_pytest_in_vm
 from tests.numa.shapes import SHAPE_ENV, SHAPES, Shape
 
-__all__ = ["BOOT_LANES", "Boots", "VMJob", "guest_files", "vm_spec"]
+__all__ = ["BOOT_LANES", "Boots", "VMJob", "ensure_containerds", "guest_files", "vm_spec"]
 
 BOOT_LANES = 2  # VMs at once (tests.numa.background says why)
 # The boots' threads (and so the VMs and builds they start, which inherit a thread's nice value on Linux) run at the
@@ -48,6 +50,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def guest_files(shape: Shape) -> list[Path]:
     return [GUEST / f for f in shape.guest_tests] + [ROOT / f for f in shape.more_tests]
+
+
+def ensure_containerds(shape: Shape) -> list[Path]:
+    """The bin directories of the containerds the shape's guest tests run (``Shape.containerds``), fetched into the
+    host's cache now if missing: the guest sees this cache at the same path and never fetches
+    (``containerd_bin_dir(..., fetch=False)``). Called where a boot begins; ``LabError`` when one cannot be had
+    (every check of the shape then fails with it, and nothing is booted)."""
+    out = []
+    for version in shape.containerds:
+        found = containerd_bin_dir(version)
+        if found is None:
+            raise LabError(f"{shape.name}: containerd {version} is the system's, not one of the cache's")
+        out.append(found)
+    return out
 
 
 def vm_spec(shape: Shape) -> VMSpec:
@@ -113,8 +129,11 @@ class Boots:
             self.runs[name] = run
             return run
         shape = SHAPES[name]
-        run = run_pytest_in_vm(vm_spec(shape), [str(f) for f in guest_files(shape)], work,
-                               env={SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")},
+        ensure_containerds(shape)
+        env = {SHAPE_ENV: name, OPLOG_ENV: str(work / "operations.log")}
+        if shape.containerds:
+            env[CACHE_ENV] = str(CACHE)
+        run = run_pytest_in_vm(vm_spec(shape), [str(f) for f in guest_files(shape)], work, env=env,
                                test_timeout=shape.timeout // 2, cancel=cancel, environ=self.environ)
         self.spans[name] = (begin, time.monotonic() - self.t0)
         self.runs[name] = run

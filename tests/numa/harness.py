@@ -38,7 +38,7 @@ from tests.numa.shapes import IN_VM_ENV, SHARED_ENV
 __all__ = ["CaseResult", "GuestRun", "run_pytest_in_vm"]
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("allocator", "nodeagent", "criproxy", "numapin", "webhook", "protos", "tests")
+PACKAGES = ("allocator", "nodeagent", "criproxy", "nriplugin", "numapin", "numapin_lab", "webhook", "protos", "tests")
 # pytest options of the guest's run: no hypothesis plugin (importing it costs 10-15 s under emulation; no guest
 # test uses it), no cache directory (the tree is read-only there)
 GUEST_PYTEST = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-o", "addopts=")

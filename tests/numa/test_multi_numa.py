@@ -15,6 +15,7 @@ import ast
 
 import pytest
 
+from numapin_lab.cri.containerd import LabError
 from numapin_lab.numa_vm import GUEST_STALLED, VM_FAILURE, VM_TIMEOUT
 from tests.numa.background import Cancelled
 from tests.numa.boots import Boots, guest_files
@@ -60,6 +61,8 @@ def test_in_vm(boots: Boots, shape: str, check: str, record_property: pytest.Rec
     try:
         run = boots.get(shape)
     except GuestPathError as e:  # before any boot: the guest could not see this checkout
+        pytest.fail(f"{shape}: {e}", pytrace=False)
+    except LabError as e:  # before any boot: a containerd the guest needs could not be had on the host
         pytest.fail(f"{shape}: {e}", pytrace=False)
     except Cancelled as e:  # the session is ending (interrupted)
         pytest.fail(f"{shape}: {e}", pytrace=False)

@@ -1,7 +1,8 @@
 """Inside the VM: one private containerd for the whole boot, ``numapin criproxy`` (a real process) restarted in
 front of it for each configuration, pods run through the proxy as kubelet drives them (the webhook's /mutate
 stamps their CPU intent), and the kernel's view of their processes: ``/proc/<pid>/status`` and the cpuset
-cgroup files.
+cgroup files. ``GuestNode(containerd="2.x")`` runs a newer containerd from the host's cache
+(numapin_lab.cri.containerd_versions) instead of the system's.
 
 Everything lives under /run (a plain tmpfs in the guest: containerd's overlayfs snapshots cannot sit on the
 guest's overlay root). Calls are synchronous (each opens its own CRI channel), so the checks are plain functions.
@@ -28,7 +29,8 @@ from allocator.quantity import cpu_milli
 from nodeagent.node.cfs import QUOTA_PERIOD, milli_cpu_to_quota, milli_cpu_to_shares
 from numapin.proc_cpus import cgroup_file, process_cpus
 from numapin_lab.cri.client import CRIClient, pb
-from numapin_lab.cri.containerd import ContainerdLab
+from numapin_lab.cri.containerd import PAUSE_IMAGE, ContainerdLab, LabError
+from numapin_lab.cri.containerd_versions import containerd_bin_dir
 from numapin_lab.demo.pod_manifest import make_pod
 from numapin_lab.demo.pod_runner import PodRunner, RunningPod
 from numapin_lab.demo.stack import ManagedProcess
@@ -149,10 +151,14 @@ class GuestNode:
     read the kernel; ``stop()``. One event loop and one CRI channel to the proxy (as kubelet's) and one to containerd
     for the whole boot."""
 
-    def __init__(self, work: Path = WORK, *, systemd: bool = False) -> None:
+    def __init__(self, work: Path = WORK, *, systemd: bool = False, containerd: str | None = None) -> None:
         self.work = work
         self.systemd = systemd  # the systemd cgroup driver (runc's SystemdCgroup, kubelet's slices as pod parents)
-        self.lab = ContainerdLab(work / "ctrd", systemd_cgroup=systemd)
+        # which containerd: None, the system's; a key of numapin_lab.cri.containerd_versions.CONTAINERDS ("2.x"),
+        # that one from the host's cache (LabError when it is not there: the guest never downloads)
+        self.containerd = containerd
+        bin_dir = containerd_bin_dir(containerd, fetch=False) if containerd is not None else None
+        self.lab = ContainerdLab(work / "ctrd", bin_dir, systemd_cgroup=systemd)
         self.proxy_socket = str(work / "criproxy.sock")
         self.control_socket = str(work / "control.sock")  # the proxy's default: next to its socket
         self.state_dir = work / "state"
@@ -201,10 +207,22 @@ class GuestNode:
         self.prepare_proxy()  # its imports while containerd starts
         t0 = time.monotonic()
         self.lab.start()
+        if self.lab.major >= 2:
+            self._do("pause image in CRI", self._pause_image)
         if self._oplog:
             with open(self._oplog, "a") as f:
-                f.write(f"{time.monotonic() - t0:.2f} containerd start\n")
+                f.write(f"{time.monotonic() - t0:.2f} containerd {self.lab.version} start\n")
         return self
+
+    async def _pause_image(self) -> None:
+        """containerd 2.x's CRI learns of the images the lab imported through events, a moment after the import
+        (tests/nri/conftest.py): the first pod must not run before it knows the pause image."""
+        deadline = time.monotonic() + 60
+        while PAUSE_IMAGE not in {t for i in await self.direct.list_images() for t in i.repo_tags}:
+            if time.monotonic() > deadline:
+                raise LabError(f"containerd {self.lab.version}'s CRI did not list {PAUSE_IMAGE} within 60 s of "
+                               f"its import")
+            await asyncio.sleep(0.1)
 
     def stop(self) -> None:
         try:
