@@ -205,6 +205,7 @@ class Watch:
     follow: str | None = None
     reloading: bool = True
     after_narrowing: CPUSet | None = None
+    max_reloads: int | None = None  # the loop's end after this many (else ``quiet`` or the end of the watch)
     exclusive: CPUSet = field(default_factory=CPUSet)
     samples: int = 0
     reloads: int = 0
@@ -245,6 +246,8 @@ class Watch:
         while True:  # once begun, at least one
             systemctl("daemon-reload")
             self.count_reload()
+            if self.max_reloads is not None and self.reloads >= self.max_reloads:
+                return
             if self.stop.is_set() or self.stop_reloads.wait(RELOAD_PAUSE):
                 return
 
@@ -342,7 +345,7 @@ def test_daemon_reload_while_containerds_record_lags_keeps_a_mode_change(node: G
         for name in shared:  # narrowed in the kernel before any reload
             k = node.settled(name, rest, machine.numa_of(rest))
             assert k.cpus == rest and k.cgroup_cpus == rest, f"{name} not narrowed: {k}"
-        with Watch(node) as w:
+        with Watch(node, max_reloads=LAGGING_RELOADS) as w:
             w.pinned(one)
             deadline = time.monotonic() + 90
             while w.reloads < LAGGING_RELOADS and time.monotonic() < deadline:
