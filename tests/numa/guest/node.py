@@ -1,8 +1,10 @@
 """Inside the VM: one private containerd for the whole boot, ``numapin criproxy`` (a real process) restarted in
 front of it for each configuration, pods run through the proxy as kubelet drives them (the webhook's /mutate
 stamps their CPU intent), and the kernel's view of their processes: ``/proc/<pid>/status`` and the cpuset
-cgroup files. The same node behind numapin's other door (``GuestNode(nri="2.x")``): a newer containerd from the
-host's cache with NRI on, ``numapin nri`` plugged into it, kubelet's client on containerd's own socket.
+cgroup files. ``GuestNode(containerd="2.x")`` runs a newer containerd from the host's cache
+(numapin_lab.cri.containerd_versions) instead of the system's. The same node behind numapin's other door
+(``GuestNode(nri="2.x")``): that containerd with NRI on, ``numapin nri`` plugged into it, kubelet's client on
+containerd's own socket.
 
 Everything lives under /run (a plain tmpfs in the guest: containerd's overlayfs snapshots cannot sit on the
 guest's overlay root). Calls are synchronous (each opens its own CRI channel), so the checks are plain functions.
@@ -159,14 +161,17 @@ class GuestNode:
     read the kernel; ``stop()``. One event loop and one CRI channel to the proxy (as kubelet's) and one to containerd
     for the whole boot."""
 
-    def __init__(self, work: Path = WORK, *, systemd: bool = False, nri: str | None = None) -> None:
+    def __init__(self, work: Path = WORK, *, systemd: bool = False, containerd: str | None = None,
+                 nri: str | None = None) -> None:
         self.work = work
         self.systemd = systemd  # the systemd cgroup driver (runc's SystemdCgroup, kubelet's slices as pod parents)
-        # the door: None, ``numapin criproxy`` in front of the system's containerd; a containerd of
-        # numapin_lab.cri.containerd_versions ("2.x"), that one with NRI on (from the host's cache: LabError when it
-        # is not there, never a download) and ``numapin nri`` as its plugin, kubelet's client on containerd's socket
+        # the door: None, ``numapin criproxy`` in front of the containerd; a version ("2.x"): that containerd with NRI
+        # on and ``numapin nri`` as its plugin, kubelet's client on containerd's socket
         self.nri = nri
-        bin_dir = containerd_bin_dir(nri, fetch=False) if nri is not None else None
+        # which containerd: None, the system's; a key of numapin_lab.cri.containerd_versions.CONTAINERDS ("2.x"),
+        # that one from the host's cache (LabError when it is not there: the guest never downloads)
+        self.containerd = nri if nri is not None else containerd
+        bin_dir = containerd_bin_dir(self.containerd, fetch=False) if self.containerd is not None else None
         self.lab = ContainerdLab(work / "ctrd", bin_dir, systemd_cgroup=systemd, nri=nri is not None,
                                  nri_time_scale=NRI_TIME_SCALE)
         self.cgroup_root = CGROUP_ROOT if nri is None else f"{CGROUP_ROOT}-nri"
