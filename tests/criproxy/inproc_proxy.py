@@ -12,7 +12,7 @@ from criproxy.app import CriProxy
 from criproxy.config import ProxyConfig, load_config
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 
-__all__ = ["proxy_config", "running_proxy"]
+__all__ = ["proc_without_kubelet", "proxy_config", "running_proxy"]
 
 
 def proxy_config(tmp: Path, runtime: MemoryRuntime, sysfs: Path, **over: object) -> ProxyConfig:
@@ -33,3 +33,14 @@ async def running_proxy(cfg: ProxyConfig) -> AsyncIterator[CriProxy]:
         yield p
     finally:
         await p.stop()
+
+
+def proc_without_kubelet(tmp: Path) -> str:
+    """A /proc for the proxy with no kubelet process in it (``self`` is the real one): a real kubelet running on this
+    machine meanwhile (the session's kubelet nodes, tests/k8s) would otherwise be the one judged, its flags winning
+    over the configuration file these stories write."""
+    proc = tmp / "proc"
+    proc.mkdir(exist_ok=True)
+    if not (proc / "self").exists():
+        (proc / "self").symlink_to("/proc/self")
+    return str(proc)

@@ -22,6 +22,7 @@ from nodeagent.node.kubelet_drift import CPU_STATIC, ENDPOINT, MEMORY_STATIC, Ku
 from numapin.node_status import from_proxy_status, render_text
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.memory_runtime import MemoryRuntime
+from tests.criproxy.inproc_proxy import proc_without_kubelet
 from tests.criproxy.test_pinning import created_resources, proxy_config
 
 LISTEN = "/run/numapin/criproxy.sock"
@@ -127,17 +128,6 @@ def test_an_unreadable_config_is_a_note(tmp_path: Path) -> None:
 
 
 # -- the proxy ---------------------------------------------------------------------------------------------------
-
-def proc_without_kubelet(tmp: Path) -> str:
-    """A /proc for the proxy with no kubelet process in it (``self`` is the real one): a real kubelet running on this
-    machine meanwhile (the session's kubelet nodes, tests/k8s) would otherwise be the one judged, its flags winning
-    over the configuration file these stories write."""
-    proc = tmp / "proc"
-    proc.mkdir(exist_ok=True)
-    if not (proc / "self").exists():
-        (proc / "self").symlink_to("/proc/self")
-    return str(proc)
-
 
 async def test_the_proxy_refuses_new_exclusive_admissions_while_kubelet_s_cpu_manager_is_static(
         short_tmp: Path, runtime: MemoryRuntime, two_numa_sysfs: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -310,7 +310,8 @@ async def test_a_resize_refused_for_kubelet_drift_restores_both_states_and_both_
     root.mkdir()
     (root / "config.yaml").write_text("cpuManagerPolicy: static\n")
     cfg = proxy_config(short_tmp, runtime, memory_sysfs(two_numa_sysfs), kubelet_config=str(root / "config.yaml"),
-                       kubelet_root_dir=str(root), kubelet_check_period="0")
+                       kubelet_root_dir=str(root), kubelet_check_period="0",
+                       proc_root=inproc.proc_without_kubelet(short_tmp))
     async with inproc.running_proxy(cfg) as p, CRIClient(cfg.listen) as k:
         _, cid = await run(k, "db", container("app", 500, 1 * GI))  # the shared pool: admitted while drifting
         before, states = state_pair(p), p.pinning.mems.snapshot()
