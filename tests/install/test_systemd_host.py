@@ -17,6 +17,7 @@ release) and the interpreter's start-up (seven proxy starts, one per ``numapin``
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import shutil
 import tempfile
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from numapin_lab.numa_vm import VMSpec
-from tests.install.node_build import SessionBuild, session_build
+from tests.install.node_build import BuildError, SessionBuild, session_build
 from tests.numa.harness import GuestRun, run_pytest_in_vm
 
 if TYPE_CHECKING:
@@ -56,9 +57,17 @@ def boot_systemd_host(work: Path, cancel: threading.Event, environ: Mapping[str,
 
 def vm_job(config: pytest.Config) -> VMJob:
     """The story as a tests.numa.boots.VMJob: the session's boots run it in the background, beside the rest of the
-    suite, with the session's build (which the tests of this host's install wait for if they come first)."""
+    suite, with the session's build (which the tests of this host's install wait for if they come first). The build
+    starts now, in a thread of its own, so that it is done when the job's lane takes it (tests.numa.boots.boot_order
+    queues it after the lanes' first boots); its failure is the job's (``SessionBuild.get`` raises it again)."""
     build = session_build(config)
+    threading.Thread(target=_build_quietly, args=(build,), name="numapin-node-build", daemon=True).start()
     return lambda work, cancel, environ: boot_systemd_host(work, cancel, environ, build)
+
+
+def _build_quietly(build: SessionBuild) -> None:
+    with contextlib.suppress(BuildError):  # kept by the build, raised to whoever asks for it
+        build.get()
 
 
 VM_JOB = ("systemd-host", vm_job)

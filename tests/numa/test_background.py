@@ -94,3 +94,15 @@ def test_close_stops_the_running_job_and_drops_the_queued_ones() -> None:
         jobs.result("queued")
     with pytest.raises(Cancelled, match="later: the background runner is closed"):
         jobs.result("later")
+
+
+def test_boots_queue_longest_first_with_the_extra_jobs_after_the_lanes_first_boots() -> None:
+    from tests.numa.boots import BOOT_LANES, boot_order
+    from tests.numa.shapes import SHAPES
+
+    by_length = sorted(SHAPES, key=lambda n: -SHAPES[n].seconds)
+    order = boot_order(reversed(list(SHAPES)), ["systemd-host"])
+    assert order == [*by_length[:BOOT_LANES], "systemd-host", *by_length[BOOT_LANES:]]
+    assert boot_order(["2s4n"], ["systemd-host"]) == ["2s4n", "systemd-host"]  # fewer shapes than lanes
+    assert boot_order([], ["systemd-host"]) == ["systemd-host"]
+    assert boot_order(["1s2n-nosmt", "2s4n", "2s4n"]) == ["2s4n", "1s2n-nosmt"]  # each once
