@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,9 +23,9 @@ import pytest
 from allocator.topology import Topology
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab
-from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.nri_process import NriProcess
 from tests.criproxy.test_e2e_containerd import EXCL, SHARED, cfs_quota, cpus_of, delete_pod, pid_of, start_pod
+from tests.nri.plugin_process import plugin_process
 
 pytestmark = pytest.mark.containerd
 # the stories whose outcome depends on containerd's NRI (v0.6.1 in 1.7, v0.8.0 in 2.1: pinning and narrowing, the
@@ -44,15 +43,8 @@ def cpu_all() -> str:
 
 @pytest.fixture
 async def plugin(nri_lab: ContainerdLab) -> AsyncIterator[NriProcess]:
-    d = scratch_dir("npx-nri-")
-    p = NriProcess(d, nri_lab.socket, nri_lab.nri_socket, reserved_cpus=SHARED)
-    await asyncio.to_thread(p.start)
-    try:
+    async with plugin_process(nri_lab) as p:
         yield p
-    finally:
-        p.stop()
-        await nri_lab.remove_all_pods()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 async def _wait_cpus(pid: int, want: tuple[str, str], timeout: float = 20.0) -> float:

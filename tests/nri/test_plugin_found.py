@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
 from collections.abc import AsyncIterator
 
@@ -22,9 +21,9 @@ import pytest
 
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab
-from numapin_lab.cri.ledger import scratch_dir
 from numapin_lab.cri.nri_process import NriProcess
 from tests.criproxy.test_e2e_containerd import SHARED, cpus_of, pid_of, start_pod
+from tests.nri.plugin_process import plugin_process
 
 pytestmark = pytest.mark.containerd
 
@@ -33,16 +32,8 @@ pytestmark = pytest.mark.containerd
 @pytest.fixture
 async def plugin(nri_lab: ContainerdLab) -> AsyncIterator[NriProcess]:
     """numapin nri as a process, one per test, reconciling with containerd's lists every second (10 s by default)."""
-    d = scratch_dir("npx-nri-")
-    p = NriProcess(d, nri_lab.socket, nri_lab.nri_socket, reserved_cpus=SHARED,
-                   extra_args=("--reconcile-period", "1"))
-    await asyncio.to_thread(p.start)
-    try:
+    async with plugin_process(nri_lab, "--reconcile-period", "1") as p:
         yield p
-    finally:
-        p.stop()
-        await nri_lab.remove_all_pods()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.parametrize("nri_lab", ["2.x"], indirect=True, ids=["containerd2.x"])
