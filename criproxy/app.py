@@ -56,8 +56,9 @@ class CriProxy(AgentDoor):
         runtime = CriRuntime(lambda m, r, t: upstream.call(m, r, timeout=t), self.api.method)
         # the CRI version the proxy's own calls use, learnt before the start-up reconcile
         await self.agent.start(runtime, runtime, view=self, first_contact=lambda: self.api.detect(upstream.call))
-        interceptors = ProxyInterceptors(self.pinning, self.resizer, self.starts, self.api).table()
-        handler = RelayHandler(upstream, interceptors, observe=self.metrics.observe_call)
+        interceptors = ProxyInterceptors(self.pinning, self.resizer, self.starts, self.api)
+        handler = RelayHandler(upstream, interceptors.table(), observe=self.metrics.observe_call,
+                               pass_through=interceptors.pass_through())
         self._server = await start_relay(
             listen_path(cfg.listen), handler, cfg.relay,
             limits=ConnectionLimits(max_connections=cfg.max_connections, idle_timeout=cfg.connection_idle_timeout),

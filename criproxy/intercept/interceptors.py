@@ -26,7 +26,7 @@ from criproxy.relay.cri_api import (
     UPDATE_RESOURCES,
     RuntimeApi,
 )
-from criproxy.relay.grpc_relay import Forward, Interceptor
+from criproxy.relay.grpc_relay import Forward, Interceptor, PassThrough
 from nodeagent.decisions.pinning import Pinning
 from nodeagent.decisions.resize import Resizer
 from nodeagent.decisions.starts import StartGuard
@@ -61,6 +61,10 @@ class ProxyInterceptors:
             # what kubelet reads back of a pinned container's CPU limit (it runs without a CFS quota)
             "ContainerStatus": self.container_status,
         }
+
+    def pass_through(self) -> Mapping[str, PassThrough]:
+        """For the interceptors that need nothing of most calls: which calls go on unheld (``PassThrough``)."""
+        return {"ContainerStatus": self.container_status_unchanged}
 
     async def create_container(self, request: bytes, forward: Forward) -> bytes:
         """Admitted and committed first; then, without the allocation lock, the cpuset put on the wire message and
@@ -125,16 +129,25 @@ class ProxyInterceptors:
         stale) CPU limit from the runtime's -1; the limit kubelet set goes back in ``resources.linux`` instead.
         Only the two fields change, and only when the runtime reports resources at all."""
         response = await forward(request)
-        t = self.pinning.registry.containers.get(container_id_of(request))
-        if t is None:
-            return response
-        cfs = self.resizer.reported_cfs(t)
+        cfs = self._reported_cfs(container_id_of(request))
         if cfs is None or wire.message_at(response, STATUS_LINUX_RESOURCES) is None:
             return response
         period, quota = cfs
         return wire.set_fields(response, STATUS_LINUX_RESOURCES,
                                {CPU_PERIOD: wire.encode_int64(CPU_PERIOD, period),
                                 CPU_QUOTA: wire.encode_int64(CPU_QUOTA, quota)})
+
+    def container_status_unchanged(self, request: bytes) -> bool:
+        """``ContainerStatus`` of a container with no CPU limit to report (not pinned, most of a node): the
+        runtime's answer goes back as it is, so the frame relay need not hold the call. Decided when the request
+        is read: a container pinned (or its limit changed) before the runtime answers is reported by kubelet's
+        next call (docs/performance.md, issue 37)."""
+        return self._reported_cfs(container_id_of(request)) is None
+
+    def _reported_cfs(self, container_id: str) -> tuple[int, int] | None:
+        """(cpu_period, cpu_quota) to report for ``container_id``; None: what the runtime says."""
+        t = self.pinning.registry.containers.get(container_id)
+        return None if t is None else self.resizer.reported_cfs(t)
 
 
 async def _then(call: Awaitable[bytes], after: Callable[[], Awaitable[None]]) -> bytes:

@@ -9,7 +9,7 @@ import base64
 import grpc
 import hpack
 
-from criproxy.relay.grpc_relay import CRI_SERVICES, UNARY_METHODS, Interceptor, Metadata
+from criproxy.relay.grpc_relay import CRI_SERVICES, UNARY_METHODS, Interceptor, Metadata, PassThrough
 
 _CACHE_LIMIT = 1024
 # the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
@@ -25,19 +25,21 @@ class _OverBudget(_ProtocolError):
 
 
 class _Routes:
-    """What each ``:path`` is: its method name and interceptor (None: relayed untouched); shared by connections."""
+    """What each ``:path`` is: its method name, interceptor (None: relayed untouched) and the interceptor's
+    ``PassThrough`` (None: every call held); shared by connections."""
 
-    def __init__(self, interceptors: dict[str, Interceptor]) -> None:
+    def __init__(self, interceptors: dict[str, Interceptor], pass_through: dict[str, PassThrough]) -> None:
         self._interceptors = interceptors
-        self._known: dict[bytes, tuple[str, Interceptor | None]] = {}
+        self._pass_through = pass_through
+        self._known: dict[bytes, tuple[str, Interceptor | None, PassThrough | None]] = {}
 
-    def of(self, path: bytes) -> tuple[str, Interceptor | None]:
+    def of(self, path: bytes) -> tuple[str, Interceptor | None, PassThrough | None]:
         route = self._known.get(path)
         if route is None:
             method = path.decode("utf-8", "replace")
             service, _, name = method.lstrip("/").rpartition("/")
             icpt = self._interceptors.get(name) if service in CRI_SERVICES and name in UNARY_METHODS else None
-            route = (method, icpt)
+            route = (method, icpt, self._pass_through.get(name) if icpt is not None else None)
             if len(self._known) < _CACHE_LIMIT:
                 self._known[path] = route
         return route

@@ -14,7 +14,7 @@ import grpc.aio
 
 from criproxy.relay import h2wire as h2
 from criproxy.relay.frame_headers import _MAX_HEADER_LIST, _metadata, _OverBudget, _ProtocolError
-from criproxy.relay.grpc_relay import MAX_MESSAGE, Interceptor
+from criproxy.relay.grpc_relay import MAX_MESSAGE, Interceptor, PassThrough
 
 _END_HEADERS, _PADDED = h2.END_HEADERS, h2.PADDED
 # the largest intercepted message (request or answer) held in memory, with gRPC's 5-byte prefix: the gRPC relay's
@@ -42,6 +42,7 @@ class _Held:
         "late_mark",
         "metadata",
         "method",
+        "passes",
         "refused",
         "request",
         "resp_data",
@@ -56,11 +57,12 @@ class _Held:
         "up_window",
     )
 
-    def __init__(self, sid: int, method: str, icpt: Interceptor, headers: list[tuple[bytes, bytes]],
-                 down_window: int, up_window: int) -> None:
+    def __init__(self, sid: int, method: str, icpt: Interceptor, passes: PassThrough | None,
+                 headers: list[tuple[bytes, bytes]], down_window: int, up_window: int) -> None:
         self.sid = sid
         self.method = method
         self.icpt = icpt
+        self.passes = passes            # the interceptor's PassThrough: may the call go on unheld (frame_kubelet)
         self.t0 = time.perf_counter()
         self.metadata = _metadata(headers, skip=_TRANSPORT_KEYS)
         self.timeout: float | None = None
@@ -106,19 +108,24 @@ class _Held:
             else:
                 self.initial_frames, self.initial_block = bytes(frames), bytes(block)
 
+    def answer_untouched(self) -> bool:
+        """Nothing of the runtime's answer has come (no frame, no reset, no GOAWAY beyond it): the call may still
+        go on unheld."""
+        return self._hdr is None and not self.initial_frames and not self.resp_data and not self.response.done()
+
     def done(self, error: BaseException | None) -> None:
         if not self.response.done():
             self.response.set_result(error)
 
     def request_data(self, flags: int, payload: bytes) -> None:
         """A DATA frame's payload of kubelet's request (its padding taken off)."""
-        self.request.extend(_unpadded(flags, payload))
+        self.request.extend(unpadded(flags, payload))
         if len(self.request) > MAX_HELD:
             raise _ProtocolError(f"{self.method} request on stream {self.sid} larger than {MAX_HELD} bytes")
 
     def response_data(self, flags: int, payload: bytes) -> None:
         """A DATA frame's payload of the runtime's answer (its padding taken off)."""
-        self.resp_data.extend(_unpadded(flags, payload))
+        self.resp_data.extend(unpadded(flags, payload))
         if len(self.resp_data) > MAX_HELD:
             raise _ProtocolError(f"the runtime's {self.method} answer on stream {self.sid} larger than {MAX_HELD} "
                                  "bytes")
@@ -139,7 +146,7 @@ def held_at_once(held: Iterable[_Held]) -> None:
         raise _OverBudget(f"intercepted requests held at once on one connection larger than {MAX_HELD} bytes")
 
 
-def _unpadded(flags: int, payload: bytes) -> bytes:
+def unpadded(flags: int, payload: bytes) -> bytes:
     if flags & _PADDED:
         if not payload or payload[0] >= len(payload):
             raise _ProtocolError("DATA frame: padding longer than the frame")

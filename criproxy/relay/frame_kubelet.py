@@ -9,7 +9,9 @@
   Nothing else is changed (kubelet's decoder accepts a smaller table than it offered).
 - Streams of an intercepted method (``RelayHandler.interceptors``) are *held*: their HEADERS go upstream at once
   (the HPACK order), their DATA is kept (``frame_held``) until the request is complete, then the interceptor
-  decides (``frame_intercept``).
+  decides (``frame_intercept``). A request that comes whole in its last DATA frame is first shown to the
+  interceptor's ``PassThrough`` (``RelayHandler.pass_through``): a call it passes is relayed from then on as an
+  unheld one, that frame as it came (``_passes``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import grpc
 import hpack
 
+from criproxy.relay import frame_held
 from criproxy.relay import h2wire as h2
 from criproxy.relay.frame_headers import _MAX_HEADER_LIST, _OverBudget, _ProtocolError
 from criproxy.relay.frame_held import _Held, held_at_once
@@ -65,6 +68,12 @@ class _FromKubelet(_Intercepting):
                     h = held.get(sid)
                     if h is None:
                         if cut is None and not rt.take(length):  # from here on, frames wait for the window
+                            out.append(data[start:pos])
+                            start = pos
+                            cut = len(out)
+                    elif flags & _END_STREAM and h.passes is not None and self._passes(h, flags, data[pos + 9:end]):
+                        # the interceptor needs nothing of this call: relayed as it came, an unheld call from here
+                        if cut is None and not rt.take(length):
                             out.append(data[start:pos])
                             start = pos
                             cut = len(out)
@@ -154,17 +163,39 @@ class _FromKubelet(_Intercepting):
                 if k == b":path":
                     path = v
                     break
-            method, icpt = self.server.routes.of(path)
+            method, icpt, passes = self.server.routes.of(path)
             self.calls[sid] = (method, time.perf_counter())  # in flight: the connection is not idle
             if icpt is not None and not flags & _END_STREAM:
                 self.calls.pop(sid, None)
-                self.held[sid] = _Held(sid, method, icpt, [(bytes(k), bytes(v)) for k, v in headers],
+                self.held[sid] = _Held(sid, method, icpt, passes, [(bytes(k), bytes(v)) for k, v in headers],
                                        self.kube.init_window, self.rt.init_window)
         elif flags & _END_STREAM:  # the client's trailers end the request
             h = self.held.get(sid)
             if h is not None and not h.answered:
                 h.up_closed = True
                 self._start(h)
+
+    def _passes(self, h: _Held, flags: int, payload: bytes) -> bool:
+        """The last DATA frame of held call ``h``'s request (END_STREAM): when it carries the whole request, one
+        uncompressed message, before anything of the answer, and the interceptor's ``PassThrough`` says the call
+        needs nothing of it, the call is no longer held (True): this frame goes on as it came, uncredited, and the
+        answer's frames are relayed as they come (the call's status for the metrics from its trailers). Decided on
+        the event loop from the state of the moment (docs/performance.md, issue 37)."""
+        if h.request or not h.answer_untouched():
+            return False  # part of the request was credited back already, or the runtime answered early: held
+        message = frame_held.unpadded(flags, payload)
+        if len(message) < 5 or message[0] != 0 or int.from_bytes(message[1:5], "big") != len(message) - 5:
+            return False  # the interceptor's path answers it (INVALID_ARGUMENT, UNIMPLEMENTED)
+        assert h.passes is not None
+        try:
+            unchanged = h.passes(message[5:])
+        except Exception:  # a request it cannot read: the interceptor runs and reports it
+            return False
+        if not unchanged:
+            return False
+        del self.held[h.sid]
+        self.calls[h.sid] = (h.method, h.t0)
+        return True
 
     def _held_request_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
         h.request_data(flags, payload)

@@ -47,7 +47,7 @@ class _Server:
     def __init__(self, handler: RelayHandler, limits: ConnectionLimits, on_turned_away: Callable[[], None] | None,
                  on_closed: Callable[[str], None] | None = None) -> None:
         self.runtime_path = normalize_endpoint(handler.upstream.endpoint)[len("unix:"):]
-        self.routes = _Routes(dict(handler.interceptors))
+        self.routes = _Routes(dict(handler.interceptors), dict(handler.pass_through))
         self.statuses = _Statuses()
         self.observe: Observer | None = handler.observe
         self.connections: set[_Link] = set()

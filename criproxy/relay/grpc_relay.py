@@ -36,6 +36,7 @@ __all__ = [
     "Forward",
     "Interceptor",
     "Outcome",
+    "PassThrough",
     "Rejection",
     "RelayHandler",
     "Upstream",
@@ -177,6 +178,11 @@ class Forward:
 
 
 Interceptor = Callable[[bytes, Forward], Awaitable[bytes]]
+# From an intercepted call's request message alone (synchronous, on the event loop, nothing awaited): True when its
+# interceptor would forward the request as it came and give the runtime's answer back unchanged. The frame relay then
+# relays such a call frame by frame, as an unheld one (frame_kubelet); an exception counts as False (the
+# interceptor runs and reports it).
+PassThrough = Callable[[bytes], bool]
 
 
 def caller_metadata(context: grpc.ServicerContext) -> Metadata:
@@ -243,13 +249,16 @@ class RelayHandler(grpc.GenericRpcHandler):
     ``interceptors`` maps a method's short name (``CreateContainer``) to an interceptor; it applies to that
     method of every CRI service (runtime.v1 and runtime.v1alpha2 share field numbers). Interceptors run on
     ``loop`` (set by ``start_relay_server`` to the event loop that starts it). ``observe`` is told each call's
-    method, duration and status code (metrics; called from the server's threads).
+    method, duration and status code (metrics; called from the server's threads). ``pass_through`` maps an
+    intercepted method's short name to its ``PassThrough``: the frame relay relays the calls it passes unheld (the
+    gRPC relay, whose calls arrive on its server threads, runs the interceptor for every call).
     """
 
     def __init__(self, upstream: Upstream, interceptors: Mapping[str, Interceptor] | None = None,
-                 observe: Observer | None = None) -> None:
+                 observe: Observer | None = None, pass_through: Mapping[str, PassThrough] | None = None) -> None:
         self.upstream = upstream
         self.interceptors = dict(interceptors or {})
+        self.pass_through = {k: v for k, v in (pass_through or {}).items() if k in self.interceptors}
         self.observe = observe
         self.loop: asyncio.AbstractEventLoop | None = None
         self._handlers: dict[str, grpc.RpcMethodHandler[bytes, bytes]] = {}

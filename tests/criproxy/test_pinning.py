@@ -16,6 +16,7 @@ from allocator.cpuset import CPUSet
 from allocator.intent import INTENT_ANNOTATION, encode_intent
 from allocator.pod import ContainerInfo, PodInfo
 from criproxy.app import CriProxy
+from criproxy.intercept.interceptors import ProxyInterceptors
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.memory_runtime import MemoryRuntime
 from tests.criproxy.inproc_proxy import proxy_config, running_proxy
@@ -183,6 +184,10 @@ async def test_kubelet_resize_grows_and_shrinks_a_pinned_container_in_place(
     # what kubelet reads back: the limit it set (the runtime applied no quota)
     linux = (await kubelet.container_status(db)).status.resources.linux
     assert (linux.cpu_quota, linux.cpu_period, linux.cpu_shares) == (300000, 100000, 3072)
+    # so that ContainerStatus is held (the frame relay's pass-through): the pinned container's, not the shared one's
+    unchanged = ProxyInterceptors(proxy.pinning, proxy.resizer, proxy.starts, proxy.api).pass_through()
+    assert not unchanged["ContainerStatus"](pb.ContainerStatusRequest(container_id=db).SerializeToString())
+    assert unchanged["ContainerStatus"](pb.ContainerStatusRequest(container_id=web["app"]).SerializeToString())
     # 3 -> 2: gives back a CPU the growth added, the pool widens after
     await kubelet.update_container_resources(db, resized(2000))
     assert created_resources(runtime, db).cpuset_cpus == "1-2"
