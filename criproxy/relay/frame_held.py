@@ -1,7 +1,8 @@
 """An intercepted call as its frames come (``_Held``): kubelet's request held until complete (its DATA credited
 back at once, so ``MAX_HELD`` bounds what a call, and the calls held at once on a connection, keep in memory), then
 the runtime's answer (header frames, message, trailers) kept for the proxy, which answers kubelet itself
-(``frame_intercept``)."""
+(``frame_intercept``; the answer's DATA is credited back at the end of each read while the answer is not whole, and
+a whole answer's when the proxy has answered: ``frame_runtime``, ``_Intercepting._settle``)."""
 
 from __future__ import annotations
 
@@ -47,11 +48,13 @@ class _Held:
         "request",
         "resp_data",
         "response",
+        "sent_down",
         "sid",
         "t0",
         "timeout",
         "trailer_block",
         "trailer_frames",
+        "uncredited",
         "up_closed",
         "up_reset",
         "up_window",
@@ -80,6 +83,8 @@ class _Held:
         self.down_window = down_window  # kubelet's receive window of this stream
         self.up_window = up_window      # the runtime's receive window of this stream
         self.resp_data = bytearray()
+        self.uncredited = 0             # the runtime's answer DATA received and not credited back yet (frame_runtime)
+        self.sent_down = 0              # DATA the proxy wrote to kubelet on this stream (its answer)
         self.initial_frames = b""
         self.initial_block = b""
         self.trailer_frames = b""

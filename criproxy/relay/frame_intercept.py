@@ -127,6 +127,7 @@ class _Intercepting(_Link):
                 h.up_window -= len(chunk)
             else:
                 h.down_window -= len(chunk)
+                h.sent_down += len(chunk)
             if last:
                 return
 
@@ -150,6 +151,7 @@ class _Intercepting(_Link):
             self._fail(str(e))
         finally:
             self.held.pop(h.sid, None)
+            self._settle(h)
             if self.server.observe is not None:
                 code = outcome.code if outcome is not None else grpc.StatusCode.UNAVAILABLE
                 self.server.observe(h.method, time.perf_counter() - h.t0, code)
@@ -196,6 +198,20 @@ class _Intercepting(_Link):
             kube.write(h2.headers_frames(sid, h2.status_block(outcome.code.value[0], outcome.details,
                                                               outcome.trailing, trailers_only=True),
                                          kube.max_frame, True))
+
+    def _settle(self, h: _Held) -> None:
+        """The runtime's whole answer to ``h`` is not credited back yet (``frame_runtime``): kubelet's credit for
+        the proxy's own answer stands for as much of it (that much less is withheld from kubelet's next connection
+        WINDOW_UPDATEs, as if the runtime's answer had been relayed), the rest is credited to the runtime now. The
+        sum stays exact when kubelet's credit for the answer has been withheld already (it is then given here)."""
+        owed = h.uncredited
+        if not owed:
+            return
+        h.uncredited = 0
+        take = min(owed, h.sent_down, self.kube.withhold)
+        self.kube.withhold -= take
+        if owed > take and self.state != "closed":
+            self.rt.write(h2.window_update(0, owed - take))
 
     def _late(self, h: _Held) -> None:
         """``h`` is answered and forgotten while the runtime may still send on its stream (frames crossing the

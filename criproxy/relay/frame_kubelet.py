@@ -98,6 +98,8 @@ class _FromKubelet(_Intercepting):
                     h = held.get(sid)
                     if h is not None and not h.answered:  # the request never completed: nothing to decide, and
                         del held[sid]                     # the runtime's stream (its HEADERS went) is reset too
+                        if h.uncredited:  # an answer the runtime sent early, whole: its DATA credited back
+                            self.rt.write(h2.window_update(0, h.uncredited))
                     elif h is not None:  # the proxy owns the upstream stream now: not forwarded
                         out.append(data[start:pos])
                         start = end

@@ -2,8 +2,10 @@
 
 - The runtime's trailers give each relayed call's status for the metrics (a block is decoded once and
   remembered: without the dynamic table, equal bytes mean equal headers).
-- A held call's answer (header frames, message, trailers) is kept for the proxy (``frame_held``), not passed on;
-  a stream the proxy answered itself gets none of its late frames (``frame_intercept``).
+- A held call's answer (header frames, message, trailers) is kept for the proxy (``frame_held``), not passed on,
+  its DATA credited back at the end of the read while the answer is not whole (a whole one's credit is settled
+  when the proxy has answered, ``frame_intercept``); a stream the proxy answered itself gets none of its late
+  frames (``frame_intercept``).
 - A runtime GOAWAY fails the held calls beyond it, an RST_STREAM its held call: the runtime will not process them.
 """
 
@@ -21,6 +23,9 @@ from criproxy.relay.frame_peer import _frames, _pass_on
 _DATA, _HEADERS, _RST, _SETTINGS, _GOAWAY, _WU, _CONT = (h2.DATA, h2.HEADERS, h2.RST_STREAM, h2.SETTINGS, h2.GOAWAY,
                                                       h2.WINDOW_UPDATE, h2.CONTINUATION)
 _END_STREAM, _END_HEADERS = h2.END_STREAM, h2.END_HEADERS
+# a held call's whole answer up to this much DATA is credited back to the runtime once the proxy has answered
+# (``_Intercepting._settle``); a larger one at once
+_SETTLED_LATER = 16_384
 
 
 class _FromRuntime(_Intercepting):
@@ -128,13 +133,21 @@ class _FromRuntime(_Intercepting):
         self.rtail = data[done:]
         if held:  # a held call may have been answered or reset: its sender stops waiting for credit (send_data)
             self.credit.set()
+            for h in held.values():
+                # more of it to come: the runtime must not wait for credit; or so much that the runtime's other
+                # streams would, while the interceptor runs on
+                if h.uncredited and (not h.response.done() or h.uncredited > _SETTLED_LATER):
+                    self.rt.write(h2.window_update(0, h.uncredited) + h2.window_update(h.sid, h.uncredited))
+                    h.uncredited = 0
         _pass_on(kube, data, start, done, out, self.rblock_open, cut)
         if cut is not None:
             self._check_backlog(kube)
 
     def _held_response_data(self, h: _Held, flags: int, payload: bytes, length: int) -> None:
+        """The proxy receives it: credited back to the runtime at the end of this read if the answer is not whole
+        then, else once the proxy has answered kubelet (``_settle``: kubelet's credit for that answer stands for
+        it, as for a relayed answer, and saves a write to the runtime per held call)."""
         h.response_data(flags, payload)
-        if length:  # the proxy received it: credit it back to the runtime
-            self.rt.write(h2.window_update(0, length) + h2.window_update(h.sid, length))
+        h.uncredited += length
         if flags & _END_STREAM:
             h.done(None)

@@ -2,7 +2,8 @@
 an unheld call, every byte as it came (padding and frame boundaries included, no credit of the proxy's own), while a
 call the interceptor needs is still held and edited, a container pinned between the request and the answer gets the
 runtime's answer (the decision is the request's), and a runtime that answered before the request was whole keeps
-the held path.
+the held path. A held call's whole answer is credited back to the runtime by kubelet's credit for the proxy's
+answer, the difference by the proxy: exact, and no write of its own to the runtime when the answer grew.
 
 Hand-made HTTP/2 frames on both sides (hpack + h2wire): what is under test is which frames each peer receives."""
 
@@ -37,8 +38,10 @@ class Calls:
         self.observed: list[tuple[str, grpc.StatusCode]] = []
 
     async def status(self, request: bytes, forward: Forward) -> bytes:
-        self.ran.append(pb.ContainerStatusRequest.FromString(request).container_id)
-        return await forward(request) + b"+"
+        cid = pb.ContainerStatusRequest.FromString(request).container_id
+        self.ran.append(cid)
+        response = await forward(request)
+        return response[:-3] if cid.startswith("shrunk") else response + b"+++++"
 
     def unchanged(self, request: bytes) -> bool:
         return pb.ContainerStatusRequest.FromString(request).container_id not in self.pinned
@@ -134,7 +137,7 @@ async def test_an_unpinned_containers_status_is_relayed_as_it_came_and_a_pinned_
         await rt.until("the held request reaches the runtime", lambda: rt.ended(sid))
         rt_w.write(b"".join(answer(sid, b"pinned-status")))
         await kube.until("kubelet gets the edited answer", lambda: kube.ended(sid))
-        assert kube.data(sid) == b"\0\0\0\0\x0epinned-status+"
+        assert kube.data(sid) == b"\0\0\0\0\x12pinned-status+++++"
         assert calls.ran == ["pinned"]
 
 
@@ -169,3 +172,43 @@ async def test_pinned_between_request_and_answer_and_an_early_answer(short_tmp: 
         assert [t for t, _, _, _ in on(kube.frames, sid)] == [h2.HEADERS]
         assert not any(t == h2.DATA for t, _, _, _ in on(rt.frames, sid))
         await eventually(lambda: (STATUS, grpc.StatusCode.DEADLINE_EXCEEDED) in calls.observed, "the metrics")
+
+        # a whole early answer, then kubelet gives the call up: the answer's DATA is credited back to the runtime
+        sid, headers, _ = request(c, "gone")
+        c.writer.write(headers)
+        await rt.until("the HEADERS reach the runtime", lambda: any(s == sid for _, _, s, _ in rt.frames))
+        before = connection_credit(rt.frames)
+        frames = answer(sid, b"gone-status")
+        rt_w.write(b"".join(frames) + h2.frame(h2.PING, 0, 0, b"answer.2"))
+        await rt.until("kubelet's PING ACK", lambda: any(t == h2.PING and p == b"answer.2" for t, _, _, p in rt.frames))
+        c.writer.write(h2.rst_stream(sid, 0x8))
+        await rt.until("the reset reaches the runtime", lambda: any(t == h2.RST_STREAM and s == sid
+                                                                   for t, _, s, _ in rt.frames))
+        assert connection_credit(rt.frames) - before == sum(len(p) for t, _, _, p in parsed(frames) if t == h2.DATA)
+        assert on(kube.frames, sid) == []
+
+
+async def test_a_held_answer_is_credited_through_kubelets_credit_exactly(short_tmp: Path) -> None:
+    calls = Calls()
+    calls.pinned.update({"grown-1", "grown-2", "shrunk"})
+    async with peers(short_tmp, calls) as (c, kube, rt, rt_w):
+        sent = 0  # DATA the runtime sends, padding included (what flow control counts)
+        for cid in ("grown-1", "grown-2", "shrunk", "free"):
+            sid, headers, data = request(c, cid)
+            c.writer.write(headers + data)
+            await rt.until("the request reaches the runtime", lambda s=sid: rt.ended(s))
+            frames = answer(sid, f"{cid}-status".encode() * 20)
+            sent += sum(len(p) for t, _, _, p in parsed(frames) if t == h2.DATA)
+            rt_w.write(b"".join(frames))
+            await kube.until("kubelet gets the answer", lambda s=sid: kube.ended(s))
+        assert calls.ran == ["grown-1", "grown-2", "shrunk"]
+        # the grown answers (by 5 bytes, 3 of padding less) wait for kubelet's credit; of the shrunk one (by 3 bytes
+        # and its padding), the proxy gives the 6 bytes back itself
+        assert connection_credit(rt.frames) == 6
+        received = sum(len(p) for t, _, s, p in kube.frames if t == h2.DATA and s)
+        assert received == sent + 2 * 2 - 6
+        c.writer.write(h2.window_update(0, received))  # kubelet credits all it received
+        await rt.until("kubelet's credit reaches the runtime", lambda: connection_credit(rt.frames) > 6)
+        c.writer.write(h2.frame(h2.PING, 0, 0, b"credited"))  # anything later: the credit has been passed on
+        await kube.until("the PING's ACK", lambda: any(t == h2.PING and p == b"credited" for t, _, _, p in kube.frames))
+        assert connection_credit(rt.frames) == sent
