@@ -202,8 +202,9 @@ class _Intercepting(_Link):
     def _settle(self, h: _Held) -> None:
         """The runtime's whole answer to ``h`` is not credited back yet (``frame_runtime``): kubelet's credit for
         the proxy's own answer stands for as much of it (that much less is withheld from kubelet's next connection
-        WINDOW_UPDATEs, as if the runtime's answer had been relayed), the rest is credited to the runtime now. The
-        sum stays exact when kubelet's credit for the answer has been withheld already (it is then given here)."""
+        WINDOW_UPDATEs, as if the runtime's answer had been relayed), the rest is owed to the runtime
+        (``_Peer.owe``). The sum stays exact when kubelet's credit for the answer has been withheld already (it is
+        then given here)."""
         owed = h.uncredited
         if not owed:
             return
@@ -211,7 +212,7 @@ class _Intercepting(_Link):
         take = min(owed, h.sent_down, self.kube.withhold)
         self.kube.withhold -= take
         if owed > take and self.state != "closed":
-            self.rt.write(h2.window_update(0, owed - take))
+            self.rt.owe(owed - take)
 
     def _late(self, h: _Held) -> None:
         """``h`` is answered and forgotten while the runtime may still send on its stream (frames crossing the

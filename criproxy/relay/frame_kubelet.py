@@ -99,7 +99,7 @@ class _FromKubelet(_Intercepting):
                     if h is not None and not h.answered:  # the request never completed: nothing to decide, and
                         del held[sid]                     # the runtime's stream (its HEADERS went) is reset too
                         if h.uncredited:  # an answer the runtime sent early, whole: its DATA credited back
-                            self.rt.write(h2.window_update(0, h.uncredited))
+                            self.rt.owe(h.uncredited)
                     elif h is not None:  # the proxy owns the upstream stream now: not forwarded
                         out.append(data[start:pos])
                         start = end
@@ -204,6 +204,9 @@ class _FromKubelet(_Intercepting):
         if len(self.held) > 1:
             held_at_once(self.held.values())
         if length:  # the proxy is this data's receiver: credit the stream and the connection back to kubelet
-            self.kube.write(h2.window_update(0, length) + h2.window_update(h.sid, length))
+            if flags & _END_STREAM:  # the request is whole: the connection's credit goes with the next frames to it
+                self.kube.owe(length)
+            else:
+                self.kube.write(h2.window_update(0, length) + h2.window_update(h.sid, length))
         if flags & _END_STREAM:
             self._start(h)

@@ -15,6 +15,10 @@ _FRAME = h2.FRAME_HEADER.unpack_from
 _DATA, _END_STREAM, _PADDED = h2.DATA, h2.END_STREAM, h2.PADDED
 _DEFAULT_WINDOW = 65_535
 _DEFAULT_FRAME = 16_384
+# credit owed to a peer (``_Peer.owe``) goes with the next frames written to it, within this many seconds, and at
+# once beyond this many bytes (a sixteenth of the smallest window a peer starts with)
+_PAY_WITHIN = 0.005
+_OWED_MAX = 4_096
 
 
 def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
@@ -32,8 +36,8 @@ def _frames(data: bytes, pos: int) -> Iterator[tuple[int, int, int, int, int]]:
 class _Peer:
     """One side of a relayed connection, as the proxy writes to it."""
 
-    __slots__ = ("backlog", "backlog_size", "block_open", "corked", "init_window", "max_frame", "name", "queued",
-                 "transport", "window", "withhold")
+    __slots__ = ("backlog", "backlog_size", "block_open", "corked", "init_window", "max_frame", "name", "owed",
+                 "pay_later", "queued", "transport", "window", "withhold")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -51,6 +55,9 @@ class _Peer:
         # while not None: what is sent to it collects here, in order, and goes in one write at ``flush`` (perf, issue
         # 37: each write is a system call that wakes the peer; see ``_Link.uncork``)
         self.corked: list[bytes] | None = None
+        # connection credit owed to it for held DATA it sent that needs no credit now (``owe``)
+        self.owed = 0
+        self.pay_later: asyncio.TimerHandle | None = None
 
     def take(self, length: int) -> bool:
         """A relayed DATA frame of ``length`` bytes: taken off the connection window when it fits (True); False:
@@ -68,8 +75,40 @@ class _Peer:
             self.queued.append(data)
         elif self.backlog:
             self._wait(data, True)
+        elif self.owed:
+            self._send(data + self._bill())
         else:
             self._send(data)
+
+    def owe(self, n: int) -> None:
+        """Connection credit for ``n`` bytes of DATA the proxy received from this peer and keeps (a held call's
+        request or answer, whole: no stream credit is needed, the stream sends no more): it goes with the next frames
+        written to it (perf, issue 37: no write of its own), at the latest ``_PAY_WITHIN`` seconds from now, and at
+        once beyond ``_OWED_MAX`` bytes, so a peer that waits for the credit before it sends more is never stuck."""
+        self.owed += n
+        if self.owed > _OWED_MAX:
+            self.pay()
+        if self.owed and self.pay_later is None:
+            self.pay_later = asyncio.get_running_loop().call_later(_PAY_WITHIN, self._pay_late)
+
+    def pay(self) -> None:
+        """The credit owed, now (after what was sent, outside a relayed header block; else as soon as it ends)."""
+        if self.owed and not self.block_open:
+            self._send(self._bill())
+
+    def _pay_late(self) -> None:
+        self.pay_later = None
+        self.pay()
+        if self.owed:  # a relayed header block is open: again a little later
+            self.pay_later = asyncio.get_running_loop().call_later(_PAY_WITHIN, self._pay_late)
+
+    def _bill(self) -> bytes:
+        """The WINDOW_UPDATE for what is owed, which is then paid."""
+        owed, self.owed = self.owed, 0
+        if self.pay_later is not None:  # (a cancelled timer does not wake the loop)
+            self.pay_later.cancel()
+            self.pay_later = None
+        return h2.window_update(0, owed)
 
     def relay(self, data: bytes, block_open: bool, over: bytes = b"") -> None:
         """Frames passed on from the other side: ``data`` within this peer's connection window (its DATA taken off
@@ -87,7 +126,7 @@ class _Peer:
             if self.backlog:
                 self._wait(queued, True)
             else:
-                self._send(queued)
+                self._send(queued + self._bill() if self.owed else queued)
 
     def _wait(self, data: bytes, counted: bool) -> None:
         self.backlog.append((data, counted))
@@ -148,6 +187,8 @@ class _Peer:
         """Send what was collected since ``cork`` in one write, and write at once again from now on."""
         corked, self.corked = self.corked, None
         if corked:
+            if self.owed and not self.block_open:  # the credit owed goes with them
+                corked.append(self._bill())
             self._send(corked[0] if len(corked) == 1 else b"".join(corked))
 
 

@@ -36,10 +36,13 @@ class Calls:
         self.pinned: set[str] = set()
         self.ran: list[str] = []
         self.observed: list[tuple[str, grpc.StatusCode]] = []
+        self.release = asyncio.Event()  # what the interceptor of container "slow" waits for before it forwards
 
     async def status(self, request: bytes, forward: Forward) -> bytes:
         cid = pb.ContainerStatusRequest.FromString(request).container_id
         self.ran.append(cid)
+        if cid == "slow":
+            await self.release.wait()
         response = await forward(request)
         return response[:-3] if cid.startswith("shrunk") else response + b"+++++"
 
@@ -212,3 +215,23 @@ async def test_a_held_answer_is_credited_through_kubelets_credit_exactly(short_t
         c.writer.write(h2.frame(h2.PING, 0, 0, b"credited"))  # anything later: the credit has been passed on
         await kube.until("the PING's ACK", lambda: any(t == h2.PING and p == b"credited" for t, _, _, p in kube.frames))
         assert connection_credit(rt.frames) == sent
+
+
+async def test_credit_owed_for_a_held_request_comes_while_the_interceptor_waits(short_tmp: Path) -> None:
+    """The connection credit for a whole held request goes with the proxy's next frames to kubelet (its answer); an
+    interceptor that waits does not keep it from kubelet, which may wait for it before it sends more."""
+    calls = Calls()
+    calls.pinned.add("slow")
+    async with peers(short_tmp, calls) as (c, kube, rt, rt_w):
+        c.writer.write(h2.frame(h2.PING, 0, 0, b"settled."))  # the set-up done: from here only the call's frames
+        await kube.until("the runtime's PING ACK", lambda: any(t == h2.PING and p == b"settled." for t, _, _, p in
+                                                                kube.frames))
+        sid, headers, data = request(c, "slow")
+        c.writer.write(headers + data)
+        await kube.until("kubelet's credit for the request", lambda: connection_credit(kube.frames) == len(data) - 9)
+        assert calls.ran == ["slow"] and not any(t == h2.DATA and s == sid for t, _, s, _ in rt.frames)
+        calls.release.set()
+        await rt.until("the request reaches the runtime", lambda: rt.ended(sid))
+        rt_w.write(b"".join(answer(sid, b"slow-status")))
+        await kube.until("kubelet gets the answer", lambda: kube.ended(sid))
+        assert connection_credit(kube.frames) == len(data) - 9
