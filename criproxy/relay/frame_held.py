@@ -1,5 +1,6 @@
 """An intercepted call as its frames come (``_Held``): kubelet's request held until complete (its DATA credited
-back at once, so ``MAX_HELD`` bounds what a call, and the calls held at once on a connection, keep in memory), then
+back at once, the frame that completes it with the proxy's next frames to kubelet, ``_Peer.owe``; so ``MAX_HELD``
+bounds what a call, and the calls held at once on a connection, keep in memory), then
 the runtime's answer (header frames, message, trailers) kept for the proxy, which answers kubelet itself
 (``frame_intercept``; the answer's DATA is credited back at the end of each read while the answer is not whole, and
 a whole answer's when the proxy has answered: ``frame_runtime``, ``_Intercepting._settle``)."""

@@ -2,8 +2,10 @@
 two peers, the relayed calls in flight (for the metrics), the held calls, the flow-control book and the bounds of
 what a client may cost; and what the connections of one listening socket share (``_Server``).
 
-- Flow control stays exact: held DATA is credited back to its sender at once (WINDOW_UPDATE for the stream and the
-  connection: the proxy is its receiver), and what the proxy writes itself is withheld from the receiver's next
+- Flow control stays exact: held DATA is credited back to its sender (WINDOW_UPDATE for the stream and the
+  connection: the proxy is its receiver) at once while more of the message is to come, else with the proxy's next
+  frames to it (``_Peer.owe``; a held answer's mostly by the receiver's credit for the proxy's own answer,
+  ``frame_intercept._settle``), and what the proxy writes itself is withheld from the receiver's next
   connection-level WINDOW_UPDATEs, so each side's windows match the other's. Until those come, the sender counts on
   more of the receiver's connection window than there is (by what the proxy wrote): a relayed DATA frame beyond
   the receiver's window waits in ``_Peer.backlog`` (split at the window; what follows, the proxy's own frames too,
