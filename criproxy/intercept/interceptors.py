@@ -130,12 +130,12 @@ class ProxyInterceptors:
         Only the two fields change, and only when the runtime reports resources at all."""
         response = await forward(request)
         cfs = self._reported_cfs(container_id_of(request))
-        if cfs is None or wire.message_at(response, STATUS_LINUX_RESOURCES) is None:
+        if cfs is None:
             return response
         period, quota = cfs
         return wire.set_fields(response, STATUS_LINUX_RESOURCES,
                                {CPU_PERIOD: wire.encode_int64(CPU_PERIOD, period),
-                                CPU_QUOTA: wire.encode_int64(CPU_QUOTA, quota)})
+                                CPU_QUOTA: wire.encode_int64(CPU_QUOTA, quota)}, create=False)
 
     def container_status_unchanged(self, request: bytes) -> bool:
         """``ContainerStatus`` of a container with no CPU limit to report (not pinned, most of a node): the

@@ -126,13 +126,14 @@ def _len_field(number: int, payload: bytes) -> bytes:
     return _put_varint(number << 3 | _LEN) + _put_varint(len(payload)) + payload
 
 
-def set_fields(buf: bytes, path: Sequence[int], updates: Mapping[int, bytes]) -> bytes:
+def set_fields(buf: bytes, path: Sequence[int], updates: Mapping[int, bytes], *, create: bool = True) -> bytes:
     """Replace scalar fields of the message at ``path`` (field numbers of nested messages) inside ``buf``.
 
     ``updates`` maps a field number to its new encoding (``encode_string``/``encode_int64``; ``b""`` removes
     the field). Every occurrence of an updated field is dropped and the new encoding goes where the first
     one was, or before the first field with a higher number (canonical order) when it was absent. Nested
-    messages on the path are created when missing. All other bytes are kept as they were.
+    messages on the path are created when missing (``create``; else such a message is left as it is). All
+    other bytes are kept as they were.
     """
     if path:
         head, rest = path[0], path[1:]
@@ -144,11 +145,13 @@ def set_fields(buf: bytes, path: Sequence[int], updates: Mapping[int, bytes]) ->
             out = bytearray()
             pos = 0
             for f in subs:
-                inner = set_fields(buf[f.value_start:f.end], rest, updates)
+                inner = set_fields(buf[f.value_start:f.end], rest, updates, create=create)
                 out += buf[pos:f.start] + _len_field(head, inner)
                 pos = f.end
             out += buf[pos:]
             return bytes(out)
+        if not create:
+            return buf
         inner = set_fields(b"", rest, updates)
         return _insert_in_order(buf, fs, head, _len_field(head, inner))
     fs = fields(buf)

@@ -82,6 +82,18 @@ def test_wire_edit_creates_missing_messages_and_removes_fields() -> None:
     assert not back.linux.cpuset_cpus and back.HasField("linux")
 
 
+def test_wire_edit_leaves_a_message_without_the_path_when_not_creating() -> None:
+    """``create=False`` (what kubelet reads back of a pinned container's limit: only when the runtime reports
+    resources at all): a missing message on the path leaves the bytes as they are; a present one is edited."""
+    bare = full.UpdateContainerResourcesRequest(container_id="c1", annotations={"a": "b"}).SerializeToString()
+    assert wire.set_fields(bare, (2,), {2: wire.encode_int64(2, 5)}, create=False) == bare
+    with_linux = full.UpdateContainerResourcesRequest(container_id="c1", linux=full.LinuxContainerResources(
+        cpu_quota=-1, cpu_shares=2))
+    edited = wire.set_fields(with_linux.SerializeToString(), (2,), {2: wire.encode_int64(2, 5)}, create=False)
+    with_linux.linux.cpu_quota = 5
+    assert edited == with_linux.SerializeToString()
+
+
 def test_wire_rejects_garbage() -> None:
     with pytest.raises(wire.WireError):
         wire.fields(b"\x0a\x05ab")
