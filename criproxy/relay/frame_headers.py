@@ -1,10 +1,12 @@
 """What the frame relay reads in header blocks: each ``:path``'s method and interceptor (``_Routes``), a trailer
-block's gRPC status (``_Statuses``, remembered by its bytes: the runtime encodes its blocks without the dynamic
-table, see ``frame_kubelet``), the metadata of a decoded block, and the errors that close a relayed connection."""
+block's gRPC status (``_Statuses``) and a held answer's header blocks (``_Blocks``), both remembered by their bytes
+(the runtime encodes its blocks without the dynamic table, see ``frame_kubelet``), the metadata of a decoded block,
+and the errors that close a relayed connection."""
 
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
 
 import grpc
 import hpack
@@ -12,6 +14,7 @@ import hpack
 from criproxy.relay.grpc_relay import CRI_SERVICES, UNARY_METHODS, Interceptor, Metadata, PassThrough
 
 _CACHE_LIMIT = 1024
+_CACHED_BLOCK = 512  # the largest header block remembered (_Blocks)
 # the largest header block accepted or kept (grpc-go's default header list limit, kubelet's and its runtime's)
 _MAX_HEADER_LIST = 16 << 20
 
@@ -63,6 +66,22 @@ class _Statuses:
         return code
 
 
+class _Blocks:
+    """The runtime's header blocks of held answers, decoded and remembered by their bytes (perf, issue 37: a runtime
+    answers with the same few blocks, and an HPACK decode costs tens of microseconds); shared by connections."""
+
+    def __init__(self) -> None:
+        self._known: dict[bytes, tuple[tuple[bytes, bytes], ...]] = {}
+
+    def of(self, block: bytes) -> tuple[tuple[bytes, bytes], ...]:
+        headers = self._known.get(block)
+        if headers is None:
+            headers = tuple(_stateless_decode(block))
+            if len(block) <= _CACHED_BLOCK and len(self._known) < _CACHE_LIMIT:
+                self._known[block] = headers
+        return headers
+
+
 def _stateless_decode(block: bytes) -> list[tuple[bytes, bytes]]:
     decoder = hpack.Decoder()
     decoder.header_table_size = 0
@@ -76,7 +95,7 @@ def _stateless_decode(block: bytes) -> list[tuple[bytes, bytes]]:
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
-def _status_code(headers: list[tuple[bytes, bytes]]) -> grpc.StatusCode:
+def _status_code(headers: Sequence[tuple[bytes, bytes]]) -> grpc.StatusCode:
     for k, v in headers:
         if k == b"grpc-status":
             return _CODES.get(int(v), grpc.StatusCode.UNKNOWN) if v.isdigit() else grpc.StatusCode.UNKNOWN
@@ -88,7 +107,7 @@ _STATUS_KEYS = frozenset({b"content-type", b"grpc-status", b"grpc-message", b"gr
                           b"grpc-accept-encoding"})
 
 
-def _metadata(headers: list[tuple[bytes, bytes]], *, skip: frozenset[bytes] = _STATUS_KEYS) -> Metadata:
+def _metadata(headers: Sequence[tuple[bytes, bytes]], *, skip: frozenset[bytes] = _STATUS_KEYS) -> Metadata:
     out: list[tuple[str, str | bytes]] = []
     for k, v in headers:
         if k.startswith(b":") or k in skip:

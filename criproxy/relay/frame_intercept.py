@@ -25,7 +25,6 @@ from criproxy.relay.frame_headers import (
     _message,
     _metadata,
     _ProtocolError,
-    _stateless_decode,
     _status_code,
     _unquote,
 )
@@ -66,9 +65,10 @@ class _StreamForward(Forward):
         error = await held.response
         if error is not None:
             raise error
+        blocks = conn.server.blocks
         try:
-            initial = _stateless_decode(held.initial_block) if held.initial_block else []
-            trailer = _stateless_decode(held.trailer_block)
+            initial = blocks.of(held.initial_block) if held.initial_block else ()
+            trailer = blocks.of(held.trailer_block)
         except _ProtocolError as e:
             raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, None, None, f"numapin: {e}") from e
         self.replies.initial = _metadata(initial)
@@ -87,7 +87,7 @@ class _StreamForward(Forward):
 
     def last_details(self) -> str:
         """The runtime's ``grpc-message``, decoded."""
-        trailer = _stateless_decode(self._held.trailer_block) if self._held.trailer_block else []
+        trailer = self._conn.server.blocks.of(self._held.trailer_block) if self._held.trailer_block else ()
         return _unquote(next((v for k, v in trailer if k == b"grpc-message"), b""))
 
 
@@ -191,7 +191,7 @@ class _Intercepting(_Link):
             await self.send_data(kube, h, _message(outcome.response), end_stream=False)
             if not h.kube_reset:
                 kube.write(tail)
-        elif runtime_answered and _status_code(_stateless_decode(h.trailer_block)) == outcome.code \
+        elif runtime_answered and _status_code(self.server.blocks.of(h.trailer_block)) == outcome.code \
                 and outcome.details == forward.last_details():
             kube.write(h.initial_frames + h.trailer_frames)  # the runtime's own error, as it sent it
         else:

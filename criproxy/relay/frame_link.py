@@ -32,7 +32,7 @@ import hpack
 from criproxy.relay import frame_held
 from criproxy.relay import h2wire as h2
 from criproxy.relay.conn_limits import ConnectionLimits, FrameBudget
-from criproxy.relay.frame_headers import _MAX_HEADER_LIST, _ProtocolError, _Routes, _Statuses
+from criproxy.relay.frame_headers import _MAX_HEADER_LIST, _Blocks, _ProtocolError, _Routes, _Statuses
 from criproxy.relay.frame_held import _Held
 from criproxy.relay.frame_peer import _Peer
 from criproxy.relay.grpc_relay import Observer, RelayHandler, normalize_endpoint
@@ -51,6 +51,7 @@ class _Server:
         self.runtime_path = normalize_endpoint(handler.upstream.endpoint)[len("unix:"):]
         self.routes = _Routes(dict(handler.interceptors), dict(handler.pass_through))
         self.statuses = _Statuses()
+        self.blocks = _Blocks()
         self.observe: Observer | None = handler.observe
         self.connections: set[_Link] = set()
         self.limits = limits
