@@ -167,7 +167,8 @@ class Resizer:
             return await self._relay(req, apply, t)
         async with self.pinning.lock, self.pinning.pusher.gate.exclusive():
             before = self.pinning.mems.snapshot()  # both states: a refusal or a roll-back restores the pair
-            outcome = await asyncio.to_thread(alloc.resize_container, pod, t.name)
+            # on the loop, as the dry run just was (the same work): a worker thread would only add its hand-over
+            outcome = alloc.resize_container(pod, t.name)
             if not outcome.admitted:  # cannot differ from the dry run under the lock; be safe
                 self.pinning.mems.restore(before)
                 self._refuse(t, outcome, t0)
@@ -258,8 +259,8 @@ class Resizer:
         """The decision is in the allocator's state; the lock and the pool gate are held. ``claims_memory``: the
         Memory Manager accounted more bytes (perhaps on more nodes): on disk before the runtime raises the limit."""
         alloc = self.pinning.allocator
-        phases = self.phases = {}
         mark = time.perf_counter()
+        phases = self.phases = {"decide": (mark - t0) * 1000}
 
         def lap(name: str) -> None:
             nonlocal mark
@@ -330,8 +331,11 @@ class Resizer:
         if outcome.pool_after - outcome.pool_before:
             await self._widen()                  # 4. CPUs given back: the shared pool widens after
             lap("widen")
-        # the kernel, not the runtime's answer, is the truth
-        await self.converger.repair([t, *self.pinning.registry.on_shared_pool()], "after a resize")
+        # the kernel, not the runtime's answer, is the truth: the container's set, and the shared containers' unless
+        # a narrowing read (and repaired) them under the pool gate held since (the runtime's call moved only this
+        # container)
+        shared = [] if lost else self.pinning.registry.on_shared_pool()
+        await self.converger.repair([t, *shared], "after a resize")
         lap("kernel check")
         return response
 

@@ -119,9 +119,9 @@ class CpusetPusher:
                         r.container.name, r.container.id[:13], r.cpus)
         return ok is not False
 
-    async def _write_kernel(self, todo: list[Item]) -> tuple[list[Item], list[Item]]:
-        """Write the cgroups of the running containers among ``todo`` whose cgroup is known; returns (written,
-        the rest)."""
+    async def _write_kernel(self, todo: list[Item], force: bool = False) -> tuple[list[Item], list[Item]]:
+        """Write the cgroups of the running containers among ``todo`` whose cgroup is known (``cpuset.mems`` only
+        where it changes by the last update, unless ``force``); returns (written, the rest)."""
         layout = self.layout
         if layout is None:
             return [], todo
@@ -137,7 +137,8 @@ class CpusetPusher:
         direct, refused = await self._tell_systemd(direct)
         rest += refused
         errors = await asyncio.to_thread(write_cpusets, layout,
-                                         [(self.cgroups[t.id], c, m) for t, c, m, _ in direct])
+                                         [(self.cgroups[t.id], c, m if force or m != t.mems else None)
+                                          for t, c, m, _ in direct])
         written: list[Item] = []
         for item, error in zip(direct, errors, strict=True):
             if error is None:
@@ -176,7 +177,7 @@ class CpusetPusher:
         held = self.memory_nodes
         todo = [(t, c, m, q) for t, c, m, q in ((t, c, held(t.pod_uid, t.name) or m, q) for t, c, m, q in items)
                 if force or t.cpus != c or (m is not None and t.mems != m)]
-        written, rest = await self._write_kernel(todo)
+        written, rest = await self._write_kernel(todo, force)
         results = await asyncio.gather(*(self._push(*i) for i in rest)) if rest else []
         failed = sum(1 for ok in results if not ok)
         return PushResult(len(todo) - failed, failed, time.perf_counter() - t0, len(written))

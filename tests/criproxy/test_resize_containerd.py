@@ -159,8 +159,11 @@ async def test_grow_shrink_and_refuse_judged_from_the_kernel(
     assert "keeps running as it was" in (err.value.details() or "")
     assert cpus_of(g_pid) == (EXCL, EXCL) and cpus_of(web_pid) == (SHARED, SHARED) and cfs_quota(g_pid) == "-1"
     assert proxy.state() == state
-    # 1 -> 1500m: back to the shared pool, its quota from kubelet's limit again, the pool widened
-    await kubelet.update_container_resources(g, kubelet_resources(1500))
+    # 1 -> 1500m: back to the shared pool, its quota from kubelet's limit again, the pool widened; the resized
+    # container is on the whole pool before the shared one joins its CPU (never on CPU 1 alone with company)
+    with Sampler(g_pid, web_pid, EXCL) as s:
+        await kubelet.update_container_resources(g, kubelet_resources(1500))
+    assert s.samples and s.windows() == []
     assert cpus_of(g_pid) == (ALL, ALL) and cpus_of(web_pid) == (ALL, ALL) and cfs_quota(g_pid) == "150000"
     assert proxy.state().get("entries", {}) == {}
     await until_published(proxy, "1")
