@@ -153,3 +153,14 @@ def test_the_usual_reviews_take_the_one_pass_path() -> None:
         assert fast == parse_slim_general(raw)
         assert "userInfo" not in fast["request"]
         assert "env" not in fast["request"]["object"].get("spec", {}).get("containers", [{}])[0]
+
+
+@pytest.mark.parametrize("escape", [b"\\ud800", b"\\uDC00", b"a\\udfff", b"\\ud83d\\u0041"])
+def test_a_lone_surrogate_is_left_to_the_general_path(escape: bytes) -> None:
+    """msgspec refuses a lone surrogate escape wherever it stands; the general path reads it and answers 400 naming
+    the bound (a pair, a valid character, takes the one-pass path)."""
+    raw = (b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u","object":{"metadata":'
+           b'{"name":"' + escape + b'"}}}}')
+    assert decode_slim(raw) is None
+    _same(raw)
+    assert decode_slim(raw.replace(escape, b"\\ud83d\\ude00")) is not None

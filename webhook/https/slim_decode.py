@@ -10,9 +10,10 @@ lists itself and skips every other field without building it.
 It answers only when the result is sure to be what the general path gives, and None otherwise (the caller then takes
 the general path, whose answer, a document or a 400 and its reason, stands):
 
-- the body is ASCII (a skipped field's bytes are checked for JSON syntax by msgspec, not for UTF-8), at most
-  ``MAX_STRING_BYTES`` long (no string in it can be longer), and holds no ``\\ud`` escape (no surrogate, paired or
-  lone, can come out of it): every string kept is within the bounds of ``json_bounds``;
+- the body is ASCII (a skipped field's bytes are checked for JSON syntax by msgspec, not for UTF-8) and at most
+  ``MAX_STRING_BYTES`` long (no string in it can be longer); msgspec refuses a lone surrogate escape wherever it
+  stands (the general path then reads the body with the standard library's parser): every string kept is within the
+  bounds of ``json_bounds``;
 - every field kept has the type below: strings, objects of strings, integers (``int``: no float, so no non-finite
   number), booleans, ``null``; the schema nests a fixed number of levels, far below ``json_bounds.MAX_DEPTH``;
 - the review and its ``request`` hold no field the schema does not name (``slim`` keeps those, so the fast path
@@ -113,8 +114,6 @@ def decode_slim(raw: bytes) -> Any:
     """``slim_review`` of the body's document, when the body is of the shape described above and within every bound
     of ``json_bounds``; None otherwise (take the general path)."""
     if len(raw) > MAX_STRING_BYTES or not raw.isascii():
-        return None
-    if b"\\" in raw and (b"\\ud" in raw or b"\\uD" in raw):  # one search for a backslash, most bodies have none
         return None
     try:
         review = _decoder.decode(raw)
