@@ -10,7 +10,7 @@ from pathlib import Path
 
 from allocator.intent import INTENT_ANNOTATION
 from allocator.pod import CPU_MANAGER_ANNOTATION
-from tests.webhook.helpers import container, make_pod, make_pki, pod_request, review
+from tests.webhook.helpers import container, make_pki, make_pod, pod_request, review
 from tests.webhook.nrt_fixtures import write_cluster
 from webhook.admission.mutate import mutate_pod
 from webhook.admission.review import parse_review
