@@ -137,10 +137,9 @@ class Simulator:
         self._last = (pod, key)
         return key
 
-    def _key(self, node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]) -> _Hashed:
-        # hashed once: the node's key is a nested tuple, hashed again by every dictionary operation otherwise
-        return _Hashed((node.state_key if occupied else node.shape_key, node.memory_manager_policy, occupied,
-                        self._pod_key(pod), tuple(pod_key(p) for p in prior)))
+    def _key(self, node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]) -> tuple[Any, ...]:
+        return (node.state_key if occupied else node.shape_key, node.memory_manager_policy, occupied,
+                self._pod_key(pod), tuple(pod_key(p) for p in prior))
 
     def cached(self, node: NodeTopology, pod: PodInfo, *, occupied: bool, prior: tuple[PodInfo, ...] = ()
                ) -> Simulation | None:
