@@ -26,9 +26,14 @@ many webhook processes on their own ports, the clients spread over them as the S
 ``--workers 2`` with one webhook of that many worker processes on one port. ``--soak N`` then sends N more requests
 to one webhook and reports its resident memory along the way (``--soak 1000000`` is the long form).
 
+``--compare-root DIR`` (a ``git archive`` of other code, e.g. the code before a change) then runs one webhook of that
+tree beside one of this tree, ``wrk`` alternating between them window by window (``compared``), so a change is
+judged within one run, on the same load.
+
 Usage: python benchmarks/webhook.py [--seconds 10] [--cold-seconds 2] [--concurrency 1,16,64] [--nodes 5000]
                                     [--memory static|none]
                                     [--replicas 1,2] [--workers 1,2] [--client auto|wrk|python] [--soak N]
+                                    [--compare-root DIR] [--compare-rounds 3]
 """
 
 from __future__ import annotations
@@ -269,12 +274,50 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def start_replica(d: Path, port: int, workers: int = 1) -> subprocess.Popen[bytes]:
+def start_replica(d: Path, port: int, workers: int = 1, root: Path = ROOT) -> subprocess.Popen[bytes]:
+    """``numapin webhook`` of the tree at ``root`` (this one, or ``--compare-root``'s)."""
     return subprocess.Popen(
         [sys.executable, "-m", "numapin", "webhook", "--cert", str(d / "tls.crt"), "--key", str(d / "tls.key"),
          "--host", "127.0.0.1", "--port", str(port), "--nrt-dir", str(d / "nrt"), "--pods-dir", str(d / "pods"),
          "--log-level", "warning", "--nrt-poll-seconds", "60", "--workers", str(workers)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+
+
+async def compare(d: Path, ssl_ctx: Any, other: Path, paths: dict[str, str], files: dict[str, Path | None],
+                  seconds: float, rounds: int) -> dict[str, Any]:
+    """One webhook of this tree and one of ``other`` side by side, ``wrk`` alternating between them (16
+    connections, ``seconds`` per endpoint and tree, ``rounds`` times): the median CPU per request and throughput of
+    each, judged on the same load."""
+    trees = {"this": ROOT, "compared": other}
+    ports = {name: free_port() for name in trees}
+    procs = {name: start_replica(d, ports[name], root=root) for name, root in trees.items()}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name in paths}
+    try:
+        for name, proc in procs.items():
+            await wait_ready(ports[name], ssl_ctx, proc)
+        for endpoint in paths:  # a first window each: caches filled, connections warm
+            for name, proc in procs.items():
+                wrk_load(d, [ports[name]], paths[endpoint], files[endpoint], 1, 16, [proc.pid])
+        for _ in range(rounds):
+            for endpoint in paths:
+                for name, proc in procs.items():
+                    runs[endpoint].setdefault(name, []).append(
+                        wrk_load(d, [ports[name]], paths[endpoint], files[endpoint], seconds, 16, [proc.pid]))
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
+            proc.wait(30)
+
+    def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"server_cpu_ms_per_request": statistics.median(r["server_cpu_ms_per_request"] for r in rows),
+                "admissions_per_second": statistics.median(r["admissions_per_second"] for r in rows),
+                "p99_ms": statistics.median(r["p99_ms"] for r in rows),
+                "errors": sum(r["errors"] for r in rows), "windows": len(rows)}
+
+    return {"compared_root": str(other), "load_average": os.getloadavg()[0],
+            "results": {endpoint: {name: summary(rows) for name, rows in by_tree.items()}
+                        for endpoint, by_tree in runs.items()}}
 
 
 def free_port() -> int:
@@ -414,6 +457,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     proc.send_signal(signal.SIGTERM)
                 for proc in procs:
                     proc.wait(30)
+        compared = (await compare(d, ssl_ctx, args.compare_root, paths, files, args.seconds, args.compare_rounds)
+                    if args.compare_root is not None else None)
     out = {"benchmark": "webhook", "tls": "TLSv1.2+, keep-alive, one connection per client",
            "client": args.client + (" (one wrk process per port, closed loop: offered load = connections)"
                                     if args.client == "wrk" else " (Python, in this process)"),
@@ -426,6 +471,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
            "results": results}
     if memory is not None:
         out["memory"] = memory
+    if compared is not None:
+        out["compared"] = compared
     return out
 
 
@@ -451,9 +498,19 @@ def main() -> None:
                    "first seconds of each endpoint and concurrency; the first of them right after the webhook is "
                    "ready): reported as 'cold' beside the warm window, and the warm-up of it")
     p.add_argument("--soak-seconds", type=float, default=5.0, help="wrk: seconds of each endpoint per soak round")
+    p.add_argument("--compare-root", type=Path, default=None,
+                   help="a tree of other numapin code (e.g. `git archive <commit> | tar -x -C DIR`): then one webhook "
+                        "of it and one of this tree side by side, wrk alternating between them (--compare-rounds "
+                        "windows of --seconds per endpoint each), reported as 'compared'")
+    p.add_argument("--compare-rounds", type=int, default=3, help="windows per endpoint and tree with --compare-root")
     args = p.parse_args()
     if args.client == "auto":
         args.client = "wrk" if wrk_available() else "python"
+    if args.compare_root is not None:
+        if not (args.compare_root / "numapin" / "__main__.py").is_file():
+            p.error(f"--compare-root {args.compare_root}: not a numapin tree (no numapin/__main__.py)")
+        if args.client != "wrk":
+            p.error("--compare-root needs wrk")
     args.workers = [int(x) for x in args.workers.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     args.replicas = [int(x) for x in args.replicas.split(",")]

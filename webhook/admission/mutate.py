@@ -12,10 +12,13 @@ pod model cannot read gets no intent (a stale one is removed) and a warning.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
+
+import msgspec
 
 from allocator.errors import PodSpecError
 from allocator.intent import INTENT_ANNOTATION, encode_intent
@@ -25,9 +28,14 @@ from webhook.admission.pod_level import pod_level_warnings
 from webhook.admission.pod_model import pod_info
 from webhook.admission.review import AdmissionRequest, Verdict
 
-__all__ = ["is_pod_request", "mutate_pod", "mutate_review"]
+__all__ = ["MEMO_SIZE", "is_pod_request", "mutate_pod", "mutate_review", "mutation"]
 
 log = logging.getLogger("numapin.webhook.mutate")
+
+MEMO_SIZE = 1024  # distinct pods whose patch is remembered (a few KiB each)
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder()
 
 
 def is_pod_request(req: AdmissionRequest) -> bool:
@@ -95,5 +103,34 @@ async def mutate_review(req: AdmissionRequest, *, pod_level_managers: bool = Fal
         return Verdict.allow()
     if req.operation == "UPDATE" and not restamps_on_update(pod, req.old_object):
         return Verdict.allow()
+    warnings, patch = mutation(pod, pod_level_managers=pod_level_managers)
+    return Verdict.allow(*warnings, patch=patch)
+
+
+def mutation(pod: Mapping[str, Any], *, pod_level_managers: bool = False
+             ) -> tuple[tuple[str, ...], tuple[Mapping[str, Any], ...]]:
+    """The warnings and the JSON patch of ``mutate_pod`` for ``pod``, worked out once per distinct pod (perf, issue
+    37). They are a pure function of the pod's JSON (nothing about a node, no time), and the pods of one Deployment,
+    ReplicaSet or Job are created with the same one (no name, no uid yet). The key is the text the pod encodes to
+    (msgspec, one C call) and the memo works them out again from that text, so it can never answer for another pod;
+    a pod that does not encode as it is (a lone surrogate, a non-finite number written as ``null``) is worked out
+    directly. The patch's operations are shared between the answers: nothing changes them once made."""
+    try:
+        key = _encoder.encode(pod)
+    except (TypeError, ValueError, OverflowError):
+        return _mutation(pod, pod_level_managers)
+    if b"null" in key:  # a non-finite float encodes as null: only the pod itself says what it holds
+        return _mutation(pod, pod_level_managers)
+    return _mutation_of_text(key, pod_level_managers)
+
+
+def _mutation(pod: Mapping[str, Any], pod_level_managers: bool
+              ) -> tuple[tuple[str, ...], tuple[Mapping[str, Any], ...]]:
     mutated, warnings = mutate_pod(pod, pod_level_managers=pod_level_managers)
-    return Verdict.allow(*warnings, patch=tuple(diff(pod, mutated)))
+    return tuple(warnings), tuple(diff(pod, mutated))
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _mutation_of_text(key: bytes, pod_level_managers: bool
+                      ) -> tuple[tuple[str, ...], tuple[Mapping[str, Any], ...]]:
+    return _mutation(_decoder.decode(key), pod_level_managers)

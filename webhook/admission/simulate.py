@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from allocator.errors import AllocatorError
 from allocator.nrt import NodeTopology
-from allocator.pod import PodInfo
+from allocator.pod import ContainerInfo, PodInfo
 from webhook.admission.synthetic_node import copy_allocator, synthetic_allocator
 
 __all__ = ["Simulation", "Simulator", "pod_key"]
@@ -29,6 +30,10 @@ log = logging.getLogger("numapin.webhook.simulate")
 
 SIMULATED_UID = "numapin.io/simulated-pod"
 _NAME = "<pod>"  # stands for the pod's name in cached messages
+# what a pod's key depends on besides its containers: every field of PodInfo but its identity
+_OTHER_FIELDS = operator.attrgetter(*(f.name for f in fields(PodInfo) if f.name not in (
+    "uid", "namespace", "name", "containers")))
+_POD_KEYS = 1024  # distinct pods whose keys are remembered (then forgotten all at once)
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ class Simulator:
         self._allocators = _LRU(max_allocators)
         self._lock = threading.Lock()
         self._last: tuple[PodInfo, _Hashed] | None = None  # the last pod asked about and its key
+        self._pod_keys: dict[tuple[int, Any], tuple[tuple[ContainerInfo, ...], _Hashed]] = {}
+        self._interned: dict[_Hashed, _Hashed] = {}
         self.simulations = 0
 
     def gated(self, pod: PodInfo) -> PodInfo:
@@ -111,7 +118,22 @@ class Simulator:
         last = self._last
         if last is not None and last[0] is pod:
             return last[1]
-        key = _Hashed(pod_key(pod))
+        # (perf, issue 37) the pods read from one containers' text share their ``containers`` tuple (the memo of
+        # ``pod_model``): their key is found by that tuple's identity and the pod's other fields, so a repeated
+        # spec neither builds nor hashes a key again, and the answers' dictionary then finds its entry by identity
+        # instead of comparing every container. The entry holds the tuple, so the identity stays its own.
+        containers = pod.containers
+        found = (id(containers), _OTHER_FIELDS(pod))
+        known = self._pod_keys.get(found)
+        if known is not None and known[0] is containers:
+            key = known[1]
+        else:
+            if len(self._pod_keys) >= _POD_KEYS:
+                self._pod_keys.clear()
+                self._interned.clear()
+            fresh = _Hashed(pod_key(pod))
+            key = self._interned.setdefault(fresh, fresh)  # equal pods (other tuples, same text) share one key
+            self._pod_keys[found] = (containers, key)
         self._last = (pod, key)
         return key
 

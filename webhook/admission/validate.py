@@ -39,6 +39,7 @@ from allocator.pod import (
     BYPASS_ANNOTATION,
     CPU_MANAGER_ANNOTATION,
     CPU_MANAGER_VALUES,
+    ContainerInfo,
     PodInfo,
     container_mode,
     guaranteed_cpus,
@@ -173,6 +174,7 @@ class PodValidator:
         self.simulator = simulator
         self.unjudged = unjudged
         self.bypass = bypass if bypass is not None else BypassPolicy()
+        self._same_containers = _SameContainers()
 
     async def validate(self, req: AdmissionRequest) -> Verdict:
         pod = req.object
@@ -227,7 +229,7 @@ class PodValidator:
 
         mode_changed = req.operation == "UPDATE" and raw_mode != old_ann.get(CPU_MANAGER_ANNOTATION)
         if (req.operation == "CREATE" or intent_changed or mode_changed) and intent is not None:
-            problem = _intent_problem(intent, info, ann)
+            problem = _intent_problem(intent, info, ann, self._same_containers)
             if problem and req.operation == "UPDATE":  # only numapin's /mutate may change it, to what the pod says
                 return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Forbidden: {problem}",
                                                      "FieldValueForbidden"))
@@ -331,15 +333,33 @@ def _invalid(pod: Mapping[str, Any], req: AdmissionRequest, cause: FieldCause) -
     return Verdict.invalid("Pod", name, (cause,))
 
 
-def _intent_problem(text: str, info: PodInfo, annotations: Mapping[str, Any]) -> str | None:
+class _SameContainers:
+    """Whether two pods' containers are equal, the last pair found equal remembered by identity (perf, issue 37): an
+    intent's containers and the pod model's come from memos keyed by their texts, so a workload's pods bring the same
+    two tuples again and again; the tuples are immutable, and held here, so their identities stay theirs."""
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[ContainerInfo, ...], tuple[ContainerInfo, ...]] | None = None
+
+    def __call__(self, a: tuple[ContainerInfo, ...], b: tuple[ContainerInfo, ...]) -> bool:
+        last = self._last
+        if last is not None and last[0] is a and last[1] is b:
+            return True
+        if a != b:
+            return False
+        self._last = (a, b)
+        return True
+
+
+def _intent_problem(text: str, info: PodInfo, annotations: Mapping[str, Any], same: _SameContainers) -> str | None:
     where = f"annotation {INTENT_ANNOTATION}"
     try:
         stated = decode_intent(text, uid=info.uid, namespace=info.namespace, name=info.name,
                                annotations={k: v for k, v in annotations.items() if isinstance(v, str)})
     except PodSpecError as e:
         return f"{e} (it is set by numapin's mutating webhook; remove it)"
-    if (stated.qos_class, stated.cpu_manager, stated.containers) != (info.qos_class, info.cpu_manager,
-                                                                      info.containers):
+    if ((stated.qos_class, stated.cpu_manager) != (info.qos_class, info.cpu_manager)
+            or not same(stated.containers, info.containers)):
         return (f"{where} does not match the pod's containers, resources or {CPU_MANAGER_ANNOTATION}: it is set by "
                 "numapin's mutating webhook from the pod spec; remove it")
     return None

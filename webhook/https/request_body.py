@@ -11,10 +11,11 @@ than the standard library's on large bodies, exact integers, strict UTF-8, the l
 the standard library); a body it refuses is read again by the standard library's, whose answer (a document, or the
 400 and its reason) is the one given, so the rules above stay exactly the standard library's.
 
-The parsed review is cut down at once to what the decisions read (``slim.slim_review``). A body larger than
-``LARGE_BODY_BYTES`` is parsed and cut down in a parser process (``BodyParser``): the event loop only hands it the
-bytes and takes back the slim review, so a 6.5 MiB review (object and oldObject of a 3 MiB pod) costs the loop about
-a millisecond instead of the whole parse (tens of milliseconds to a third of a second here).
+The parsed review is cut down at once to what the decisions read (``slim.slim_review``); a review of the usual
+shape is decoded straight into that slim review (``slim_decode``: one C pass skipping what is dropped, perf issue
+37). A body larger than ``LARGE_BODY_BYTES`` is parsed and cut down in a parser process (``BodyParser``): the event
+loop only hands it the bytes and takes back the slim review, so a 6.5 MiB review (object and oldObject of a 3 MiB
+pod) costs the loop about a millisecond instead of the whole parse (tens of milliseconds to a third of a second here).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import msgspec
 
 from webhook.admission.slim import slim_review
 from webhook.https.json_bounds import check_bounds
+from webhook.https.slim_decode import decode_slim
 
-__all__ = ["LARGE_BODY_BYTES", "BodyError", "BodyParser", "ParserUnavailable", "decode_body", "parse_slim"]
+__all__ = ["LARGE_BODY_BYTES", "BodyError", "BodyParser", "ParserUnavailable", "decode_body", "parse_slim",
+           "parse_slim_general"]
 
 log = logging.getLogger("numapin.webhook.body")
 
@@ -78,7 +81,16 @@ def decode_body(raw: bytes) -> Any:
 
 def parse_slim(raw: bytes) -> Any:
     """``decode_body``, ``slim_review``, then the bounds of ``json_bounds`` (BodyError naming the bound crossed): what
-    the parser process runs, and the event loop for a small body."""
+    the parser process runs, and the event loop for a small body. A review of the usual shape takes the one-pass
+    ``slim_decode`` instead, which gives the same document (a quarter of the time)."""
+    fast = decode_slim(raw)
+    if fast is not None:
+        return fast
+    return parse_slim_general(raw)
+
+
+def parse_slim_general(raw: bytes) -> Any:
+    """``parse_slim`` without the one-pass path: every body through ``decode_body``, ``slim_review`` and the bounds."""
     slim = slim_review(decode_body(raw))
     problem = check_bounds(slim)
     if problem is not None:
