@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,15 +41,16 @@ async def pid_of(k: CRIClient, cid: str) -> int:
     return int(json.loads(st.info["info"])["pid"])
 
 
-def start_proxy(work: Path, runtime: str, *, log_level: str = "WARNING", root: Path = ROOT) -> subprocess.Popen[bytes]:
+def start_proxy(work: Path, runtime: str, *, log_level: str = "WARNING", root: Path = ROOT,
+                extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """``numapin criproxy`` in front of ``runtime``, its state and log in ``work``; returns once its start-up
     reconcile is done (the control socket is opened then). ``root``: the tree whose code runs (another one: a
-    ``git archive`` to compare with)."""
+    ``git archive`` to compare with); ``extra``: more command-line arguments."""
     log = open(work / "proxy.log", "ab")  # noqa: SIM115
     p = subprocess.Popen([sys.executable, "-m", "numapin", "criproxy", "--listen", str(work / "proxy.sock"),
                           "--runtime-endpoint", f"unix://{runtime}", "--state-dir", str(work / "state"),
                           "--sysfs", "/sys", "--reserved-cpus", str(RESERVED), "--metrics-address", "",
-                          "--log-level", log_level], cwd=root, env={**ENV, "PYTHONPATH": str(root)},
+                          "--log-level", log_level, *extra], cwd=root, env={**ENV, "PYTHONPATH": str(root)},
                          stdout=log, stderr=log)
     log.close()
     deadline = time.monotonic() + 60

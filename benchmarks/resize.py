@@ -9,8 +9,10 @@ growth is the same call; on this 2-CPU one it is the only growth there is (CPU 0
 
 For every call: the time from the client's call to the proxy's answer (which comes once the kernel shows the new
 cpusets), the proxy's own time from the call's arrival to the kernel check (its log line), and whether every
-container's ``Cpus_allowed_list`` was already the new one when the answer came; beside it, the same cpuset change
-sent directly to containerd (``UpdateContainerResources`` with the cpuset, no proxy).
+container's ``Cpus_allowed_list`` was already the new one when the answer came; beside it, in the same rounds (each
+resize followed by its anchor, so both see the same load), the same cpuset change sent directly to containerd
+(``UpdateContainerResources`` with the cpuset and kubelet's values, no proxy) for an *anchor* container of the same
+shape that numapin leaves alone (a bypassed pod in a namespace the proxy is told to pass through untouched).
 
 Prints one JSON document.
 
@@ -33,10 +35,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from allocator.pod import BYPASS_ANNOTATION  # noqa: E402
 from benchmarks.proxy_lab import ALL, EXCL, RESERVED, allowed, pid_of, start_proxy, stop_process  # noqa: E402
 from benchmarks.timing import stats_ms as stats  # noqa: E402
 from numapin_lab.cri.client import CRIClient, pb  # noqa: E402
 from numapin_lab.cri.containerd import ContainerdLab  # noqa: E402
+
+ANCHOR_NAMESPACE = "numapin-bench-anchor"  # the anchor's pod: passed through untouched by the proxy
 
 
 async def run(shared: int, rounds: int, pause: float) -> dict:
@@ -45,7 +50,9 @@ async def run(shared: int, rounds: int, pause: float) -> dict:
     lab.start()
     proxy = None
     try:
-        proxy = start_proxy(work, lab.socket, log_level="INFO")
+        proxy = start_proxy(work, lab.socket, log_level="INFO",
+                            extra=("--bypass-namespaces", ANCHOR_NAMESPACE,
+                                   "--bypass-all-cpus-namespaces", ANCHOR_NAMESPACE))
         async with CRIClient(str(work / "proxy.sock")) as k, CRIClient(lab.socket) as direct:
             pids = []
             tag = f"{os.getpid()}-{time.monotonic_ns()}"  # unique pod cgroups (other labs may run beside)
@@ -60,16 +67,31 @@ async def run(shared: int, rounds: int, pause: float) -> dict:
             cid = await k.create_container(sid, k.container_config("main", cpu_milli=500, limit_milli=500), cfg)
             await k.start_container(cid)
             g = await pid_of(k, cid)
+            # the anchor: the same shape, left alone by numapin (bypassed, untouched), updated straight on containerd
+            acfg = k.sandbox_config("anchor", f"uid-anchor-{tag}", namespace=ANCHOR_NAMESPACE,
+                                    annotations={BYPASS_ANNOTATION: "true"})
+            asid = await k.run_pod_sandbox(acfg)
+            anchor = await k.create_container(asid, k.container_config("main", cpu_milli=500, limit_milli=500), acfg)
+            await k.start_container(anchor)
             expect = {1000: (str(EXCL), str(RESERVED)), 500: (str(ALL), str(ALL))}
             samples: dict[str, list[float]] = {"grow": [], "shrink": []}
+            raw: list[float] = []
             agreed = total = 0
             for _ in range(rounds):
                 for milli, key in ((1000, "grow"), (500, "shrink")):
-                    await asyncio.sleep(pause)  # containerd's records of the last narrowing settle (see --pause)
+                    own, web = expect[milli]
+                    # the same cpuset change straight to containerd on the anchor first, then the resize through the
+                    # proxy: both after the last narrowing's records settled (see --pause), in the same second
+                    res = kubelet_resources(milli)
+                    res.cpuset_cpus = own
+                    await asyncio.sleep(pause)
+                    t0 = time.perf_counter()
+                    await direct.update_container_resources(anchor, res)
+                    raw.append((time.perf_counter() - t0) * 1000)
+                    await asyncio.sleep(pause / 4)  # paced as the resizes are: a runtime called in a loop is faster
                     t0 = time.perf_counter()
                     await k.update_container_resources(cid, kubelet_resources(milli))
                     samples[key].append((time.perf_counter() - t0) * 1000)
-                    own, web = expect[milli]
                     total += 1
                     agreed += allowed(g) == own and all(allowed(p) == web for p in pids)
             # ContainerStatus (kubelet polls it): intercepted for pinned containers (their CFS limit reported)
@@ -80,17 +102,6 @@ async def run(shared: int, rounds: int, pause: float) -> dict:
                     t0 = time.perf_counter()
                     await client.container_status(cid)
                     status_ms[name].append((time.perf_counter() - t0) * 1000)
-            # the same cpuset change straight to containerd (no narrowing, no checks): the runtime's own cost
-            # (paced as the resizes are: a runtime called every two seconds is slower than one called in a loop)
-            raw: list[float] = []
-            for _ in range(rounds):
-                for cpus in (str(EXCL), str(ALL)):
-                    res = kubelet_resources(1000)
-                    res.cpuset_cpus = cpus
-                    await asyncio.sleep(pause)
-                    t0 = time.perf_counter()
-                    await direct.update_container_resources(cid, res)
-                    raw.append((time.perf_counter() - t0) * 1000)
         log = (work / "proxy.log").read_text()
         proxy_ms: dict[str, list[float]] = {"grow": [], "shrink": []}
         steps: dict[str, dict[str, list[float]]] = {"grow": {}, "shrink": {}}
@@ -112,7 +123,7 @@ async def run(shared: int, rounds: int, pause: float) -> dict:
         "call_to_answer_through_the_proxy": {k: stats(v) for k, v in samples.items()},
         "arrival_to_kernel_checked_in_the_proxy": {k: stats(v[:rounds]) for k, v in proxy_ms.items() if v},
         "proxy_steps_p50_ms": {k: {n: round(statistics.median(v), 2) for n, v in d.items()} for k, d in steps.items()},
-        "direct_update_on_containerd": stats(raw),
+        "direct_update_on_containerd": stats(raw),  # the anchor's, interleaved with the resizes
         "container_status_of_a_pinned_container": {k: stats(v) for k, v in status_ms.items()},
         "kernel_showed_the_new_cpusets_at_the_answer": f"{agreed}/{total}",
         "targets": {"p50_ms": 30, "p99_ms": 100},
