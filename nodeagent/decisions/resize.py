@@ -331,11 +331,11 @@ class Resizer:
         if outcome.pool_after - outcome.pool_before:
             await self._widen()                  # 4. CPUs given back: the shared pool widens after
             lap("widen")
-        # the kernel, not the runtime's answer, is the truth: the container's set, and the shared containers' unless
-        # a narrowing read (and repaired) them under the pool gate held since (the runtime's call moved only this
-        # container)
-        shared = [] if lost else self.pinning.registry.on_shared_pool()
-        await self.converger.repair([t, *shared], "after a resize")
+        # the kernel, not the runtime's answer, is the truth: the container's set is read (and repaired). The shared
+        # containers were read (and repaired) by a narrowing under the pool gate held since; a widening's writes
+        # were answered by the kernel, and the convergence pass it kicks (``on_resized``) reads them right after
+        # the answer: a widened container can only be short of CPUs, never on another's
+        await self.converger.repair([t], "after a resize")
         lap("kernel check")
         return response
 

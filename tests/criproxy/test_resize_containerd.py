@@ -5,8 +5,8 @@ a shared container runs beside and is sampled every few milliseconds while a res
 
 On this 2-CPU machine CPU 0 is reserved and CPU 1 is the only allocatable CPU: a growth is a move from the shared pool
 to CPU 1 of its own (fractional -> integer), a shrink the move back (integer -> fractional), and a growth to 2 CPUs is
-refused. Growths and shrinks of a container that keeps CPUs of its own are proved on the allocator's tables and
-in-process (tests/criproxy/test_resize_flow.py)."""
+refused. Growths and shrinks of a container that keeps CPUs of its own are proved on the allocator's tables
+(tests/allocator/test_resize.py) and on a multi-NUMA kernel (tests/numa/guest/test_resize.py)."""
 
 from __future__ import annotations
 
