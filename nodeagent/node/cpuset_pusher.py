@@ -132,7 +132,9 @@ class CpusetPusher:
         # put that value back when it lands after the write
         for t, _, _, _ in direct:
             self.records.drop(t.id)
-        await asyncio.gather(*(self.records.quiesce(t.id, c, m) for t, c, m, _ in direct))
+        busy = [(t, c, m) for t, c, m, _ in direct if self.records.busy(t.id, c, m)]  # no task for the others
+        if busy:
+            await asyncio.gather(*(self.records.quiesce(t.id, c, m) for t, c, m in busy))
         rest = [i for i in todo if i[3] is not None or i[0].id not in self.cgroups]
         direct, refused = await self._tell_systemd(direct)
         rest += refused

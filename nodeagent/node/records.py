@@ -78,12 +78,18 @@ class RecordQueue:
         self._failed.pop(container_id, None)
         self._note_idle()
 
+    def busy(self, container_id: str, cpus: CPUSet | None = None, mems: CPUSet | None = None) -> bool:
+        """Whether an update of the container with another value than ``cpus``/``mems`` (None: any update) is at
+        containerd now (``quiesce`` would wait for it)."""
+        sending = self._sending.get(container_id)
+        return sending is not None and (cpus is None or not sending[0].same(cpus, mems))
+
     async def quiesce(self, container_id: str, cpus: CPUSet | None = None, mems: CPUSet | None = None) -> bool:
         """Wait until no update of the container with another value than ``cpus``/``mems`` (None: any update) is
         at containerd. False when one still is after ``timeout`` (containerd hangs)."""
-        sending = self._sending.get(container_id)
-        if sending is None or (cpus is not None and sending[0].same(cpus, mems)):
+        if not self.busy(container_id, cpus, mems):
             return True
+        sending = self._sending[container_id]
         try:
             await asyncio.wait_for(asyncio.shield(sending[1]), self.timeout)
         except TimeoutError:

@@ -85,6 +85,8 @@ async def test_quiesce_waits_for_an_update_with_another_value() -> None:
     q.put(Record(t, CPUSet.parse("0-3"), None))  # a widening at containerd
     await asyncio.sleep(0)
     assert await q.quiesce("c1", CPUSet.parse("0-3"), None)  # the value being written: no wait
+    assert not q.busy("c1", CPUSet.parse("0-3"), None) and not q.busy("c2")  # what the pusher asks before waiting
+    assert q.busy("c1", CPUSet.parse("0"), None) and q.busy("c1")
     narrowing = asyncio.create_task(q.quiesce("c1", CPUSet.parse("0"), None))
     widening = asyncio.create_task(q.quiesce("c1", CPUSet.parse("0-7"), None))
     await asyncio.sleep(0.01)
