@@ -14,13 +14,11 @@ from typing import Any
 from allocator.bypass import BypassPolicy
 from allocator.intent import INTENT_ANNOTATION
 from allocator.pod import BYPASS_ANNOTATION, CPU_MANAGER_ANNOTATION
-from tests.webhook.helpers import container, make_pki, make_pod, pod_request, review
-from tests.webhook.nrt_fixtures import write_cluster
+from tests.webhook.helpers import cluster_webhook, container, make_pod, pod_request, review
 from webhook.admission.mutate import mutate_pod
 from webhook.admission.review import AdmissionRequest, parse_review, respond
 from webhook.admission.simulate import Simulator
 from webhook.admission.validate import PodValidator
-from webhook.app import WebhookApp, WebhookOptions
 
 
 def _request(pod: dict[str, Any], *, namespace: str | None = None) -> AdmissionRequest:
@@ -59,11 +57,7 @@ def _pod_level(cpus: str) -> dict[str, Any]:
 
 
 def test_create_checks_remembered_answer_as_the_whole_path(tmp_path: Path) -> None:
-    (tmp_path / "tls").mkdir()
-    (tmp_path / "nrt").mkdir()
-    pki = make_pki(tmp_path / "tls")
-    write_cluster(tmp_path / "nrt")
-    webhook = WebhookApp(WebhookOptions(cert=pki.cert, key=pki.key, nrt_dir=tmp_path / "nrt"))
+    webhook = cluster_webhook(tmp_path)
     memo = webhook.pod_validator
 
     async def answers(req: AdmissionRequest) -> tuple[dict[str, Any], dict[str, Any]]:
