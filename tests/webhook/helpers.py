@@ -8,13 +8,16 @@ import ssl
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from numapin_lab.demo import admission
 from numapin_lab.demo.admission import binding_request as binding_request  # one builder for the demo and the tests
 from webhook.https.certs import make_ca, make_serving_cert, service_dns_names
+
+if TYPE_CHECKING:
+    from webhook.app import WebhookApp
 
 SERVICE, NAMESPACE = "numapin-webhook", "numapin"
 SERVER_NAME = f"{SERVICE}.{NAMESPACE}.svc"
@@ -139,3 +142,16 @@ def apply_patch(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]
     demo's applier)."""
     result: dict[str, Any] = admission.apply_patch(obj, admission.AdmissionAnswer.of(response).patch)
     return result
+
+
+def cluster_webhook(tmp_path: Path) -> WebhookApp:
+    """A webhook (not serving; its sources still to sync) over ``nrt_fixtures.write_cluster``'s three nodes, its
+    certificate and the documents written under ``tmp_path``: for the tests that call its decisions directly."""
+    from tests.webhook.nrt_fixtures import write_cluster
+    from webhook.app import WebhookApp, WebhookOptions
+
+    (tmp_path / "tls").mkdir()
+    (tmp_path / "nrt").mkdir()
+    pki = make_pki(tmp_path / "tls")
+    write_cluster(tmp_path / "nrt")
+    return WebhookApp(WebhookOptions(cert=pki.cert, key=pki.key, nrt_dir=tmp_path / "nrt"))

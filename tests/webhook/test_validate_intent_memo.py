@@ -10,19 +10,13 @@ from pathlib import Path
 
 from allocator.intent import INTENT_ANNOTATION
 from allocator.pod import CPU_MANAGER_ANNOTATION
-from tests.webhook.helpers import container, make_pki, make_pod, pod_request, review
-from tests.webhook.nrt_fixtures import write_cluster
+from tests.webhook.helpers import cluster_webhook, container, make_pod, pod_request, review
 from webhook.admission.mutate import mutate_pod
 from webhook.admission.review import parse_review
-from webhook.app import WebhookApp, WebhookOptions
 
 
 def test_an_intent_is_checked_against_each_pod_after_a_remembered_match(tmp_path: Path) -> None:
-    (tmp_path / "tls").mkdir()
-    (tmp_path / "nrt").mkdir()
-    pki = make_pki(tmp_path / "tls")
-    write_cluster(tmp_path / "nrt")
-    webhook = WebhookApp(WebhookOptions(cert=pki.cert, key=pki.key, nrt_dir=tmp_path / "nrt"))
+    webhook = cluster_webhook(tmp_path)
 
     async def verdict(pod: dict) -> bool:
         return (await webhook.validate(parse_review(review(pod_request(copy.deepcopy(pod)))))).allowed

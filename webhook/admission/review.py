@@ -149,6 +149,8 @@ class Verdict:
 
     @classmethod
     def allow(cls, *warnings: str, patch: tuple[Mapping[str, Any], ...] = ()) -> Verdict:
+        if not warnings and not patch and cls is Verdict:
+            return _ALLOWED  # the plain allowance, one immutable value (perf, issue 37: most answers)
         return cls(allowed=True, warnings=tuple(warnings), patch=patch)
 
     @classmethod
@@ -178,6 +180,9 @@ class Verdict:
         if self.warnings:
             return "allowed_with_warnings"
         return "patched" if self.patch else "allowed"
+
+
+_ALLOWED = Verdict()
 
 
 def _warning(text: str) -> str:

@@ -139,7 +139,7 @@ class Simulator:
 
     def _key(self, node: NodeTopology, pod: PodInfo, occupied: bool, prior: tuple[PodInfo, ...]) -> tuple[Any, ...]:
         return (node.state_key if occupied else node.shape_key, node.memory_manager_policy, occupied,
-                self._pod_key(pod), tuple(pod_key(p) for p in prior))
+                self._pod_key(pod), tuple(pod_key(p) for p in prior) if prior else ())
 
     def cached(self, node: NodeTopology, pod: PodInfo, *, occupied: bool, prior: tuple[PodInfo, ...] = ()
                ) -> Simulation | None:

@@ -47,15 +47,19 @@ from allocator.pod import (
     pod_guaranteed_cpus,
 )
 from webhook.admission.pod_model import pod_info
+from webhook.admission.pod_text_memo import PodTextMemo
 from webhook.admission.review import AdmissionRequest, FieldCause, Verdict
 from webhook.admission.simulate import Simulation, Simulator
 from webhook.admission.unjudged import UnjudgedRule
 from webhook.cluster.node_index import FrozenShapeGroup, ShapeGroup
 from webhook.cluster.nodes import NodeStore
 
-__all__ = ["Feasibility", "PodValidator", "assumption_note", "feasibility", "judged", "pinned"]
+__all__ = ["CREATE_CHECKS_MEMO_SIZE", "Feasibility", "PodValidator", "assumption_note", "feasibility", "judged",
+           "pinned"]
 
 log = logging.getLogger("numapin.webhook.validate")
+
+CREATE_CHECKS_MEMO_SIZE = 1024  # distinct pods (less their identity) whose checks of a CREATE are remembered
 
 
 def _annotations(obj: Any) -> Mapping[str, Any]:
@@ -167,20 +171,43 @@ def never_message(pod: PodInfo, f: Feasibility) -> str:
             f"({why}){assumption_note(node)}")
 
 
+@dataclass(frozen=True)
+class _Cleared:
+    """A pod CREATE that passed every check reading the pod alone: its model (without its uid and name), the
+    warnings of those checks, and whether a node's topology manager may refuse it."""
+
+    info: PodInfo
+    warnings: tuple[str, ...]
+    judged: bool
+
+
 class PodValidator:
     def __init__(self, nodes: NodeStore, simulator: Simulator, unjudged: UnjudgedRule,
-                 bypass: BypassPolicy | None = None) -> None:
+                 bypass: BypassPolicy | None = None, *, memo_size: int = CREATE_CHECKS_MEMO_SIZE) -> None:
         self.nodes = nodes
         self.simulator = simulator
         self.unjudged = unjudged
         self.bypass = bypass if bypass is not None else BypassPolicy()
         self._same_containers = _SameContainers()
+        # (perf, issue 37 round 3) the checks of a CREATE that read the pod alone, once per distinct pod less its
+        # identity and per context (``_create_checks``); memo_size 0: none remembered
+        self._cleared: PodTextMemo[_Cleared | None] | None = (
+            PodTextMemo(self._create_checks, memo_size) if memo_size > 0 else None)
 
     async def validate(self, req: AdmissionRequest) -> Verdict:
         pod = req.object
         if req.operation not in ("CREATE", "UPDATE") or not isinstance(pod, Mapping):
             log.info("validate: not handled, allowed: %s", req.describe())
             return Verdict.allow()
+        if req.operation == "CREATE" and self._cleared is not None:
+            # every input of the checks is in the key: the pod's text (less uid, name and labels, which they do not
+            # decide on), the request's namespace (the bypass rule), the bypass policy and the kubelets' gate
+            cleared = self._cleared.get(pod, (req.namespace, self.bypass, self.simulator.pod_level_managers))
+            if cleared is not None:
+                verdict = await self._on_nodes(pod, cleared.info, list(cleared.warnings), cleared.judged)
+                if verdict.allowed:
+                    return verdict
+                # a denial names the pod: the whole path below again, with the pod's own identity
         ann = _annotations(pod)
         old_ann = _annotations(req.old_object) if req.operation == "UPDATE" else {}
 
@@ -236,14 +263,40 @@ class PodValidator:
             if problem:
                 return _invalid(pod, req, FieldCause(_annotation_field(INTENT_ANNOTATION), f"Invalid value: {problem}"))
 
-        if info.cpu_manager in ("exclusive", "share") and not any(guaranteed_cpus(info, c) for c in info.containers):
-            warnings.append(
-                f"numapin: {CPU_MANAGER_ANNOTATION}={info.cpu_manager} has no effect: no container has an integer "
-                "CPU limit of at least 1 equal to its CPU request, so every container runs on the shared pool")
+        warnings.extend(_no_effect(info))
 
         if req.operation != "CREATE":
             return await self._mode_change(req, info, old_ann, warnings)
-        candidates, groups = self.nodes.candidate_groups(pod) if judged(info) else (0, [])
+        return await self._on_nodes(pod, info, warnings, judged(info))
+
+    def _create_checks(self, pod: Mapping[str, Any], context: tuple[str, BypassPolicy, bool]) -> _Cleared | None:
+        """The checks of a CREATE above that read the pod alone, without a side effect: what they leave to the
+        nodes when they all pass, None when one refuses or cannot read the pod (``validate`` then says which). A
+        pure function of ``pod`` and ``context`` (the request's namespace, the bypass policy, the kubelets' gate),
+        for ``PodTextMemo``; ``pod`` comes without its uid, name and labels, which none of them decides on."""
+        namespace, bypass, gate = context
+        ann = _annotations(pod)
+        if _asks_bypass(bypass, ann) and not bypass.allows(namespace or _meta_str(pod, "namespace"),
+                                                           _service_account(pod)):
+            return None
+        raw_mode = ann.get(CPU_MANAGER_ANNOTATION)
+        try:
+            if raw_mode is not None:
+                normalize_cpu_manager(raw_mode)
+            info = pod_info(pod)
+        except PodSpecError:
+            return None
+        if info.pod_level_managers != gate:
+            info = replace(info, pod_level_managers=gate)
+        intent = ann.get(INTENT_ANNOTATION)
+        if intent is not None and _intent_problem(intent, info, ann, self._same_containers):
+            return None
+        return _Cleared(info, tuple(_no_effect(info)), judged(info))
+
+    async def _on_nodes(self, pod: Mapping[str, Any], info: PodInfo, warnings: list[str], is_judged: bool
+                        ) -> Verdict:
+        """CREATE: the candidate nodes asked, every time (their free CPUs as they are now)."""
+        candidates, groups = self.nodes.candidate_groups(pod) if is_judged else (0, [])
         if candidates:
             f = feasibility(candidates, groups, info, self.simulator, cached_only=True)
             if f is None:  # something to simulate: off the event loop, on a copy of the groups
@@ -296,6 +349,14 @@ class PodValidator:
                     f"manager policy {node.topology_manager_policy}: {now.reason or now.message}); its proxy refuses "
                     f"the change ({change}) and the pod keeps running as it was")
         return Verdict.allow(*warnings)
+
+
+def _no_effect(info: PodInfo) -> list[str]:
+    """The warning for a pinning mode that pins no container."""
+    if info.cpu_manager in ("exclusive", "share") and not any(guaranteed_cpus(info, c) for c in info.containers):
+        return [f"numapin: {CPU_MANAGER_ANNOTATION}={info.cpu_manager} has no effect: no container has an integer "
+                "CPU limit of at least 1 equal to its CPU request, so every container runs on the shared pool"]
+    return []
 
 
 def _asks_bypass(policy: BypassPolicy, annotations: Mapping[str, Any]) -> bool:
