@@ -58,6 +58,30 @@ async def test_no_warning_without_pod_level_resources_or_with_a_pinning_mode(cli
     assert guaranteed_cpus(info, info.container("app")) == 4  # the annotation pins by the container's own values
 
 
+async def test_an_intent_that_hides_or_invents_pod_level_resources_is_refused(client: Client) -> None:
+    """The intent's ``podLevel`` is the pod's: without it, a pod with pod-level resources would be pinned by the node
+    agent where kubelet (its gate off) gives no container CPUs of its own; a tenant's edit of it is refused."""
+    pod = with_pod_resources(make_pod("level", [container("app", "2", "1Gi")]), "2", "1Gi")
+    resp = await client.admit("/mutate", pod_request(copy.deepcopy(pod)))
+    stamped = apply_patch(copy.deepcopy(pod), resp)
+    text = stamped["metadata"]["annotations"][INTENT_ANNOTATION]
+    assert (await client.admit("/validate", pod_request(copy.deepcopy(stamped), with_uid=True)))["allowed"] is True
+    hidden = copy.deepcopy(stamped)
+    doc = json.loads(text)
+    del doc["podLevel"]
+    hidden["metadata"]["annotations"][INTENT_ANNOTATION] = json.dumps(doc)
+    resp = await client.admit("/validate", pod_request(hidden, with_uid=True))
+    assert resp["allowed"] is False and "does not match" in resp["status"]["message"]
+    invented = make_pod("plain", [container("app", "2", "1Gi")])
+    resp = await client.admit("/mutate", pod_request(copy.deepcopy(invented)))
+    invented = apply_patch(invented, resp)
+    doc = json.loads(invented["metadata"]["annotations"][INTENT_ANNOTATION])
+    doc["podLevel"] = True
+    invented["metadata"]["annotations"][INTENT_ANNOTATION] = json.dumps(doc)
+    resp = await client.admit("/validate", pod_request(invented, with_uid=True))
+    assert resp["allowed"] is False and "does not match" in resp["status"]["message"]
+
+
 @pytest.fixture(params=[False, True], ids=["gate-off", "PodLevelResourceManagers=true"])
 async def gated(request: pytest.FixtureRequest, pki: PKI, nrt_dir: Path) -> AsyncIterator[tuple[bool, Client]]:
     """A webhook simulating kubelets with the gate off, then on, judging one single-numa-node node publishing

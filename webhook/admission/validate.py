@@ -419,7 +419,10 @@ def _intent_problem(text: str, info: PodInfo, annotations: Mapping[str, Any], sa
                                annotations={k: v for k, v in annotations.items() if isinstance(v, str)})
     except PodSpecError as e:
         return f"{e} (it is set by numapin's mutating webhook; remove it)"
-    if ((stated.qos_class, stated.cpu_manager) != (info.qos_class, info.cpu_manager)
+    # podLevel too: an intent without it on a pod with pod-level resources would have the node agent pin
+    # containers kubelet (its gate off) keeps on the shared pool
+    if ((stated.qos_class, stated.cpu_manager, stated.pod_level_resources)
+            != (info.qos_class, info.cpu_manager, info.pod_level_resources)
             or not same(stated.containers, info.containers)):
         return (f"{where} does not match the pod's containers, resources or {CPU_MANAGER_ANNOTATION}: it is set by "
                 "numapin's mutating webhook from the pod spec; remove it")
