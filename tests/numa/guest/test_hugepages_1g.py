@@ -85,7 +85,10 @@ def test_the_proxy_publishes_the_page_on_its_node(node: GuestNode) -> None:
 
 
 def test_pod_asking_a_1g_page_gets_the_cpu_memory_and_page_of_its_node(node: GuestNode, hugetlbfs: Path) -> None:
-    command = ("sh", "-c", "fallocate -l 1G /gigantic/pod; echo $? > /fallocate.rc; exec sleep 86400")
+    # the exit status written whole before it is seen (a rename): the shell's redirection creates the file first,
+    # and a read between that and the write saw it empty
+    command = ("sh", "-c", "fallocate -l 1G /gigantic/pod; echo $? > /fallocate.tmp; mv /fallocate.tmp /fallocate.rc; "
+               "exec sleep 86400")
     node.run("gigantic", "1", limit="1", memory=PAGES, mounts=[(str(hugetlbfs), "/gigantic")], command=command)
     k = node.settled("gigantic", S("2"), S("1"))
     assert (k.cpus, k.mems, k.cgroup_cpus, k.cgroup_mems) == (S("2"), S("1"), S("2"), S("1")), k
