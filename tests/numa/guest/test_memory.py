@@ -103,7 +103,8 @@ def test_two_pods_that_fit_a_node_each_but_not_together_take_two_nodes(node: Gue
 
 def test_huge_page_pod_gets_the_cpu_and_memory_of_the_node_with_the_pages(node: GuestNode, hugepages: Path) -> None:
     size = PAGES_USED * 2
-    command = ("sh", "-c", f"fallocate -l {size}M /hugepages/pod; echo $? > /fallocate.rc; exec sleep 86400")
+    command = ("sh", "-c", f"fallocate -l {size}M /hugepages/pod; echo $? > /fallocate.tmp; "
+                          "mv /fallocate.tmp /fallocate.rc; exec sleep 86400")  # the status whole when seen
     node.run("pages", "1", limit="1", memory=Memory(64, hugepages_2m_mib=size),
              mounts=[(str(hugepages), "/hugepages")], command=command)
     k = node.settled("pages", S("4"), S("2"))

@@ -74,8 +74,8 @@ def test_a_pod_larger_than_a_node_is_split_over_two_as_the_kernel_can_hold_it(no
     BEFORE["shmem"] = {n: node_meminfo(n, "Shmem") for n in machine.numa_nodes}
     # more than node 1 has free now: the kernel must place the rest elsewhere
     fill = BEFORE["free"][NODES[0]] // 1024 + 32
-    command = ("sh", "-c", f"taskset -c {NODES[0]} fallocate -l {fill}M /spill/fill; echo $? > /fill.rc; "
-                           f"exec sleep 86400")
+    command = ("sh", "-c", f"taskset -c {NODES[0]} fallocate -l {fill}M /spill/fill; echo $? > /fill.tmp; "
+                           f"mv /fill.tmp /fill.rc; exec sleep 86400")  # the status whole when seen
     BEFORE["fill"] = {0: fill}
     node.run("spill", "2", limit="2", memory=Memory(SPILL_MIB), command=command, mounts=[(str(tmpfs), "/spill")])
     k = node.settled("spill", S("1-2"), S("1-2"))
