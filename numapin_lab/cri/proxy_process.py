@@ -3,8 +3,10 @@ read its ``/status`` and state file (for the churn harness and the tests)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -12,13 +14,19 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..warm_start import PROXY_MODULES, discard, launch, spawn_warm
 
-__all__ = ["ProxyProcess", "free_port", "stop_child"]
+if TYPE_CHECKING:
+    from .containerd import ContainerdLab
+
+P = TypeVar("P", bound="ProxyProcess")
+
+__all__ = ["ProxyProcess", "free_port", "serving", "stop_child"]
 
 ROOT = Path(__file__).resolve().parents[2]
 WARM_MODULES = (*PROXY_MODULES, "nodeagent.serve.http_server")  # this proxy serves /status
@@ -146,3 +154,16 @@ class ProxyProcess:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+
+@asynccontextmanager
+async def serving(process: P, lab: ContainerdLab) -> AsyncIterator[P]:
+    """``process`` (a proxy or an NRI plugin in its own scratch directory) started in front of ``lab``; afterwards
+    stopped, the lab's pods removed (containerd left empty for the next test) and its directory deleted."""
+    await asyncio.to_thread(process.start)
+    try:
+        yield process
+    finally:
+        process.stop()
+        await lab.remove_all_pods()
+        shutil.rmtree(process.dir, ignore_errors=True)

@@ -27,7 +27,7 @@ from numapin_lab.cri.cgroups import existing_cgroup_dirs
 from numapin_lab.cri.client import CRIClient
 from numapin_lab.cri.containerd import ContainerdLab
 from numapin_lab.cri.ledger import scratch_dir
-from numapin_lab.cri.proxy_process import ProxyProcess
+from numapin_lab.cri.proxy_process import ProxyProcess, serving
 
 # on containerd 1.7 and 2.x too (containerd_matrix): the stories whose outcome depends on containerd's own behaviour
 # (its records, restarts, what it leaves behind); the NRI door's tests (tests/nri) pin and narrow on both as well
@@ -57,15 +57,9 @@ def machine_cpus() -> str:
 @pytest.fixture(params=["frames", "grpc"])
 async def proxy(lab: ContainerdLab, request: pytest.FixtureRequest) -> AsyncIterator[ProxyProcess]:
     """The proxy process with each relay (``--relay``)."""
-    d = scratch_dir("npx-p-")
-    p = ProxyProcess(d, lab.socket, reserved_cpus=SHARED, extra_args=("--relay", request.param))
-    await asyncio.to_thread(p.start)
-    try:
+    p = ProxyProcess(scratch_dir("npx-p-"), lab.socket, reserved_cpus=SHARED, extra_args=("--relay", request.param))
+    async with serving(p, lab):  # containerd left empty for the next test
         yield p
-    finally:
-        p.stop()
-        await lab.remove_all_pods()  # leave containerd empty for the next test
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

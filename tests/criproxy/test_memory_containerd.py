@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from allocator.memory.checkpoint import parse_memory_checkpoint
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab
 from numapin_lab.cri.ledger import scratch_dir
-from numapin_lab.cri.proxy_process import ProxyProcess
+from numapin_lab.cri.proxy_process import ProxyProcess, serving
 
 from .test_e2e_containerd import EXCL, SHARED, cgroup_file, cpus_of, pid_of
 
@@ -43,16 +42,10 @@ def lab(shared_lab: ContainerdLab) -> Iterator[ContainerdLab]:
 
 @pytest.fixture
 async def proxy(lab: ContainerdLab) -> AsyncIterator[ProxyProcess]:
-    d = scratch_dir("npx-m-")
-    p = ProxyProcess(d, lab.socket, reserved_cpus=SHARED,
+    p = ProxyProcess(scratch_dir("npx-m-"), lab.socket, reserved_cpus=SHARED,
                      extra_args=("--memory-manager-policy", "Static", "--reserved-memory", "0:memory=100Mi"))
-    await asyncio.to_thread(p.start)
-    try:
+    async with serving(p, lab):
         yield p
-    finally:
-        p.stop()
-        await lab.remove_all_pods()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

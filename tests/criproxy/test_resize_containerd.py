@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import shutil
 import subprocess
 import sys
 import threading
@@ -29,7 +28,7 @@ from allocator.intent import INTENT_ANNOTATION
 from numapin_lab.cri.client import CRIClient, pb
 from numapin_lab.cri.containerd import ContainerdLab
 from numapin_lab.cri.ledger import scratch_dir
-from numapin_lab.cri.proxy_process import ProxyProcess
+from numapin_lab.cri.proxy_process import ProxyProcess, serving
 
 from . import test_e2e_containerd as e2e
 from .test_e2e_containerd import EXCL, ROOT, SHARED, allowed, cfs_quota, cpus_of, pid_of, start_pod
@@ -43,15 +42,9 @@ MiB = 1024 * 1024
 
 @pytest.fixture
 async def proxy(lab: ContainerdLab) -> AsyncIterator[ProxyProcess]:
-    d = scratch_dir("npx-r-")
-    p = ProxyProcess(d, lab.socket, reserved_cpus=SHARED, extra_args=("--relay", "frames"))
-    await asyncio.to_thread(p.start)
-    try:
+    p = ProxyProcess(scratch_dir("npx-r-"), lab.socket, reserved_cpus=SHARED, extra_args=("--relay", "frames"))
+    async with serving(p, lab):
         yield p
-    finally:
-        p.stop()
-        await lab.remove_all_pods()
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
